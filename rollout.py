@@ -1,0 +1,228 @@
+"""Interleaved act / rehearse sampling with a KV cache: the rollout of world rehearsal.
+
+The paper's episode alternates two roles of one policy: the actor writes a tool call, then the
+same policy writes the environment's response to it (rehearsal), and the next action conditions
+on that response. This file samples a batch of such episodes in lock step: every row appends
+exactly one token per step (sampled, or forced from its queue), so all rows share one KV cache
+and one forward per step, whatever role each row is in.
+
+Per-row state machine (the sampler forces every hand-off; no role ever writes another's tag):
+
+    act  --samples </act>-->  parse the act text
+            answer            -> done (cause "answer")
+            malformed call    -> done ("bad_call"); reward 0, as in the official code
+            call              -> force <env>, then by env_mode:
+                rehearse: the policy samples the response (role REHEARSE) until </env>
+                real:     the toy world executes the call; its response + </env> are forced
+                          as OBS tokens (no loss)
+                frozen:   a frozen copy of the warm-start model samples the response (OBS)
+    env  --</env>-->  validate the response (rehearse.parse_response), force <act>, back to act
+
+Truncation is explicit: a tag sampled in the wrong role ("bad_act", "bad_rehearsal"), a segment
+longer than max_act_tokens / max_env_tokens ("act_limit", "env_limit"), more than max_turns calls
+("turn_limit"), or more than max_tokens in all ("token_limit") ends the row with reward 0.
+
+Logprobs are recorded for every token the policy sampled, in fp32 from the full distribution at
+the sampling temperature, i.e. exactly what a teacher-forced forward at that temperature gives
+(top-p truncates what is *sampled*, not the recorded logprob; the small off-policy gap that
+creates is ignored, as in most PPO-for-LLM code).
+"""
+from collections import deque
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+import rehearse
+import world as toy_world
+from envace import ACT, OBS, PROMPT, REHEARSE, TAG, encode, tag_ids
+
+
+def sample_token(logits, temperature, top_p, generator=None):
+    """[B, V] logits -> (tokens [B], logprobs [B]) at `temperature`; temperature 0 is greedy."""
+    logits = logits.float()
+    if temperature == 0:
+        tokens = logits.argmax(-1)
+        return tokens, F.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    logp = F.log_softmax(logits / temperature, dim=-1)
+    probs = logp.exp()
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(-1, descending=True)
+        drop = sorted_p.cumsum(-1) - sorted_p > top_p          # keep the smallest set reaching top_p
+        probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class _Decoder:
+    """A batch of left-padded prefixes and their KV cache, advanced one token per row per step."""
+
+    def __init__(self, model, prefixes, pad_id, max_new):
+        self.model = model
+        B, P = len(prefixes), max(len(p) for p in prefixes)
+        device = next(model.parameters()).device
+        ids = torch.full((B, P), pad_id, dtype=torch.long, device=device)
+        self.mask = torch.zeros((B, P + max_new), dtype=torch.long, device=device)
+        for i, p in enumerate(prefixes):
+            ids[i, P - len(p):] = torch.tensor(p, device=device)
+            self.mask[i, P - len(p):P + max_new] = 1      # left pads masked; every new token real
+        self.pos = torch.tensor([len(p) for p in prefixes], device=device)
+        self.cache = DynamicCache(config=model.config)
+        self.length = P
+        position_ids = (self.mask[:, :P].cumsum(1) - 1).clamp(min=0)
+        self.logits = self._forward(ids, position_ids)
+
+    @torch.no_grad()
+    def _forward(self, ids, position_ids):
+        out = self.model(input_ids=ids, attention_mask=self.mask[:, :self.length],
+                         position_ids=position_ids, cache=self.cache, use_cache=True)
+        return out.logits[:, -1].float()
+
+    def step(self, tokens):
+        """Append one token per row; returns the logits for the next position [B, V]."""
+        self.length += 1
+        self.logits = self._forward(tokens[:, None], self.pos[:, None])
+        self.pos = self.pos + 1
+        return self.logits
+
+
+def _new_row(prompt_ids, tags):
+    return {"ids": list(prompt_ids), "roles": [PROMPT] * len(prompt_ids),
+            "logprobs": [0.0] * len(prompt_ids), "prompt_len": len(prompt_ids),
+            "phase": "act", "forced": deque((t, TAG) for t in tags["act"]), "segment": [],
+            "calls": [], "responses": [], "answer": None, "cause": None, "state": None}
+
+
+@torch.no_grad()
+def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_model=None,
+                    world=toy_world, temperature=1.0, top_p=1.0, max_turns=6, max_act_tokens=8,
+                    max_env_tokens=6, max_tokens=96, generator=None):
+    """Sample one episode per prompt (repeat a prompt G times for a group). Returns a list of
+    dicts with ids, roles, logprobs (0 where not sampled by the policy), calls and responses as
+    text, answer, cause ('answer' or why it was truncated) and finished."""
+    assert env_mode in ("rehearse", "real", "frozen"), env_mode
+    assert (env_model is not None) == (env_mode == "frozen"), "env_model is for frozen mode"
+    tags = tag_ids(tokenizer)
+    stop_tags = set(tags["act"] + tags["env"] + tags["bos"] + [tags["pad"], tags["act_end"],
+                                                              tags["env_end"]])
+    rows = [_new_row(tags["bos"] + encode(tokenizer, p), tags) for p in prompts]
+    for row in rows:
+        row["state"] = world.new_state()                  # the real world, used in real mode only
+    max_new = max_tokens - min(r["prompt_len"] for r in rows) + 1
+    policy_dec = _Decoder(policy, [r["ids"] for r in rows], tags["pad"], max_new)
+    env_dec = _Decoder(env_model, [r["ids"] for r in rows], tags["pad"], max_new) if env_model else None
+    for _ in range(max_new):
+        if all(r["phase"] == "done" for r in rows):
+            break
+        logits = policy_dec.logits
+        if env_dec is not None:            # frozen mode: rows in the env phase sample from the simulator
+            in_env = torch.tensor([r["phase"] == "env" for r in rows], device=logits.device)
+            logits = torch.where(in_env[:, None], env_dec.logits, logits)
+        sampled, logps = sample_token(logits, temperature, top_p, generator)
+        sampled, logps = sampled.tolist(), logps.tolist()   # one sync per step
+        next_tokens = []
+        for i, row in enumerate(rows):
+            if row["phase"] == "done":
+                next_tokens.append(tags["pad"])
+                continue
+            if row["forced"]:
+                tok, role = row["forced"].popleft()
+                logp = 0.0
+            else:
+                tok, logp = sampled[i], logps[i]
+                role = ACT if row["phase"] == "act" else (REHEARSE if env_mode == "rehearse" else OBS)
+                if role == OBS:
+                    logp = 0.0                                # the simulator's logprob, not the policy's
+            row["ids"].append(tok)
+            row["roles"].append(role)
+            row["logprobs"].append(logp)
+            next_tokens.append(tok)
+            if role != TAG:
+                _advance(row, tok, role, tags, stop_tags, tokenizer, world, env_mode,
+                         max_turns, max_act_tokens, max_env_tokens)
+            if row["phase"] != "done" and len(row["ids"]) >= max_tokens:
+                row["phase"], row["cause"] = "done", "token_limit"
+        tokens = torch.tensor(next_tokens, device=policy_dec.logits.device)
+        policy_dec.step(tokens)
+        if env_dec is not None:
+            env_dec.step(tokens)
+    for row in rows:
+        if row["cause"] is None:
+            row["cause"] = "token_limit"
+        row["finished"] = row["cause"] == "answer"
+        for k in ("phase", "forced", "segment", "state"):
+            del row[k]
+    return rows
+
+
+def _advance(row, tok, role, tags, stop_tags, tokenizer, world, env_mode,
+             max_turns, max_act_tokens, max_env_tokens):
+    """The per-row state machine: one appended token, sampled or forced OBS."""
+    if row["phase"] == "act":
+        if tok == tags["act_end"]:
+            _end_act(row, tokenizer.decode(row["segment"]), tags, tokenizer, world, env_mode, max_turns)
+        elif tok in stop_tags:
+            row["phase"], row["cause"] = "done", "bad_act"          # the actor wrote a tag
+        elif len(row["segment"]) >= max_act_tokens:
+            row["phase"], row["cause"] = "done", "act_limit"
+        else:
+            row["segment"].append(tok)
+        return
+    # env phase
+    if tok == tags["env_end"]:
+        if env_mode != "real":                  # real responses were recorded when the call ran
+            response = rehearse.parse_response(tokenizer.decode(row["segment"]))
+            if response is None:
+                row["phase"], row["cause"] = "done", "bad_rehearsal"
+                return
+            row["responses"].append(response)
+        row["phase"], row["segment"] = "act", []
+        row["forced"].extend((t, TAG) for t in tags["act"])
+    elif env_mode == "real":
+        pass                                    # a forced observation token: nothing to decide
+    elif tok in stop_tags:
+        row["phase"], row["cause"] = "done", "bad_rehearsal"
+    elif len(row["segment"]) >= max_env_tokens:
+        row["phase"], row["cause"] = "done", "env_limit"
+    else:
+        row["segment"].append(tok)
+
+
+def _end_act(row, text, tags, tokenizer, world, env_mode, max_turns):
+    row["segment"] = []
+    answer = world.parse_answer(text)
+    if answer is not None:
+        row["phase"], row["cause"], row["answer"] = "done", "answer", answer
+        return
+    if world.parse_call(text) is None:
+        row["phase"], row["cause"] = "done", "bad_call"
+        return
+    if len(row["calls"]) >= max_turns:
+        row["phase"], row["cause"] = "done", "turn_limit"
+        return
+    call = " ".join(world.join_digits(text))
+    row["calls"].append(call)
+    row["phase"] = "env"
+    row["forced"].extend((t, TAG) for t in tags["env"])
+    if env_mode == "real":                     # the only place the real world is called
+        response = world.step(row["state"], call)
+        row["responses"].append(response)
+        row["forced"].extend((t, OBS) for t in encode(tokenizer, response) + [tags["env_end"]])
+
+
+@torch.no_grad()
+def complete(model, prefixes, stop_id, max_new, pad_id):
+    """Greedy continuation of each prefix until `stop_id` (inclusive) or max_new tokens; returns
+    the new ids per row. Used to ask a model what it would have rehearsed (rehearse.py)."""
+    dec = _Decoder(model, prefixes, pad_id, max_new)
+    out, done = [[] for _ in prefixes], [False] * len(prefixes)
+    for _ in range(max_new):
+        tokens = dec.logits.argmax(-1)
+        for i, t in enumerate(tokens.tolist()):
+            if not done[i]:
+                out[i].append(t)
+                done[i] = t == stop_id
+        if all(done):
+            break
+        dec.step(tokens)
+    return out

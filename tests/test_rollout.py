@@ -1,0 +1,129 @@
+"""The sampler: roles for every token in each env mode, the shifted loss mask, forced tags, stops
+and truncation causes, and KV-cached logprobs against a full teacher-forced forward."""
+import torch
+
+import rehearse
+from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask, token_logprobs
+from helpers import ScriptedModel, tiny_llama, toy_tokenizer
+from rollout import sample_episodes
+
+P, A, R, O, T = PROMPT, ACT, REHEARSE, OBS, TAG
+EPISODE = "<act> price apple </act> <env> 3 </env> <act> answer 3 </act>"
+TOK = toy_tokenizer()
+
+
+def words(ids):
+    return " ".join(TOK.convert_ids_to_tokens(ids))
+
+
+def run(scripts, prompts, env_mode="rehearse", env_scripts=None, **kw):
+    policy = ScriptedModel(TOK, scripts)
+    env_model = ScriptedModel(TOK, env_scripts) if env_scripts else None
+    return sample_episodes(policy, TOK, prompts, env_mode, env_model=env_model, temperature=1.0, **kw)
+
+
+def test_roles_and_shifted_mask_rehearse_mode():
+    e = run([EPISODE], ["price apple"])[0]
+    assert words(e["ids"]) == "<bos> price apple " + EPISODE
+    assert e["roles"] == [P, P, P, T, A, A, A, T, R, R, T, A, A, A]
+    assert e["calls"] == ["price apple"] and e["responses"] == ["3"]
+    assert e["answer"] == "3" and e["cause"] == "answer" and e["finished"]
+    _, roles = collate([e], TOK.pad_token_id)
+    # target t+1 trained when ACT or REHEARSE: the forced <act>/<env> tags are never targets
+    assert loss_mask(roles)[0].int().tolist() == [0, 0, 0, 1, 1, 1, 0, 1, 1, 0, 1, 1, 1]
+
+
+def test_real_mode_forces_the_world_response_as_obs():
+    # the policy would rehearse '9': in real mode it is never asked, the world says '3'
+    e = run(["<act> price apple </act> <env> 9 </env> <act> answer 3 </act>"], ["price apple"], "real")[0]
+    assert words(e["ids"]) == "<bos> price apple " + EPISODE
+    assert e["roles"] == [P, P, P, T, A, A, A, T, O, O, T, A, A, A]
+    assert e["logprobs"][8:10] == [0.0, 0.0]
+    _, roles = collate([e], TOK.pad_token_id)
+    assert loss_mask(roles)[0].int().tolist() == [0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1]
+
+
+def test_frozen_mode_takes_env_tokens_from_the_simulator():
+    policy_script = "<act> price apple </act> <env> 9 </env> <act> answer 5 </act>"
+    sim_script = "x x x x x 5 </env> x x x x"      # the simulator's choice at env positions 5, 6
+    e = run([policy_script], ["price apple"], "frozen", env_scripts=[sim_script])[0]
+    assert words(e["ids"]) == ("<bos> price apple <act> price apple </act> <env> 5 </env> "
+                               "<act> answer 5 </act>")
+    assert e["roles"] == [P, P, P, T, A, A, A, T, O, O, T, A, A, A]
+    assert e["responses"] == ["5"] and e["answer"] == "5"
+
+
+def test_forced_tags_override_the_model():
+    # the script puts 'milk' where <act> and <env> must go: the sampler inserts the tags anyway
+    e = run(["milk price apple </act> milk 3 </env> milk answer 3 </act>"], ["price apple"])[0]
+    assert words(e["ids"]) == "<bos> price apple " + EPISODE
+
+
+def test_rows_of_different_lengths_in_one_batch():
+    scripts = [EPISODE, "<act> price milk </act> <env> 2 </env> <act> mul 3 , 2 </act> <env> 6 </env> "
+                        "<act> answer 6 </act>"]
+    e = run(scripts, ["price apple", "not pear cost 3 milk"])
+    assert e[0]["cause"] == e[1]["cause"] == "answer"
+    assert e[1]["calls"] == ["price milk", "mul 3 , 2"] and e[1]["responses"] == ["2", "6"]
+    assert e[1]["roles"][:8] == [P] * 6 + [T, A]
+
+
+def test_truncation_causes():
+    cases = {
+        "<act> price apple <env> 3 </env>": "bad_act",                 # the actor writes the hand-off
+        "<act> price apple apple </act>": "bad_call",                  # malformed call
+        "<act> price apple </act> <env> apple </env>": "bad_rehearsal",  # not a response
+        "<act> price apple </act> <env> 3 <act>": "bad_rehearsal",     # rehearser writes a tag
+        "<act> price price price price price price price price price price": "act_limit",
+        "<act> price apple </act> <env> 3 3 3 3 3 3 3 3 3 3 3": "env_limit",
+    }
+    eps = run(list(cases), ["price apple"] * len(cases), max_act_tokens=8, max_env_tokens=6)
+    assert [e["cause"] for e in eps] == list(cases.values())
+    assert not any(e["finished"] for e in eps)
+    assert eps[0]["roles"][-1] == A and words(eps[0]["ids"][-1:]) == "<env>"   # stopped right there
+
+
+def test_turn_and_token_limits():
+    loop = "<act> price apple </act> <env> 3 </env> " * 4 + "<act> answer 3 </act>"
+    turn, = run([loop], ["price apple"], max_turns=2)
+    assert turn["cause"] == "turn_limit" and len(turn["calls"]) == 2
+    long, = run([loop], ["price apple"], max_tokens=12)
+    assert long["cause"] == "token_limit" and len(long["ids"]) == 12
+
+
+def test_real_mode_errors_come_from_the_world_and_the_wallet_is_per_row():
+    # x: positions the world fills ('4 </env>', then 'error funds </env>')
+    script = "<act> pay 5 </act> <env> x x <act> pay 5 </act> <env> x x x <act> answer 4 </act>"
+    eps = run([script, script], ["buy apple", "buy milk"], "real")
+    for e in eps:
+        assert e["responses"] == ["4", "error funds"] and e["cause"] == "answer"
+
+
+def test_kv_cached_logprobs_equal_teacher_forced_forward():
+    model = tiny_llama(TOK)
+    prompts = ["price apple", "not pear buy 2 milk and egg", "cost 3 fish", "buy tea"] * 4
+    for temperature in (1.0, 0.7):
+        eps = sample_episodes(model, TOK, prompts, "rehearse", temperature=temperature, max_tokens=48,
+                              generator=torch.Generator().manual_seed(0))
+        ids, roles = collate(eps, TOK.pad_token_id)
+        with torch.no_grad():
+            full = token_logprobs(model, ids, temperature)
+        compared = 0
+        for i, e in enumerate(eps):
+            for t in range(1, len(e["ids"])):
+                if e["roles"][t] in (ACT, REHEARSE):
+                    assert abs(e["logprobs"][t] - full[i, t - 1].item()) < 1e-5
+                    compared += 1
+                else:
+                    assert e["logprobs"][t] == 0.0
+        assert compared > 40
+
+
+def test_replay_fidelity_and_would_rehearse():
+    e = {"calls": ["price apple", "pay 3", "pay 7"], "responses": ["3", "6", "2"]}
+    assert rehearse.replay_fidelity([e]) == {"lookup": [1, 1], "stateful": [1, 2]}
+    real, = run([EPISODE], ["price apple"], "real")
+    right = ScriptedModel(TOK, ["3 </env>"])
+    wrong = ScriptedModel(TOK, ["4 </env>"])
+    assert rehearse.would_rehearse(right, TOK, [real]) == {"lookup": [1, 1]}
+    assert rehearse.would_rehearse(wrong, TOK, [real]) == {"lookup": [0, 1]}

@@ -33,6 +33,7 @@ mask[8] = 0. The same episode's advantage A sits on every position whose mask is
 `act_coef` for ACT targets and `rehearse_coef` for REHEARSE targets.
 """
 import os
+import shutil
 
 import torch
 import torch.nn.functional as F
@@ -154,17 +155,30 @@ def token_logprobs(model, ids, temperature=1.0, with_entropy=False):
     return target_logp, -(logp.exp() * logp).sum(-1)
 
 
-def save_checkpoint(model, tokenizer, out_dir, extra_files=None):
-    """save_pretrained for model and tokenizer (plus `extra_files`: {name: text}), written to a
-    temporary folder first and then moved in file by file with an atomic rename, so a crash
-    mid-save never leaves a half-written file under a final name."""
-    tmp = os.path.join(out_dir, ".saving")
-    os.makedirs(tmp, exist_ok=True)
+def save_checkpoint(model, tokenizer, path, extra_files=None, state=None):
+    """save_pretrained for model and tokenizer, plus `extra_files` ({name: text}) and an optional
+    trainer `state` (torch.save), written whole to <path>.tmp and then swapped in by two renames
+    (<path> -> <path>.old, <path>.tmp -> <path>). A crash at any moment leaves a complete
+    checkpoint at <path> or at <path>.old (find_checkpoint looks at both), never a half-written one."""
+    tmp, old = path + ".tmp", path + ".old"
+    shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     for name, text in (extra_files or {}).items():
         with open(os.path.join(tmp, name), "w") as f:
             f.write(text)
-    for name in os.listdir(tmp):
-        os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
-    os.rmdir(tmp)
+    if state is not None:
+        torch.save(state, os.path.join(tmp, "trainer_state.pt"))
+    if os.path.isdir(path):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def find_checkpoint(path):
+    """`path`, or `path`.old if a crash struck between save_checkpoint's two renames; else None."""
+    for candidate in (path, path + ".old"):
+        if os.path.isfile(os.path.join(candidate, "config.json")):
+            return candidate
+    return None

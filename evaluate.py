@@ -19,7 +19,6 @@ import sys
 import torch
 
 import rehearse
-import world
 from reward import cause_counts, task_reward
 from rollout import sample_episodes
 
@@ -61,22 +60,23 @@ def summary(m):
 
 
 def main(argv=None):
-    from train import ConfigError, load_config, load_policy
+    from envace import find_checkpoint
+    from train import ConfigError, build_tasks, load_config, load_policy, pick_device
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ckpt", required=True, help="a folder written by train.py")
+    parser.add_argument("--ckpt", required=True, help="a run folder written by train.py, or a checkpoint in it")
     parser.add_argument("--n_test", type=int, default=None, help="evaluate on the first N test tasks")
     args, overrides = parser.parse_known_args(argv)
     try:
-        cfg_path = os.path.join(args.ckpt, "config.yaml")
-        if not os.path.isfile(cfg_path):
-            raise ConfigError(f"{args.ckpt} is not a checkpoint written by train.py (no config.yaml)")
-        cfg = load_config(cfg_path, overrides)
-        model, tokenizer = load_policy(args.ckpt, cfg)
+        # a run folder holds its latest checkpoint in ckpt/; warmstart/ is a checkpoint itself
+        path = find_checkpoint(os.path.join(args.ckpt, "ckpt")) or find_checkpoint(args.ckpt)
+        if path is None or not os.path.isfile(os.path.join(path, "config.yaml")):
+            raise ConfigError(f"no checkpoint written by train.py in {args.ckpt}")
+        cfg = load_config(os.path.join(path, "config.yaml"), overrides)
+        model, tokenizer = load_policy(path, pick_device(cfg))
+        tasks = build_tasks(cfg)["test"]
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    tasks = world.make_splits(cfg["data_seed"], cfg["n_logged"], cfg["n_new_logged"],
-                              cfg["n_rl_tasks"], cfg["n_test"], cfg["coverage"])["test"]
     tasks = tasks[:args.n_test] if args.n_test else tasks
     metrics = evaluate(model, tokenizer, tasks, cfg, seed=cfg["seed"])
     print(summary(metrics))

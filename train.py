@@ -3,6 +3,8 @@
     python train.py --config small.yaml                      # the CPU demo (minutes)
     python train.py --config small.yaml --env_mode=real      # same budget, real world in the loop
     python train.py --config small.yaml --rl_steps=20        # any config key as --key=value
+    python train.py --config small.yaml --resume             # continue out_dir's latest checkpoint
+    torchrun --nproc_per_node=2 train.py --config small.yaml # several processes (GPUs or CPU)
 
 One run, top to bottom:
   1. Warm start (`sft_*` keys): teacher-forced training on logged expert episodes run in the
@@ -17,6 +19,12 @@ One run, top to bottom:
      REHEARSE tokens (`clipped_pg_loss`).
   4. Save the policy (save_pretrained) and evaluate it in the real world; print before/after.
 
+Under torchrun every rank samples its slice of each step's tasks (a task's whole group on one
+rank), DDP averages the gradients, and the loss is divided by the GLOBAL count of trained
+tokens, so N ranks x B/N rows make the same update as 1 rank x B rows. Only rank 0 prints,
+evaluates, writes files and saves. Ctrl-C or SIGTERM finishes the current RL step, saves a
+checkpoint (model, optimizer, RNG states) and exits 0; `--resume` continues it exactly.
+
 What this simplifies against the paper / official code:
   - inline rehearsal: the response is written in the actor's own sequence, so one row holds
     both roles and a task's group is its (task, role) group too; no separate simulator prompt;
@@ -25,25 +33,29 @@ What this simplifies against the paper / official code:
     on-policy setting); `ppo_epochs` > 1 reuses the batch and makes the clip bite;
   - no dynamic sampling: steps where every group has equal rewards are skipped and counted.
 """
+import contextlib
 import copy
 import difflib
 import json
 import math
 import os
 import random
+import signal
 import sys
 import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import yaml
+from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
 import rehearse
 import world
-from envace import (ACT, OBS, REHEARSE, build_model, build_tokenizer, collate, encode_episode,
-                    loss_mask, save_checkpoint, token_advantages, token_logprobs)
+from envace import (ACT, OBS, PROMPT, REHEARSE, build_model, build_tokenizer, collate, encode_episode,
+                    find_checkpoint, loss_mask, save_checkpoint, token_advantages, token_logprobs)
 from evaluate import evaluate, summary
 from reward import cause_counts, group_advantages, task_reward
 from rollout import sample_episodes
@@ -52,12 +64,14 @@ hf_logging.disable_progress_bar()     # transformers' save/load bars: keep the t
 
 # Every config key, its default, and therefore its type. A config file is flat YAML of these.
 DEFAULTS = {
-    "out_dir": "out/run", "seed": 1, "device": "auto",
+    "out_dir": "out/run", "seed": 1, "device": "auto", "bf16": True, "save_every": 50,
     # model: "tiny" builds a small Llama from n_layer/n_embd/n_head; else a path or hub name
     "model": "tiny", "n_layer": 4, "n_embd": 128, "n_head": 4,
     # data: tasks from the toy world (world.py), generated from data_seed
     "data_seed": 0, "n_logged": 3000, "n_new_logged": 20, "n_rl_tasks": 4000, "n_test": 500,
     "snippet_repeats": 20, "coverage": 1.0,
+    # optional JSONL files replacing the generated splits (format: world.read_jsonl)
+    "tasks_file": "", "test_file": "", "logged_file": "",
     # warm start
     "sft_steps": 600, "sft_batch_size": 64, "sft_lr": 1e-3,
     # RL
@@ -75,14 +89,14 @@ CHOICES = {"env_mode": ("rehearse", "real", "frozen"), "device": ("auto", "cpu",
 POSITIVE = {"n_layer", "n_embd", "n_head", "n_logged", "n_rl_tasks", "n_test", "sft_batch_size",
             "tasks_per_step", "group_size", "ppo_epochs", "micro_batch_size", "max_turns",
             "max_act_tokens", "max_env_tokens", "max_tokens", "temperature", "lr", "sft_lr"}
-NON_NEGATIVE = {"seed", "data_seed", "n_new_logged", "snippet_repeats", "sft_steps", "rl_steps",
+NON_NEGATIVE = {"seed", "data_seed", "n_new_logged", "snippet_repeats", "sft_steps", "rl_steps", "save_every",
                 "weight_decay", "grad_clip", "eps_low", "eps_high", "kl_coef", "act_coef",
                 "rehearse_coef", "eval_temperature", "eval_every", "min_fidelity"}
 UNIT = {"coverage", "top_p", "min_fidelity"}              # in (0, 1] (min_fidelity: [0, 1])
 
 
 class ConfigError(Exception):
-    """A user mistake in a config, override or path: printed as one line, exit code 2."""
+    """A user mistake in a config, override, path or data file: one line, exit code 2."""
 
 
 def check_value(key, value):
@@ -147,7 +161,7 @@ def load_config(path, overrides=()):
     return cfg
 
 
-def load_policy(path, cfg):
+def load_policy(path, device="cpu"):
     """A saved policy and its tokenizer, with clear errors for a missing or broken checkpoint."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     if not os.path.isfile(os.path.join(path, "config.json")):
@@ -155,15 +169,82 @@ def load_policy(path, cfg):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RuntimeError) as e:
         raise ConfigError(f"cannot load the checkpoint in {path}: {str(e).splitlines()[0]}") from None
-    return model.to(pick_device(cfg)), tokenizer
+    return model.to(device), tokenizer
 
 
 def pick_device(cfg):
+    if cfg["device"] == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda was asked for, but torch sees no CUDA device")
     if cfg["device"] == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return cfg["device"]
+
+
+def autocast(cfg, device):
+    """bf16 autocast on CUDA (weights stay fp32; logprobs are taken in fp32), nothing on CPU."""
+    if str(device).startswith("cuda") and cfg["bf16"]:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+# ----------------------------------------------------------------------------- distributed
+
+def setup_distributed(cfg):
+    """(rank, world_size, device). torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; NCCL on CUDA,
+    gloo on CPU, picked from the device. A plain `python train.py` is rank 0 of 1."""
+    device = pick_device(cfg)
+    if "RANK" not in os.environ:
+        return 0, 1, device
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    if device == "cuda":
+        device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+        torch.cuda.set_device(device)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def all_sum(values):
+    """Sum a list of numbers over ranks (identity in one process)."""
+    if not dist.is_initialized():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_gather(obj):
+    """A list with every rank's `obj` (a one-element list in one process)."""
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def from_rank0(fn):
+    """Run fn() on rank 0 only (an evaluation, say) and give its result to every rank."""
+    box = [fn() if not dist.is_initialized() or dist.get_rank() == 0 else None]
+    if dist.is_initialized():
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def add_up(dicts):
+    """Merge per-rank metric sums: numbers add, nested dicts merge, lists add elementwise."""
+    out = {}
+    for d in dicts:
+        for k, v in d.items():
+            if isinstance(v, dict):
+                out[k] = add_up([out.get(k, {}), v])
+            elif isinstance(v, list):
+                out[k] = [a + b for a, b in zip(out.get(k, [0] * len(v)), v)]
+            else:
+                out[k] = out.get(k, 0) + v
+    return out
 
 
 # ----------------------------------------------------------------------------- the loss
@@ -205,43 +286,65 @@ def clipped_pg_loss(new_logprobs, old_logprobs, advantages, loss_mask, n_tokens,
 
 # ----------------------------------------------------------------------------- data
 
-def build_data(cfg, tokenizer):
-    """Tasks from the toy world, and the warm-start sequences (ids + roles) from logged traffic."""
+def build_tasks(cfg):
+    """The splits: generated from the toy world (data_seed), or read from JSONL files where the
+    config names them. Every file line is checked here, before anything is built or trained."""
     splits = world.make_splits(cfg["data_seed"], cfg["n_logged"], cfg["n_new_logged"],
                                cfg["n_rl_tasks"], cfg["n_test"], cfg["coverage"])
-    sft = [encode_episode(tokenizer, t["prompt"], t["calls"], world.replay(t["calls"]), t["answer"])
-           for t in splits["logged"]]
-    # single-tool traffic: the calls are context (role PROMPT), only the responses are trained
-    sft += [encode_episode(tokenizer, "", calls, world.replay(calls), act_role=0)
-            for calls in world.tool_snippets(cfg["data_seed"], cfg["snippet_repeats"], cfg["coverage"])]
-    return splits, sft
+    try:
+        for key, split, kind in (("tasks_file", "rl", "tasks"), ("test_file", "test", "tasks"),
+                                 ("logged_file", "logged", "trajectories")):
+            if cfg[key]:
+                splits[split] = world.read_jsonl(cfg[key], kind)
+    except world.DataError as e:
+        raise ConfigError(str(e)) from None
+    for t in splits["rl"] + splits["test"]:
+        t.setdefault("family", "file")
+    return splits
+
+
+def warm_start_sequences(cfg, tokenizer, splits):
+    """Logged expert episodes (responses from the real world: OBS) and logged single-tool traffic
+    (calls as context, role PROMPT; only the responses are trained) as ids + roles."""
+    seqs = [encode_episode(tokenizer, t["prompt"], t["calls"], t.get("responses") or world.replay(t["calls"]),
+                           t["answer"]) for t in splits["logged"]]
+    seqs += [encode_episode(tokenizer, s["prompt"], s["calls"], world.replay(s["calls"]), act_role=PROMPT)
+             for s in world.tool_snippets(cfg["data_seed"], cfg["snippet_repeats"], cfg["coverage"])]
+    return seqs
 
 
 # ----------------------------------------------------------------------------- warm start
 
-def warm_start(model, sft_data, cfg, device, pad_id):
-    """Teacher-forced cross-entropy on ACT, REHEARSE and OBS tokens (token mean per batch), AdamW
-    with cosine decay. Environment tokens are trained too: that is the initial world model."""
+def warm_start(model, ddp_model, sequences, cfg, pad_id, rank=0, world_size=1):
+    """Teacher-forced cross-entropy on ACT, REHEARSE and OBS tokens, token mean over the global
+    batch, AdamW with cosine decay. Environment tokens are trained too: the initial world model.
+    Every rank draws the same global batch (same seed) and trains on its slice of it."""
     if cfg["sft_steps"] == 0:
         return
+    device = next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["sft_lr"], weight_decay=cfg["weight_decay"])
     rng = random.Random(cfg["seed"])
+    per_rank = cfg["sft_batch_size"] // world_size
     model.train()
-    bar = tqdm(range(cfg["sft_steps"]), desc="warm start", dynamic_ncols=True)
+    bar = tqdm(range(cfg["sft_steps"]), desc="warm start", dynamic_ncols=True, disable=rank != 0)
     for it in bar:
         lr = cfg["sft_lr"] * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * it / cfg["sft_steps"])))
         for group in opt.param_groups:
             group["lr"] = lr
-        ids, roles = collate(rng.sample(sft_data, min(cfg["sft_batch_size"], len(sft_data))), pad_id)
+        batch = rng.sample(sequences, min(cfg["sft_batch_size"], len(sequences)))
+        ids, roles = collate(batch[rank * per_rank:(rank + 1) * per_rank], pad_id)
         ids, roles = ids.to(device), roles.to(device)
         mask = loss_mask(roles, trained=(ACT, REHEARSE, OBS)).float()
-        loss = -(token_logprobs(model, ids) * mask).sum() / mask.sum()
+        n_tokens = all_sum([mask.sum().item()])[0]
+        with autocast(cfg, device):
+            logprobs = token_logprobs(ddp_model, ids)
+        loss = -(logprobs * mask).sum() / n_tokens
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss * world_size).backward()      # DDP averages over ranks; x world_size makes it the sum
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or float("inf"))
         opt.step()
         if it % 10 == 0:
-            bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.1e}")
+            bar.set_postfix(loss=f"{all_sum([loss.item()])[0]:.3f}", lr=f"{lr:.1e}")
     model.eval()
 
 
@@ -249,14 +352,15 @@ def warm_start(model, sft_data, cfg, device, pad_id):
 
 def make_batch(episodes, rewards, group_ids, cfg, pad_id):
     """Episodes -> tensors for the update: ids [B, L], roles [B, L], and over targets [B, L-1]
-    the loss mask (ACT/REHEARSE targets whose coefficient is > 0) and per-token advantages."""
+    the loss mask (ACT/REHEARSE targets whose coefficient is > 0) and per-token advantages.
+    n_tokens counts this process's trained tokens; rl_step replaces it by the global count."""
     adv, all_equal = group_advantages(rewards, group_ids, cfg["scale_std"])
     ids, roles = collate(episodes, pad_id)
     trained = tuple(r for r, c in ((ACT, cfg["act_coef"]), (REHEARSE, cfg["rehearse_coef"])) if c > 0)
     batch = {"ids": ids, "roles": roles, "mask": loss_mask(roles, trained),  # coef 0: no loss at all
              "advantages": token_advantages(roles, adv, cfg["act_coef"], cfg["rehearse_coef"]),
              "all_equal_groups": all_equal, "n_groups": len(set(group_ids))}
-    batch["n_tokens"] = max(int(batch["mask"].sum()), 1)   # the normaliser: trained tokens, whole batch
+    batch["n_tokens"] = max(int(batch["mask"].sum()), 1)
     return batch
 
 
@@ -267,20 +371,27 @@ def batch_logprobs(model, ids, micro_batch_size, temperature):
                       for i in range(0, len(ids), micro_batch_size)])
 
 
-def accumulate_gradients(model, batch, old, ref, cfg):
-    """Forward/backward every micro-batch; the loss of each is already divided by the batch's
-    total trained tokens, so the accumulated .grad equals that of one forward over the whole
-    batch, whatever micro_batch_size is. Returns the summed stats and per-role entropy."""
+def accumulate_gradients(model, batch, old, ref, cfg, world_size=1):
+    """Forward/backward every micro-batch. Each loss is already divided by the batch's total
+    trained tokens (all micro-batches, all ranks), so the accumulated .grad equals that of one
+    forward over the whole global batch, whatever micro_batch_size and the number of ranks.
+    `model` may be DDP-wrapped. Returns this rank's stats (sums that add up over ranks)."""
     mb, device = cfg["micro_batch_size"], old.device
     ids, mask, adv = batch["ids"].to(device), batch["mask"].to(device), batch["advantages"].to(device)
     target_roles = batch["roles"][:, 1:].to(device)
+    starts = range(0, len(ids), mb)
     totals = {"loss": 0.0, "entropy_act": 0.0, "entropy_rehearse": 0.0}
-    for i in range(0, len(ids), mb):
-        new, entropy = token_logprobs(model, ids[i:i + mb], cfg["temperature"], with_entropy=True)
+    for j, i in enumerate(starts):
+        if isinstance(model, DDP):
+            # all-reduce the gradients on the last micro-batch only; the others just accumulate
+            # (the flag nanoGPT sets: no_sync() would split this loop in two)
+            model.require_backward_grad_sync = j == len(starts) - 1
+        with autocast(cfg, device):
+            new, entropy = token_logprobs(model, ids[i:i + mb], cfg["temperature"], with_entropy=True)
         loss, stats = clipped_pg_loss(new, old[i:i + mb], adv[i:i + mb], mask[i:i + mb],
                                       batch["n_tokens"], None if ref is None else ref[i:i + mb],
                                       cfg["eps_low"], cfg["eps_high"], cfg["dual_clip"], cfg["kl_coef"])
-        loss.backward()
+        (loss * world_size).backward()      # DDP averages over ranks; x world_size makes it the sum
         totals["loss"] += loss.item()
         for k, v in stats.items():
             totals[k] = totals.get(k, 0.0) + v
@@ -289,41 +400,147 @@ def accumulate_gradients(model, batch, old, ref, cfg):
     return totals
 
 
-def rl_step(model, opt, episodes, rewards, group_ids, cfg, pad_id, reference=None):
-    """One policy update from sampled episodes; returns a dict of metrics. A batch in which every
-    group has equal rewards has zero advantage everywhere: the step is skipped (and counted)."""
+def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, reference=None,
+            world_size=1):
+    """One policy update from this rank's episodes. Returns (sums, status): metric sums that add
+    up over ranks, and "updated", "skipped" (no group on any rank had reward variance: zero
+    advantage, zero signal) or "nonfinite" (loss or gradient not finite: weights and optimizer
+    left untouched). Every rank takes the same branch, so collectives stay in step."""
     batch = make_batch(episodes, rewards, group_ids, cfg, pad_id)
+    n_tokens, groups_with_signal = all_sum([batch["n_tokens"], batch["n_groups"] - batch["all_equal_groups"]])
+    batch["n_tokens"] = int(n_tokens)                     # the global normaliser
     target_roles = batch["roles"][:, 1:]
-    stats = {"all_equal_groups": batch["all_equal_groups"],
-             "skipped": batch["all_equal_groups"] == batch["n_groups"]}
+    sums = {"all_equal_groups": batch["all_equal_groups"]}
     for r, name in ((ACT, "act"), (REHEARSE, "rehearse"), (OBS, "obs")):
         sel = target_roles == r
-        stats[f"tokens_{name}"] = int(sel.sum())
-        stats[f"adv_{name}"] = float(batch["advantages"][sel].mean()) if sel.any() else 0.0
-    if stats["skipped"]:
-        return stats
+        sums[f"tokens_{name}"] = int(sel.sum())
+        sums[f"adv_sum_{name}"] = float(batch["advantages"][sel].sum())
+    if groups_with_signal == 0:
+        return sums, "skipped"
     device = next(model.parameters()).device
     t0 = time.time()
     ids = batch["ids"].to(device)
     mb, temperature = cfg["micro_batch_size"], cfg["temperature"]
-    old = batch_logprobs(model, ids, mb, temperature)
-    ref = None if reference is None else batch_logprobs(reference, ids, mb, temperature)
-    stats["time_logprobs"] = time.time() - t0
+    with autocast(cfg, device):
+        old = batch_logprobs(model, ids, mb, temperature)
+        ref = None if reference is None else batch_logprobs(reference, ids, mb, temperature)
+    sums["time_logprobs"] = time.time() - t0
     t0 = time.time()
     model.train()
+    status = "updated"
     for _ in range(cfg["ppo_epochs"]):
         opt.zero_grad(set_to_none=True)
-        totals = accumulate_gradients(model, batch, old, ref, cfg)
+        totals = accumulate_gradients(ddp_model, batch, old, ref, cfg, world_size)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or float("inf"))
-        if torch.isfinite(grad_norm):
-            opt.step()
+        # the gradients are synchronised, so grad_norm is the same on every rank; the loss is not
+        if not math.isfinite(grad_norm) or all_sum([not math.isfinite(totals["loss"])])[0]:
+            opt.zero_grad(set_to_none=True)
+            status = "nonfinite"
+            break
+        opt.step()
     model.eval()
-    stats.update(totals)
-    stats["grad_norm"] = float(grad_norm)
-    stats["entropy_act"] /= max(stats["tokens_act"], 1)
-    stats["entropy_rehearse"] /= max(stats["tokens_rehearse"], 1)
-    stats["time_update"] = time.time() - t0
-    return stats
+    sums.update(totals)
+    sums["grad_norm"] = float(grad_norm) / world_size    # the same on every rank: sums to it once
+    sums["time_update"] = time.time() - t0
+    return sums, status
+
+
+def episode_sums(episodes, rewards, env_mode):
+    """This rank's episode-level metric sums (they add up over ranks)."""
+    sums = {"n_episodes": len(episodes), "reward_sum": sum(rewards),
+            "calls_sum": sum(len(e["calls"]) for e in episodes),
+            "n_tok": sum(len(e["ids"]) for e in episodes), "causes": cause_counts(episodes)}
+    if env_mode != "real":          # diagnostic only: never feeds the reward or the loss
+        sums["fidelity"] = rehearse.replay_fidelity(episodes)
+    return sums
+
+
+def metrics_record(step, s, status, counters, times):
+    """One metrics.jsonl line from the summed-over-ranks metric sums."""
+    n = s["n_episodes"]
+    record = {"step": step, "status": status, "reward": s["reward_sum"] / n,
+              "success": s["reward_sum"] / n, "mean_calls": s["calls_sum"] / n,
+              "causes": s["causes"], "all_equal_groups": s["all_equal_groups"], **counters}
+    for name in ("act", "rehearse", "obs"):
+        record[f"tokens_{name}"] = s[f"tokens_{name}"]
+        record[f"adv_{name}"] = s[f"adv_sum_{name}"] / max(s[f"tokens_{name}"], 1)
+    for k in ("loss", "clip_frac", "dual_clip_frac", "approx_kl", "kl_ref", "grad_norm"):
+        if k in s:
+            record[k] = s[k]
+    for name in ("act", "rehearse"):
+        if f"entropy_{name}" in s:
+            record[f"entropy_{name}"] = s[f"entropy_{name}"] / max(s[f"tokens_{name}"], 1)
+    if "fidelity" in s:
+        record["fidelity"] = rehearse.rates(s["fidelity"])
+    record.update(times)
+    record["tok_per_s"] = s["n_tok"] / times["time_step"]
+    return record
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+MODEL_SHAPE_KEYS = ("model", "n_layer", "n_embd", "n_head")
+
+
+def save_state(out, model, tokenizer, opt, step, config_text, progress, generator, task_rng):
+    """The resumable checkpoint <out>/ckpt: model + tokenizer (save_pretrained), config.yaml and
+    trainer_state.pt (step, optimizer, every rank's RNG states, counters). Collective: every rank
+    calls it (to hand in its RNG states); rank 0 writes, atomically (envace.save_checkpoint)."""
+    rngs = all_gather({"python": random.getstate(), "numpy": np.random.get_state(),
+                       "torch": torch.get_rng_state(), "generator": generator.get_state(),
+                       "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []})
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
+    state = {"step": step, "optimizer": opt.state_dict(), "rngs": rngs, "task_rng": task_rng.getstate(),
+             "progress": progress}
+    save_checkpoint(model, tokenizer, os.path.join(out, "ckpt"), {"config.yaml": config_text}, state)
+
+
+def load_state(cfg, device, world_size):
+    """(model, tokenizer, trainer state) of <out_dir>/ckpt for --resume, with clear errors."""
+    path = find_checkpoint(os.path.join(cfg["out_dir"], "ckpt"))
+    if path is None or not os.path.isfile(os.path.join(path, "trainer_state.pt")):
+        raise ConfigError(f"--resume: no checkpoint in {cfg['out_dir']}/ckpt to resume; "
+                          f"run without --resume to start, or set --out_dir")
+    with open(os.path.join(path, "config.yaml")) as f:
+        saved = yaml.safe_load(f)
+    for key in MODEL_SHAPE_KEYS:
+        if saved.get(key) != cfg[key]:
+            raise ConfigError(f"--resume: the checkpoint in {path} has {key}={saved.get(key)!r} but "
+                              f"the config says {key}={cfg[key]!r}: another model shape")
+    model, tokenizer = load_policy(path, device)
+    state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
+    if len(state["rngs"]) != world_size:
+        raise ConfigError(f"--resume: the checkpoint was saved by {len(state['rngs'])} processes, "
+                          f"this run has {world_size}: RNG streams would not continue")
+    return model, tokenizer, state
+
+
+def restore_rngs(rngs, generator):
+    random.setstate(rngs["python"])
+    np.random.set_state(rngs["numpy"])
+    torch.set_rng_state(rngs["torch"])
+    generator.set_state(rngs["generator"])
+    if rngs["cuda"]:
+        torch.cuda.set_rng_state_all(rngs["cuda"])
+
+
+class StopRequest:
+    """SIGINT/SIGTERM set a flag; the RL loop finishes its step, saves and exits cleanly."""
+
+    def __init__(self):
+        self.signal = None
+
+    def __enter__(self):
+        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def handle(self, signum, frame):
+        self.signal = signum
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
 
 
 def seed_everything(seed):
@@ -332,119 +549,183 @@ def seed_everything(seed):
     torch.manual_seed(seed)
 
 
+# ----------------------------------------------------------------------------- main
+
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if "--config" not in argv and not any(a.startswith("--config=") for a in argv):
-        print("usage: python train.py --config small.yaml [--key=value ...]", file=sys.stderr)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    resume = "--resume" in argv
+    argv = [a for a in argv if a != "--resume"]
+    if not any(a == "--config" or a.startswith("--config=") for a in argv):
+        print("usage: python train.py --config small.yaml [--key=value ...] [--resume]", file=sys.stderr)
         return 2
-    args = list(argv)
-    i = next(i for i, a in enumerate(args) if a.startswith("--config"))
-    flag = args.pop(i)
-    path = flag.split("=", 1)[1] if "=" in flag else (args.pop(i) if i < len(args) else "")
+    i = next(i for i, a in enumerate(argv) if a.startswith("--config"))
+    flag = argv.pop(i)
+    path = flag.split("=", 1)[1] if "=" in flag else (argv.pop(i) if i < len(argv) else "")
     try:
         if not path:
             raise ConfigError("--config needs a path, e.g. --config small.yaml")
-        return run(load_config(path, args))
+        return run(load_config(path, argv), resume)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
-def run(cfg):
-    """The whole run for a checked config dict. Returns 0, or 2 if the fidelity gate stops it."""
-    seed_everything(cfg["seed"])
-    device = pick_device(cfg)
+def run(cfg, resume=False):
+    """The whole run for a checked config dict. Returns 0 when done or interrupted cleanly, 1 if
+    non-finite steps stopped it, 2 if the fidelity gate stopped it."""
+    rank, world_size, device = setup_distributed(cfg)
+    main_process = rank == 0
+    log = print if main_process else (lambda *a, **k: None)
+    for key in ("tasks_per_step", "sft_batch_size"):
+        if cfg[key] % world_size:
+            raise ConfigError(f"{key} ({cfg[key]}) must be divisible by the number of processes ({world_size})")
     out = cfg["out_dir"]
-    os.makedirs(out, exist_ok=True)
     config_text = yaml.safe_dump(cfg, sort_keys=False)
-    with open(os.path.join(out, "config.yaml"), "w") as f:
-        f.write(config_text)
+    splits = build_tasks(cfg)                       # bad data files stop the run here
+    seed_everything(cfg["seed"])
 
-    # 1. model, tokenizer, data, warm start
-    tokenizer = build_tokenizer(world.WORDS)
-    if cfg["model"] == "tiny":
-        model = build_model(cfg, tokenizer)
+    # 1. model, tokenizer, warm start (or the checkpoint to resume)
+    state = None
+    if resume:
+        model, tokenizer, state = load_state(cfg, device, world_size)
+    elif cfg["model"] == "tiny":
+        tokenizer = build_tokenizer(world.WORDS)
+        model = build_model(cfg, tokenizer).to(device)
     else:
-        model, tokenizer = load_policy(cfg["model"], cfg)
-    model.to(device)
-    splits, sft_data = build_data(cfg, tokenizer)
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)} | tasks: "
-          f"{len(splits['logged'])} logged, {len(splits['rl'])} RL, {len(splits['test'])} test | "
-          f"warm-start sequences: {len(sft_data)} | device {device}")
+        model, tokenizer = load_policy(cfg["model"], device)
+    ddp_model = DDP(model, device_ids=[device] if device.startswith("cuda") else None) if world_size > 1 else model
+    if main_process:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "config.yaml"), "w") as f:
+            f.write(config_text)
+    log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab "
+        f"{len(tokenizer)} | tasks: {len(splits['logged'])} logged, {len(splits['rl'])} RL, "
+        f"{len(splits['test'])} test | device {device} x {world_size} process(es)")
     t_start = time.time()
-    warm_start(model, sft_data, cfg, device, tokenizer.pad_token_id)
-    save_checkpoint(model, tokenizer, os.path.join(out, "warmstart"), {"config.yaml": config_text})
+    amp = autocast(cfg, device)
+    if state is None:
+        warm_start(model, ddp_model, warm_start_sequences(cfg, tokenizer, splits), cfg,
+                   tokenizer.pad_token_id, rank, world_size)
+        if main_process:
+            save_checkpoint(model, tokenizer, os.path.join(out, "warmstart"), {"config.yaml": config_text})
 
-    # 2. real-world evaluation of the warm start, and the fidelity gate
-    before = evaluate(model, tokenizer, splits["test"], cfg, seed=cfg["seed"])
-    with open(os.path.join(out, "warmstart", "eval.json"), "w") as f:
-        json.dump(before, f, indent=1)
-    print(f"warm start ({time.time() - t_start:.0f}s): {summary(before)}")
-    low = {k: v for k, v in before["fidelity"].items() if v < cfg["min_fidelity"]}
-    if cfg["env_mode"] != "real" and cfg["min_fidelity"] > 0 and (low or not before["fidelity"]):
-        print(f"fidelity gate FAILED: {low or 'no calls made'} below min_fidelity "
-              f"{cfg['min_fidelity']}: rehearsed rewards would be noise for these tools. Raise "
-              f"snippet_repeats/sft_steps/coverage, or set --min_fidelity=0 to run anyway.")
-        return 2
-    print(f"fidelity gate passed: every tool kind >= {cfg['min_fidelity']} ({cfg['env_mode']} mode)")
+        # 2. real-world evaluation of the warm start, and the fidelity gate
+        def evaluate_warm_start():
+            with amp:
+                result = evaluate(model, tokenizer, splits["test"], cfg, seed=cfg["seed"])
+            with open(os.path.join(out, "warmstart", "eval.json"), "w") as f:
+                json.dump(result, f, indent=1)
+            return result
+        before = from_rank0(evaluate_warm_start)
+        log(f"warm start ({time.time() - t_start:.0f}s): {summary(before)}")
+        low = {k: v for k, v in before["fidelity"].items() if v < cfg["min_fidelity"]}
+        if cfg["env_mode"] != "real" and cfg["min_fidelity"] > 0 and (low or not before["fidelity"]):
+            log(f"fidelity gate FAILED: {low or 'no calls made'} below min_fidelity "
+                f"{cfg['min_fidelity']}: rehearsed rewards would be noise for these tools. Raise "
+                f"snippet_repeats/sft_steps/coverage, or set --min_fidelity=0 to run anyway.")
+            return 2
+        log(f"fidelity gate passed: every tool kind >= {cfg['min_fidelity']} ({cfg['env_mode']} mode)")
 
     # 3. RL
     reference = None
-    if cfg["kl_coef"] > 0 or cfg["env_mode"] == "frozen":
-        reference = copy.deepcopy(model).eval().requires_grad_(False)   # frozen warm start
+    if cfg["kl_coef"] > 0 or cfg["env_mode"] == "frozen":      # the frozen warm start
+        reference = (copy.deepcopy(model) if state is None else
+                     load_policy(os.path.join(out, "warmstart"), device)[0]).eval().requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
-    generator = torch.Generator().manual_seed(cfg["seed"])
-    task_rng = random.Random(cfg["seed"])
+    generator = torch.Generator().manual_seed(cfg["seed"] * 1000 + rank)   # each rank its own stream
+    task_rng = random.Random(cfg["seed"])                                   # the same on every rank
+    progress = {"before": None if state is None else state["progress"]["before"], "skipped_steps": 0,
+                "nonfinite_steps": 0, "nonfinite_in_a_row": 0, "real_success": None}
+    first_step = 1
+    if state is None:
+        progress["before"] = before
+        progress["real_success"] = before["success"]
+        save_state(out, model, tokenizer, opt, 0, config_text, progress, generator, task_rng)
+    else:
+        opt.load_state_dict(state["optimizer"])
+        progress.update(state["progress"])
+        task_rng.setstate(state["task_rng"])
+        restore_rngs(state["rngs"][rank], generator)
+        first_step = state["step"] + 1
+        log(f"resumed from {out}/ckpt at step {state['step']}")
+    before = progress["before"]
     metrics_path = os.path.join(out, "metrics.jsonl")
-    open(metrics_path, "w").close()
-    skipped, real_success = 0, before["success"]
-    bar = tqdm(range(1, cfg["rl_steps"] + 1), desc=f"RL ({cfg['env_mode']})", dynamic_ncols=True)
-    for step in bar:
-        t0 = time.time()
-        tasks = task_rng.sample(splits["rl"], cfg["tasks_per_step"])
-        prompts = [t["prompt"] for t in tasks for _ in range(cfg["group_size"])]
-        episodes = sample_episodes(
-            model, tokenizer, prompts, cfg["env_mode"],
-            env_model=reference if cfg["env_mode"] == "frozen" else None,
-            temperature=cfg["temperature"], top_p=cfg["top_p"], max_turns=cfg["max_turns"],
-            max_act_tokens=cfg["max_act_tokens"], max_env_tokens=cfg["max_env_tokens"],
-            max_tokens=cfg["max_tokens"], generator=generator)
-        time_sample = time.time() - t0
-        group_ids = [i // cfg["group_size"] for i in range(len(episodes))]
-        rewards = [task_reward(e, tasks[g]) for e, g in zip(episodes, group_ids)]
-        stats = rl_step(model, opt, episodes, rewards, group_ids, cfg,
-                        tokenizer.pad_token_id, reference if cfg["kl_coef"] > 0 else None)
-        skipped += stats["skipped"]
-        n_tok = sum(len(e["ids"]) for e in episodes)
-        record = {"step": step, "reward": sum(rewards) / len(rewards),
-                  "success": sum(rewards) / len(rewards), "skipped_steps": skipped,
-                  "causes": cause_counts(episodes),
-                  "mean_calls": sum(len(e["calls"]) for e in episodes) / len(episodes),
-                  "time_sample": time_sample, "time_step": time.time() - t0,
-                  "tok_per_s": n_tok / (time.time() - t0), **stats}
-        if cfg["env_mode"] != "real":   # diagnostic only: never feeds the reward or the loss
-            record["fidelity"] = rehearse.rates(rehearse.replay_fidelity(episodes))
-        if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < cfg["rl_steps"]:
-            real_success = evaluate(model, tokenizer, splits["test"], cfg, seed=cfg["seed"])["success"]
-            record["eval_success"] = real_success
-            tqdm.write(f"step {step}: real-world success {real_success:.3f} (reward in the "
-                       f"{cfg['env_mode']} world this step {record['reward']:.3f})")
-        with open(metrics_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        bar.set_postfix(reward=f"{record['reward']:.3f}", real=f"{real_success:.3f}", skip=skipped,
-                        tok_s=f"{record['tok_per_s']:.0f}")
+    if main_process:        # keep the lines of the steps the checkpoint has; a resume rewrites the rest
+        kept = [] if state is None or not os.path.exists(metrics_path) else [
+            line for line in open(metrics_path) if json.loads(line)["step"] < first_step]
+        with open(metrics_path, "w") as f:
+            f.writelines(kept)
+    per_rank = cfg["tasks_per_step"] // world_size
+    bar = tqdm(range(first_step, cfg["rl_steps"] + 1), desc=f"RL ({cfg['env_mode']})",
+               dynamic_ncols=True, disable=not main_process)
+    with StopRequest() as stop:
+        for step in bar:
+            t0 = time.time()
+            tasks = task_rng.sample(splits["rl"], cfg["tasks_per_step"])[rank * per_rank:(rank + 1) * per_rank]
+            prompts = [t["prompt"] for t in tasks for _ in range(cfg["group_size"])]
+            with amp:
+                episodes = sample_episodes(
+                    model, tokenizer, prompts, cfg["env_mode"],
+                    env_model=reference if cfg["env_mode"] == "frozen" else None,
+                    temperature=cfg["temperature"], top_p=cfg["top_p"], max_turns=cfg["max_turns"],
+                    max_act_tokens=cfg["max_act_tokens"], max_env_tokens=cfg["max_env_tokens"],
+                    max_tokens=cfg["max_tokens"], generator=generator)
+            time_sample = time.time() - t0
+            group_ids = [i // cfg["group_size"] for i in range(len(episodes))]
+            rewards = [task_reward(e, tasks[g]) for e, g in zip(episodes, group_ids)]
+            sums, status = rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg,
+                                   tokenizer.pad_token_id, reference if cfg["kl_coef"] > 0 else None,
+                                   world_size)
+            progress["skipped_steps"] += status == "skipped"
+            progress["nonfinite_steps"] += status == "nonfinite"
+            progress["nonfinite_in_a_row"] = progress["nonfinite_in_a_row"] + 1 if status == "nonfinite" else 0
+            total = add_up(all_gather({**sums, **episode_sums(episodes, rewards, cfg["env_mode"])}))
+            times = {"time_sample": time_sample, "time_logprobs": sums.get("time_logprobs", 0.0),
+                     "time_update": sums.get("time_update", 0.0), "time_step": time.time() - t0}
+            counters = {k: progress[k] for k in ("skipped_steps", "nonfinite_steps")}
+            record = metrics_record(step, total, status, counters, times)
+            if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < cfg["rl_steps"]:
+                def evaluate_now():
+                    with amp:
+                        return evaluate(model, tokenizer, splits["test"], cfg, seed=cfg["seed"])["success"]
+                progress["real_success"] = record["eval_success"] = from_rank0(evaluate_now)
+                bar.write(f"step {step}: real-world success {progress['real_success']:.3f} (reward "
+                          f"in the {cfg['env_mode']} world this step {record['reward']:.3f})")
+            if main_process:
+                with open(metrics_path, "a") as f:
+                    f.write(json.dumps(record) + "\n")
+            bar.set_postfix(reward=f"{record['reward']:.3f}", real=f"{progress['real_success']:.3f}",
+                            skip=progress["skipped_steps"], tok_s=f"{record['tok_per_s']:.0f}")
+            stopping = all_sum([stop.signal is not None])[0] > 0      # any rank signalled: all stop
+            if progress["nonfinite_in_a_row"] >= 3:
+                save_state(out, model, tokenizer, opt, step, config_text, progress, generator, task_rng)
+                log(f"\nstopping: 3 non-finite steps in a row (up to step {step}); the last good "
+                    f"weights are saved in {out}/ckpt. Lower lr or check the data.")
+                return 1
+            if stopping or (cfg["save_every"] and step % cfg["save_every"] == 0) or step == cfg["rl_steps"]:
+                save_state(out, model, tokenizer, opt, step, config_text, progress, generator, task_rng)
+            if stopping:
+                log(f"\ninterrupted: checkpoint of step {step} saved in {out}/ckpt. Resume with:\n"
+                    f"  python train.py --config {os.path.join(out, 'config.yaml')} --resume")
+                return 0
 
-    # 4. save and evaluate in the real world
-    save_checkpoint(model, tokenizer, out, {"config.yaml": config_text})
-    after = evaluate(model, tokenizer, splits["test"], cfg, seed=cfg["seed"])
-    with open(os.path.join(out, "eval.json"), "w") as f:
-        json.dump({**after, "before": before}, f, indent=1)
-    print(f"before RL: {summary(before)}")
-    print(f"after RL:  {summary(after)}")
-    print(f"real-world success {before['success']:.3f} -> {after['success']:.3f} "
-          f"({cfg['env_mode']} mode, {cfg['rl_steps']} steps, {skipped} skipped, "
-          f"{time.time() - t_start:.0f}s); saved to {out}")
+    # 4. evaluate the final policy in the real world
+    def evaluate_final():
+        with amp:
+            after = evaluate(model, tokenizer, splits["test"], cfg, seed=cfg["seed"])
+        with open(os.path.join(out, "eval.json"), "w") as f:
+            json.dump({**after, "before": before}, f, indent=1)
+        return after
+    after = from_rank0(evaluate_final)
+    log(f"before RL: {summary(before)}")
+    log(f"after RL:  {summary(after)}")
+    log(f"real-world success {before['success']:.3f} -> {after['success']:.3f} ({cfg['env_mode']} "
+        f"mode, {cfg['rl_steps']} steps, {progress['skipped_steps']} skipped, "
+        f"{progress['nonfinite_steps']} non-finite, {time.time() - t_start:.0f}s); saved to {out}/ckpt")
     return 0
 
 

@@ -193,20 +193,110 @@ def covered_items(seed, coverage):
 
 
 def tool_snippets(seed, repeats, coverage=1.0):
-    """Single-tool call sequences (no task) covering each tool's whole argument range, `repeats`
-    times each: the logged API traffic the world model is warm-started on. Each snippet is a list
-    of calls; pay snippets chain 1-3 payments so that every (balance, amount) pair is seen."""
+    """Logged API traffic the world model is warm-started on: every tool's whole argument range
+    (every covered item, every mul pair, every wallet balance 0..9 x amount 1..9 and every
+    larger amount a product can reach, and a few errors), `repeats` times. Each target call sits
+    behind a random lead of other calls and, half the time, after an unrelated plain task prompt
+    (traffic of other episodes), so that a response is learned as a function of the call and the
+    wallet, not of the task. Returns [{"prompt": str, "calls": [str]}]: no answer, no plan."""
     rng = random.Random(seed + 2)
+    items = covered_items(seed, coverage)
+    products = sorted({a * b for a in range(1, 10) for b in range(1, 10)} - set(range(10)))
+    targets = [(None, f"price {i}") for i in items]
+    targets += [(None, f"mul {a} , {b}") for a in range(1, 10) for b in range(1, 10)]
+    targets += [(balance, f"pay {amount}") for balance in range(WALLET + 1) for amount in range(1, WALLET + 1)]
+    targets += [(None, f"pay {amount}") for amount in products]                # always 'error funds'
+    targets += [(None, "price 5"), (None, "mul 0 , 3"), (None, "pay 0")]   # errors, to be rehearsed too
     snippets = []
     for _ in range(repeats):
-        snippets += [[f"price {i}"] for i in covered_items(seed, coverage)]
-        snippets += [[f"mul {a} , {b}"] for a in range(1, 10) for b in range(1, 10)]
-        for balance in range(1, WALLET + 1):
-            for amount in range(1, WALLET + 1):
-                spent = WALLET - balance            # reach `balance` by one or two earlier pays
-                split = rng.randint(1, spent - 1) if spent > 1 and rng.random() < 0.5 else spent
-                lead = [f"pay {n}" for n in (split, spent - split) if n > 0]
-                snippets.append(lead + [f"pay {amount}"])
-        snippets += [["price 5"], ["mul 0 , 3"], ["pay 0"]]   # errors too, so they can be rehearsed
+        for balance, call in targets:
+            if balance is None:         # any wallet state will do: often untouched, sometimes spent
+                balance = WALLET if rng.random() < 0.5 else rng.randint(0, WALLET - 1)
+            prompt = random_task(rng, "plain", items)["prompt"] if rng.random() < 0.5 else ""
+            snippets.append({"prompt": prompt, "calls": _lead(rng, items, WALLET - balance) + [call]})
     rng.shuffle(snippets)
     return snippets
+
+
+def _lead(rng, items, spend):
+    """0-2 random price/mul calls and 0-2 payments that spend exactly `spend`, shuffled."""
+    calls = [f"price {rng.choice(items)}" if rng.random() < 0.5 else
+             f"mul {rng.randint(1, 9)} , {rng.randint(1, 9)}" for _ in range(rng.randint(0, 2))]
+    if spend:
+        first = rng.randint(1, spend) if rng.random() < 0.5 else spend
+        calls += [f"pay {n}" for n in (first, spend - first) if n]
+    rng.shuffle(calls)
+    return calls
+
+
+# ----------------------------------------------------------------------------- task files
+
+TASK_KEYS = {"prompt": str, "answer": str}
+TRAJECTORY_KEYS = {"prompt": str, "calls": list, "responses": list, "answer": str}
+
+
+class DataError(Exception):
+    """A malformed line in a task or trajectory file: says which file, which line, and what."""
+
+
+def read_jsonl(path, kind):
+    """Tasks ({"prompt", "answer"}) or logged trajectories ({"prompt", "calls", "responses",
+    "answer"}), one JSON object per line; blank lines are skipped. Every line is checked before
+    anything trains, and the first bad one raises DataError naming its line."""
+    import json
+    keys = TASK_KEYS if kind == "tasks" else TRAJECTORY_KEYS
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"cannot read {kind} file {path}: {e}") from None
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path} line {n}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: expected a JSON object with keys {list(keys)}")
+        for key, typ in keys.items():
+            if key not in row:
+                raise DataError(f"{where}: missing key '{key}'")
+            if not isinstance(row[key], typ):
+                raise DataError(f"{where}: '{key}' must be a {typ.__name__}, got {row[key]!r}")
+        if kind == "trajectories":
+            if len(row["calls"]) != len(row["responses"]):
+                raise DataError(f"{where}: {len(row['calls'])} calls but {len(row['responses'])} responses")
+            for i, call in enumerate(row["calls"]):
+                if not isinstance(call, str) or parse_call(call) is None:
+                    raise DataError(f"{where}: call {i + 1} {call!r} is not a valid tool call")
+        rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: no {kind} in the file")
+    return rows
+
+
+def export(out_dir, seed=0, n_logged=3000, n_new_logged=20, n_rl=4000, n_test=500):
+    """Write the generated splits as JSONL (the format `read_jsonl` reads)."""
+    import json
+    import os
+    os.makedirs(out_dir, exist_ok=True)
+    splits = make_splits(seed, n_logged, n_new_logged, n_rl, n_test)
+    for name, tasks in (("rl", splits["rl"]), ("test", splits["test"])):
+        with open(os.path.join(out_dir, f"{name}.jsonl"), "w") as f:
+            f.writelines(json.dumps({"prompt": t["prompt"], "answer": t["answer"],
+                                     "family": t["family"]}) + "\n" for t in tasks)
+    with open(os.path.join(out_dir, "logged.jsonl"), "w") as f:
+        f.writelines(json.dumps({"prompt": t["prompt"], "calls": t["calls"], "answer": t["answer"],
+                                 "responses": replay(t["calls"])}) + "\n" for t in splits["logged"])
+    return out_dir
+
+
+if __name__ == "__main__":
+    import argparse
+    parser = argparse.ArgumentParser(description="Export the toy world's tasks as JSONL files.")
+    parser.add_argument("--export", required=True, metavar="DIR")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print("wrote rl.jsonl, test.jsonl, logged.jsonl to", export(args.export, args.seed))

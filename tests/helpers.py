@@ -6,6 +6,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import world
 from envace import build_tokenizer
+from train import DEFAULTS
 
 
 def toy_tokenizer():
@@ -41,3 +42,11 @@ class ScriptedModel(torch.nn.Module):
         for i, script in enumerate(self.scripts):
             logits[i, -1, script[min(self.k, len(script) - 1)]] = 0.0
         return SimpleNamespace(logits=logits)
+
+
+def tiny_cfg(tmp_path, **kw):
+    return {**DEFAULTS, "out_dir": str(tmp_path / "run"), "n_layer": 2, "n_embd": 32,
+            "n_head": 2, "n_logged": 40, "n_new_logged": 2, "n_rl_tasks": 40, "n_test": 16,
+            "snippet_repeats": 1, "sft_steps": 5, "sft_batch_size": 8, "rl_steps": 3,
+            "tasks_per_step": 4, "group_size": 4, "micro_batch_size": 6, "max_tokens": 48,
+            "min_fidelity": 0.0, "lr": 1e-3, **kw}

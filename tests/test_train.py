@@ -9,7 +9,7 @@ import torch
 
 import train
 from envace import ACT, REHEARSE, encode_episode
-from helpers import tiny_llama, toy_tokenizer
+from helpers import tiny_cfg, tiny_llama, toy_tokenizer
 from rollout import sample_episodes
 
 TOK = toy_tokenizer()
@@ -69,18 +69,10 @@ def test_all_equal_groups_skip_the_step():
     before = [p.clone() for p in model.parameters()]
     eps = sample_episodes(model, TOK, PROMPTS * 2, "rehearse", max_tokens=40)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    stats = train.rl_step(model, opt, eps, [1.0] * 8, [i // 2 for i in range(8)], train.DEFAULTS,
-                          TOK.pad_token_id)
-    assert stats["skipped"] and stats["all_equal_groups"] == 4
+    sums, status = train.rl_step(model, model, opt, eps, [1.0] * 8, [i // 2 for i in range(8)],
+                                 train.DEFAULTS, TOK.pad_token_id)
+    assert status == "skipped" and sums["all_equal_groups"] == 4
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
-
-
-def tiny_cfg(tmp_path, **kw):
-    return {**train.DEFAULTS, "out_dir": str(tmp_path / "run"), "n_layer": 2, "n_embd": 32,
-            "n_head": 2, "n_logged": 40, "n_new_logged": 2, "n_rl_tasks": 40, "n_test": 16,
-            "snippet_repeats": 1, "sft_steps": 5, "sft_batch_size": 8, "rl_steps": 3,
-            "tasks_per_step": 4, "group_size": 4, "micro_batch_size": 6, "max_tokens": 48,
-            "min_fidelity": 0.0, "lr": 1e-3, **kw}
 
 
 @pytest.mark.parametrize("env_mode", ["rehearse", "real", "frozen"])
@@ -94,14 +86,14 @@ def test_end_to_end_few_steps(tmp_path, monkeypatch, env_mode):
     lines = [json.loads(text) for text in open(os.path.join(out, "metrics.jsonl"))]
     assert [line["step"] for line in lines] == [1, 2, 3]
     for line in lines:
-        assert not line["skipped"]
+        assert line["status"] == "updated"
         for k in ("reward", "loss", "grad_norm", "entropy_act", "approx_kl", "kl_ref", "tok_per_s"):
             assert math.isfinite(line[k]), k
         assert ("fidelity" in line) == (env_mode != "real")     # rehearsal fidelity: a diagnostic
         # only rehearse mode has REHEARSE tokens; only real/frozen have OBS tokens
         assert line["tokens_obs" if env_mode == "rehearse" else "tokens_rehearse"] == 0
-    final = train.load_policy(out, cfg)[0]
-    warm = train.load_policy(os.path.join(out, "warmstart"), cfg)[0]
+    final = train.load_policy(os.path.join(out, "ckpt"))[0]
+    warm = train.load_policy(os.path.join(out, "warmstart"))[0]
     diff = max((a - b).abs().max().item() for a, b in zip(final.parameters(), warm.parameters()))
     assert diff > 0
     result = json.load(open(os.path.join(out, "eval.json")))

@@ -287,47 +287,51 @@ def test_coverage_half_keeps_half_of_the_items():
     assert called == set(known)
     assert item_words(s["test"]) == set(ITEMS)         # test and RL still use the whole catalogue
     assert item_words(s["rl"]) == set(ITEMS)
-    snippet_items = {parse_call(c)[1][0] for sn in tool_snippets(0, 1, coverage=0.5) for c in sn
+    snippet_items = {parse_call(c)[1][0] for sn in tool_snippets(0, 1, coverage=0.5) for c in sn["calls"]
                      if c.startswith("price") and parse_call(c) is not None}
     assert snippet_items == set(known) | {"5"}     # 'price 5': the deliberate error snippet
 
 
 def test_full_coverage_keeps_every_item():
     assert covered_items(0, 1.0) == sorted(ITEMS)
-    snippet_items = {parse_call(c)[1][0] for sn in tool_snippets(0, 1) for c in sn
+    snippet_items = {parse_call(c)[1][0] for sn in tool_snippets(0, 1) for c in sn["calls"]
                      if c.startswith("price") and parse_call(c) is not None}
     assert snippet_items == set(ITEMS) | {"5"}     # 'price 5': the deliberate error snippet
 
 
 def test_tool_snippets_count_and_determinism():
     one = tool_snippets(0, 1)
-    assert len(one) == 24 + 81 + 81 + 3               # prices, mul pairs, pay pairs, errors
-    assert len(tool_snippets(0, 2)) == 2 * 189
+    # prices, mul pairs, (balance 0..9, amount 1..9), the 27 products > 9 as amounts, errors
+    assert len(one) == 24 + 81 + 90 + 27 + 3
+    assert len(tool_snippets(0, 2)) == 2 * 225
     assert tool_snippets(0, 1) == one
-    assert all(1 <= len(sn) <= 3 for sn in one)       # a pay is led by 0-2 earlier pays
-    for error_snippet in (["price 5"], ["mul 0 , 3"], ["pay 0"]):
-        assert error_snippet in one
+    assert all(1 <= len(sn["calls"]) <= 5 for sn in one)   # the target behind 0-2 calls, 0-2 pays
+    prompts = [sn["prompt"] for sn in one]
+    assert 0.3 < prompts.count("") / len(one) < 0.7       # half with an unrelated plain prompt
+    assert all(p == "" or "not" not in p.split() for p in prompts)   # never a new phrasing
+    targets = [sn["calls"][-1] for sn in one]
+    for error_call in ("price 5", "mul 0 , 3", "pay 0"):
+        assert targets.count(error_call) == 1
+    assert replay(["pay 9", "pay 1"]) == ["0", "error funds"]
 
 
 def test_tool_snippets_cover_every_mul_pair():
-    pairs = {parse_call(sn[0])[1] for sn in tool_snippets(0, 1)
-             if len(sn) == 1 and sn[0].startswith("mul")}
+    pairs = {parse_call(sn["calls"][-1])[1] for sn in tool_snippets(0, 1) if sn["calls"][-1].startswith("mul")}
     assert {(a, b) for a in range(1, 10) for b in range(1, 10)} <= pairs
 
 
 def test_tool_snippets_cover_every_balance_amount_pair():
-    seen = set()
+    """The target pay of each snippet meets every wallet state 0..9 with every amount 1..9; the
+    lead never fails (it only spends what the wallet has)."""
+    seen, big = [], []
     for sn in tool_snippets(0, 1):
-        state = new_state()
-        for call in sn:
-            parsed = parse_call(call)
-            if parsed is not None and parsed[0] == "pay":
-                seen.add((state["balance"], parsed[1][0]))
-            step(state, call)
-    assert {(b, a) for b in range(1, 10) for a in range(1, 10)} <= seen
-    # e.g. balance 3: `pay 6` (9 -> 3), then `pay 5` -> error funds
-    assert replay(["pay 6", "pay 5"]) == ["3", "error funds"]
-    # every lead of a pay snippet is itself a valid payment (never an error)
-    for sn in tool_snippets(0, 1):
-        if sn[0].startswith("pay") and len(sn) > 1:
-            assert "error funds" not in replay(sn[:-1])
+        calls = sn["calls"]
+        responses = replay(calls)
+        assert not any(r.startswith("error") for r in responses[:-1])
+        if calls[-1].startswith("pay") and calls[-1] != "pay 0":
+            paid = sum(int(c.split()[1]) for c in calls[:-1] if c.startswith("pay"))
+            amount = int(calls[-1].split()[1])
+            (seen if amount <= 9 else big).append((9 - paid, amount))
+    assert sorted(seen) == [(b, a) for b in range(10) for a in range(1, 10)]
+    assert sorted(a for _, a in big) == [10, 12, 14, 15, 16, 18, 20, 21, 24, 25, 27, 28, 30, 32, 35,
+                                         36, 40, 42, 45, 48, 49, 54, 56, 63, 64, 72, 81]

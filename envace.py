@@ -14,16 +14,17 @@ its actions and the environment's responses into one context. Every token carrie
 by decoding and re-encoding text. The loss mask derives from roles and is shifted by one, since
 the logits at position t predict the token at t+1.
 
-Worked example (rehearse mode; toy word tokenizer; ids are illustrative):
+Worked example: the task `price apple` in rehearse mode, with the toy tokenizer's real ids
+(tests/test_envace.py checks every number below):
 
     token   <bos> price apple <act> price apple </act> <env>  3   </env> <act> answer 3  </act>
-    id        1    11    37     5    11    37     6     7    23     8     5     18   23    6
+    id        0    7     30     3    7     30     4     5    23     6     3     14   23    4
     role      P    P     P      T    A     A      A     T    R      R     T     A    A     A
     t         0    1     2      3    4     5      6     7    8      9     10    11   12    13
 
     loss_mask (predict t+1 from t; length 13):
       t:        0  1  2  3  4  5  6  7  8  9  10 11 12
-      target:   11 37 5  11 37 6  7  23 8  5  18 23 6
+      target:   7  30 3  7  30 4  5  23 6  3  14 23 4
       mask:     0  0  0  1  1  1  0  1  1  0  1  1  1
 
 The first ACT token `price` (t=4) is predicted from the forced tag at t=3, so mask[3] = 1; the

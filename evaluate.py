@@ -63,7 +63,7 @@ def main(argv=None):
     from envace import find_checkpoint
     from train import ConfigError, build_tasks, load_config, load_policy, pick_device
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ckpt", required=True, help="a run folder written by train.py, or a checkpoint in it")
+    parser.add_argument("--ckpt", required=True, help="a run folder of train.py, or a checkpoint in it")
     parser.add_argument("--n_test", type=int, default=None, help="evaluate on the first N test tasks")
     args, overrides = parser.parse_known_args(argv)
     try:

@@ -582,7 +582,8 @@ def run(cfg, resume=False):
     log = print if main_process else (lambda *a, **k: None)
     for key in ("tasks_per_step", "sft_batch_size"):
         if cfg[key] % world_size:
-            raise ConfigError(f"{key} ({cfg[key]}) must be divisible by the number of processes ({world_size})")
+            raise ConfigError(f"{key} ({cfg[key]}) must be divisible by the number of processes "
+                              f"({world_size})")
     out = cfg["out_dir"]
     config_text = yaml.safe_dump(cfg, sort_keys=False)
     splits = build_tasks(cfg)                       # bad data files stop the run here
@@ -597,7 +598,9 @@ def run(cfg, resume=False):
         model = build_model(cfg, tokenizer).to(device)
     else:
         model, tokenizer = load_policy(cfg["model"], device)
-    ddp_model = DDP(model, device_ids=[device] if device.startswith("cuda") else None) if world_size > 1 else model
+    ddp_model = model
+    if world_size > 1:
+        ddp_model = DDP(model, device_ids=[device] if device.startswith("cuda") else None)
     if main_process:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "config.yaml"), "w") as f:
@@ -665,7 +668,8 @@ def run(cfg, resume=False):
     with StopRequest() as stop:
         for step in bar:
             t0 = time.time()
-            tasks = task_rng.sample(splits["rl"], cfg["tasks_per_step"])[rank * per_rank:(rank + 1) * per_rank]
+            tasks = task_rng.sample(splits["rl"], cfg["tasks_per_step"])        # the same on every rank
+            tasks = tasks[rank * per_rank:(rank + 1) * per_rank]
             prompts = [t["prompt"] for t in tasks for _ in range(cfg["group_size"])]
             with amp:
                 episodes = sample_episodes(
@@ -682,7 +686,7 @@ def run(cfg, resume=False):
                                    world_size)
             progress["skipped_steps"] += status == "skipped"
             progress["nonfinite_steps"] += status == "nonfinite"
-            progress["nonfinite_in_a_row"] = progress["nonfinite_in_a_row"] + 1 if status == "nonfinite" else 0
+            progress["nonfinite_in_a_row"] = (progress["nonfinite_in_a_row"] + 1) * (status == "nonfinite")
             total = add_up(all_gather({**sums, **episode_sums(episodes, rewards, cfg["env_mode"])}))
             times = {"time_sample": time_sample, "time_logprobs": sums.get("time_logprobs", 0.0),
                      "time_update": sums.get("time_update", 0.0), "time_step": time.time() - t0}

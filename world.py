@@ -141,10 +141,12 @@ def _feasible(family, q, item, item2):
     return spend[family] <= WALLET
 
 
-def random_task(rng, phrasing, items=ITEMS):
-    """One task dict: prompt, answer, family, expert calls. phrasing: 'plain' or 'new'."""
+def random_task(rng, phrasing, items=ITEMS, family=None, prefix=None):
+    """One task dict: prompt, answer, family, expert calls. phrasing: 'plain' or 'new' (with the
+    distractor first if `prefix`); family and prefix are drawn at random unless given."""
+    wanted = family
     while True:
-        family = rng.choice(FAMILIES)
+        family = wanted or rng.choice(FAMILIES)
         q = rng.choice(QUANTITIES)
         item, item2 = rng.sample(items, 2)
         if family not in ("buy2", "buyq2"):
@@ -154,7 +156,8 @@ def random_task(rng, phrasing, items=ITEMS):
     prompt = _plain_prompt(family, q, item, item2)
     if phrasing == "new":
         distractor = rng.choice([i for i in items if i not in (item, item2)])
-        prompt = f"not {distractor} {prompt}" if rng.random() < 0.5 else f"{prompt} not {distractor}"
+        prefix = rng.random() < 0.5 if prefix is None else prefix
+        prompt = f"not {distractor} {prompt}" if prefix else f"{prompt} not {distractor}"
     calls = _expert_calls(family, q, item, item2)
     answer = replay(calls)[-1]
     return {"prompt": prompt, "answer": answer, "family": family, "calls": calls}
@@ -163,7 +166,8 @@ def random_task(rng, phrasing, items=ITEMS):
 def make_splits(seed, n_logged, n_new_logged, n_rl, n_test, coverage=1.0):
     """Tasks generated from `seed`, prompts disjoint across splits.
 
-    logged: expert trajectories for the warm start (n_logged plain + n_new_logged new phrasing);
+    logged: expert trajectories for the warm start: n_logged plain, and n_new_logged new-phrasing
+            ones spread evenly over the 6 families x 2 distractor positions;
     rl:     new-phrasing tasks with the answer only (no trajectories);
     test:   held-out new-phrasing tasks.
     coverage < 1 keeps only that fraction of the catalogue in the logged data (and in the tool
@@ -176,7 +180,9 @@ def make_splits(seed, n_logged, n_new_logged, n_rl, n_test, coverage=1.0):
                                      ("logged", "plain", n_logged, known)]:
         tasks = []
         while len(tasks) < n:
-            t = random_task(rng, phrasing, items)
+            combo = {} if name != "logged_new" else {"family": FAMILIES[len(tasks) % len(FAMILIES)],
+                                                      "prefix": len(tasks) // len(FAMILIES) % 2 == 0}
+            t = random_task(rng, phrasing, items, **combo)
             if t["prompt"] in seen and name != "logged":    # logged plain tasks may repeat
                 continue
             seen.add(t["prompt"])
@@ -204,7 +210,8 @@ def tool_snippets(seed, repeats, coverage=1.0):
     products = sorted({a * b for a in range(1, 10) for b in range(1, 10)} - set(range(10)))
     targets = [(None, f"price {i}") for i in items]
     targets += [(None, f"mul {a} , {b}") for a in range(1, 10) for b in range(1, 10)]
-    targets += [(balance, f"pay {amount}") for balance in range(WALLET + 1) for amount in range(1, WALLET + 1)]
+    targets += [(balance, f"pay {amount}") for balance in range(WALLET + 1)
+                for amount in range(1, WALLET + 1)]
     targets += [(None, f"pay {amount}") for amount in products]                # always 'error funds'
     targets += [(None, "price 5"), (None, "mul 0 , 3"), (None, "pay 0")]   # errors, to be rehearsed too
     snippets = []

@@ -72,7 +72,7 @@ def test_two_ranks_make_the_one_rank_update(tmp_path):
     start = tiny_llama(toy_tokenizer(), seed=0).state_dict()
     moved = max((one[k] - start[k]).abs().max().item() for k in one)
     diff = max((one[k] - two[k]).abs().max().item() for k in one)
-    print(f"max abs weight difference, 2 ranks vs 1: {diff:.3g} (the step moved weights by up to {moved:.3g})")
+    print(f"max abs weight difference, 2 ranks vs 1: {diff:.3g} (the step moved them up to {moved:.3g})")
     assert moved > 1e-4
     assert diff < 1e-5
 
@@ -82,9 +82,9 @@ def test_torchrun_two_processes_write_one_metrics_file(tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "train.py", "--config", str(path)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=240)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node=2", "train.py", "--config", str(path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = cfg["out_dir"]
     lines = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]

@@ -86,7 +86,8 @@ TRAJ = '{"prompt": "price apple", "calls": ["price apple"], "responses": ["3"], 
     ("test_file", ['{"prompt": "price apple"}'], "line 1: missing key 'answer'"),
     ("test_file", ['["price apple", "3"]'], "line 1: expected a JSON object"),
     ("logged_file", [TRAJ, TRAJ.replace('["3"]', '["3", "4"]')], "line 2: 1 calls but 2 responses"),
-    ("logged_file", [TRAJ.replace('"price apple"]', '"mul 3 4"]')], "line 1: call 1 'mul 3 4' is not a valid"),
+    ("logged_file", [TRAJ.replace('"price apple"]', '"mul 3 4"]')],
+     "line 1: call 1 'mul 3 4' is not a valid"),
     ("logged_file", [], "no trajectories in the file"),
 ])
 def test_malformed_data_line_stops_before_training(tmp_path, key, lines, message):
@@ -101,7 +102,8 @@ def test_malformed_data_line_stops_before_training(tmp_path, key, lines, message
 def test_data_files_replace_the_generated_splits(tmp_path):
     (tmp_path / "rl.jsonl").write_text(TASK + "\n")
     (tmp_path / "logged.jsonl").write_text(TRAJ + "\n" + TRAJ + "\n")
-    cfg = tiny_cfg(tmp_path, tasks_file=str(tmp_path / "rl.jsonl"), logged_file=str(tmp_path / "logged.jsonl"))
+    cfg = tiny_cfg(tmp_path, tasks_file=str(tmp_path / "rl.jsonl"),
+                   logged_file=str(tmp_path / "logged.jsonl"))
     splits = train.build_tasks(cfg)
     assert [t["prompt"] for t in splits["rl"]] == ["price apple"] and len(splits["logged"]) == 2
     assert len(splits["test"]) == cfg["n_test"]           # not named: still generated

@@ -1,5 +1,6 @@
 """The toy shop world (world.py): tools, errors, wallet state, parsing, task generation, splits."""
 import random
+from collections import Counter
 
 import pytest
 
@@ -316,7 +317,8 @@ def test_tool_snippets_count_and_determinism():
 
 
 def test_tool_snippets_cover_every_mul_pair():
-    pairs = {parse_call(sn["calls"][-1])[1] for sn in tool_snippets(0, 1) if sn["calls"][-1].startswith("mul")}
+    targets = [sn["calls"][-1] for sn in tool_snippets(0, 1)]
+    pairs = {parse_call(call)[1] for call in targets if call.startswith("mul")}
     assert {(a, b) for a in range(1, 10) for b in range(1, 10)} <= pairs
 
 
@@ -335,3 +337,12 @@ def test_tool_snippets_cover_every_balance_amount_pair():
     assert sorted(seen) == [(b, a) for b in range(10) for a in range(1, 10)]
     assert sorted(a for _, a in big) == [10, 12, 14, 15, 16, 18, 20, 21, 24, 25, 27, 28, 30, 32, 35,
                                          36, 40, 42, 45, 48, 49, 54, 56, 63, 64, 72, 81]
+
+
+def test_logged_new_phrasings_cover_every_family_and_distractor_position_evenly():
+    logged = make_splits(0, 50, 24, 10, 10)["logged"]
+    new = [t for t in logged if "not" in t["prompt"].split()]
+    assert len(new) == 24
+    combos = Counter((t["family"], t["prompt"].startswith("not")) for t in new)
+    assert combos == {(f, prefix): 2 for f in ("price", "cost", "buy1", "buyq", "buy2", "buyq2")
+                      for prefix in (True, False)}

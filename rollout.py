@@ -4,7 +4,9 @@ The paper's episode alternates two roles of one policy: the actor writes a tool 
 same policy writes the environment's response to it (rehearsal), and the next action conditions
 on that response. This file samples a batch of such episodes in lock step: every row appends
 exactly one token per step (sampled, or forced from its queue), so all rows share one KV cache
-and one forward per step, whatever role each row is in.
+and one forward per step, whatever role each row is in. Two things keep that cheap: a task's G
+rows share one prefill of its prompt (the cache rows are copied), and once a quarter of the rows
+in the cache have finished they are dropped from it, so short episodes stop costing compute.
 
 Per-row state machine (the sampler forces every hand-off; no role ever writes another's tag):
 
@@ -55,28 +57,40 @@ def sample_token(logits, temperature, top_p, generator=None):
 
 
 class _Decoder:
-    """A batch of left-padded prefixes and their KV cache, advanced one token per row per step."""
+    """A batch of left-padded prefixes and their KV cache, advanced one token per row per step.
+    Identical prefixes (a task's G samples) are prefilled once and their cache rows copied, and
+    `keep` drops finished rows from the cache, so that they cost nothing afterwards."""
 
     def __init__(self, model, prefixes, pad_id, max_new):
         self.model = model
-        B, P = len(prefixes), max(len(p) for p in prefixes)
         device = next(model.parameters()).device
-        ids = torch.full((B, P), pad_id, dtype=torch.long, device=device)
-        self.mask = torch.zeros((B, P + max_new), dtype=torch.long, device=device)
-        for i, p in enumerate(prefixes):
+        unique = {p: i for i, p in enumerate(dict.fromkeys(map(tuple, prefixes)))}
+        P = max(len(p) for p in unique)
+        ids = torch.full((len(unique), P), pad_id, dtype=torch.long, device=device)
+        mask = torch.zeros((len(unique), P + max_new), dtype=torch.long, device=device)
+        for p, i in unique.items():
             ids[i, P - len(p):] = torch.tensor(p, device=device)
-            self.mask[i, P - len(p):P + max_new] = 1      # left pads masked; every new token real
-        self.pos = torch.tensor([len(p) for p in prefixes], device=device)
+            mask[i, P - len(p):] = 1                   # left pads masked; every new token real
         self.cache = DynamicCache(config=model.config)
-        self.length = P
-        position_ids = (self.mask[:, :P].cumsum(1) - 1).clamp(min=0)
-        self.logits = self._forward(ids, position_ids)
+        self.mask, self.length = mask, P
+        logits = self._forward(ids, (mask[:, :P].cumsum(1) - 1).clamp(min=0))
+        prefix_of_row = torch.tensor([unique[tuple(p)] for p in prefixes], device=device)
+        self.keep(prefix_of_row, logits)              # each row: a copy of its prefix's cache
+        self.pos = torch.tensor([len(p) for p in prefixes], device=device)
 
     @torch.no_grad()
     def _forward(self, ids, position_ids):
         out = self.model(input_ids=ids, attention_mask=self.mask[:, :self.length],
                          position_ids=position_ids, cache=self.cache, use_cache=True)
         return out.logits[:, -1].float()
+
+    def keep(self, index, logits=None):
+        """Keep (or copy) the batch rows at `index` (a LongTensor): cache, mask, logits."""
+        self.cache.batch_select_indices(index)
+        self.mask = self.mask[index]
+        self.logits = (self.logits if logits is None else logits)[index]
+        if logits is None:
+            self.pos = self.pos[index]
 
     def step(self, tokens):
         """Append one token per row; returns the logits for the next position [B, V]."""
@@ -109,19 +123,20 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     for row in rows:
         row["state"] = world.new_state()                  # the real world, used in real mode only
     max_new = max_tokens - min(r["prompt_len"] for r in rows) + 1
-    policy_dec = _Decoder(policy, [r["ids"] for r in rows], tags["pad"], max_new)
-    env_dec = _Decoder(env_model, [r["ids"] for r in rows], tags["pad"], max_new) if env_model else None
+    decoders = [_Decoder(policy, [r["ids"] for r in rows], tags["pad"], max_new)]
+    if env_model is not None:          # frozen mode: a second cache, fed the same tokens
+        decoders.append(_Decoder(env_model, [r["ids"] for r in rows], tags["pad"], max_new))
+    live = list(range(len(rows)))      # the rows still in the caches, in cache order
     for _ in range(max_new):
-        if all(r["phase"] == "done" for r in rows):
-            break
-        logits = policy_dec.logits
-        if env_dec is not None:            # frozen mode: rows in the env phase sample from the simulator
-            in_env = torch.tensor([r["phase"] == "env" for r in rows], device=logits.device)
-            logits = torch.where(in_env[:, None], env_dec.logits, logits)
+        logits = decoders[0].logits
+        if env_model is not None:      # rows in the env phase sample from the simulator
+            in_env = torch.tensor([rows[i]["phase"] == "env" for i in live], device=logits.device)
+            logits = torch.where(in_env[:, None], decoders[1].logits, logits)
         sampled, logps = sample_token(logits, temperature, top_p, generator)
         sampled, logps = sampled.tolist(), logps.tolist()   # one sync per step
         next_tokens = []
-        for i, row in enumerate(rows):
+        for j, i in enumerate(live):
+            row = rows[i]
             if row["phase"] == "done":
                 next_tokens.append(tags["pad"])
                 continue
@@ -129,7 +144,7 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
                 tok, role = row["forced"].popleft()
                 logp = 0.0
             else:
-                tok, logp = sampled[i], logps[i]
+                tok, logp = sampled[j], logps[j]
                 role = ACT if row["phase"] == "act" else (REHEARSE if env_mode == "rehearse" else OBS)
                 if role == OBS:
                     logp = 0.0                                # the simulator's logprob, not the policy's
@@ -142,10 +157,17 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
                          max_turns, max_act_tokens, max_env_tokens)
             if row["phase"] != "done" and len(row["ids"]) >= max_tokens:
                 row["phase"], row["cause"] = "done", "token_limit"
-        tokens = torch.tensor(next_tokens, device=policy_dec.logits.device)
-        policy_dec.step(tokens)
-        if env_dec is not None:
-            env_dec.step(tokens)
+        running = [j for j, i in enumerate(live) if rows[i]["phase"] != "done"]
+        if not running:
+            break
+        tokens = torch.tensor(next_tokens, device=logits.device)
+        if len(running) <= 0.75 * len(live):       # a quarter finished: drop them from the caches
+            index = torch.tensor(running, device=logits.device)
+            for dec in decoders:
+                dec.keep(index)
+            live, tokens = [live[j] for j in running], tokens[index]
+        for dec in decoders:
+            dec.step(tokens)
     for row in rows:
         if row["cause"] is None:
             row["cause"] = "token_limit"

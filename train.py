@@ -76,7 +76,8 @@ DEFAULTS = {
     "sft_steps": 600, "sft_batch_size": 64, "sft_lr": 1e-3,
     # RL
     "env_mode": "rehearse", "rl_steps": 200, "tasks_per_step": 16, "group_size": 8,
-    "lr": 1e-4, "weight_decay": 0.01, "grad_clip": 1.0, "ppo_epochs": 1, "micro_batch_size": 64,
+    "lr": 1e-4, "weight_decay": 0.01, "grad_clip": 1.0, "ppo_epochs": 1,
+    "micro_batch_tokens": 2048, "reuse_sampler_logprobs": True,
     "eps_low": 0.2, "eps_high": 0.2, "dual_clip": 3.0, "kl_coef": 0.0,
     "act_coef": 1.0, "rehearse_coef": 1.0, "scale_std": False,
     # sampling
@@ -87,7 +88,7 @@ DEFAULTS = {
 }
 CHOICES = {"env_mode": ("rehearse", "real", "frozen"), "device": ("auto", "cpu", "cuda")}
 POSITIVE = {"n_layer", "n_embd", "n_head", "n_logged", "n_rl_tasks", "n_test", "sft_batch_size",
-            "tasks_per_step", "group_size", "ppo_epochs", "micro_batch_size", "max_turns",
+            "tasks_per_step", "group_size", "ppo_epochs", "micro_batch_tokens", "max_turns",
             "max_act_tokens", "max_env_tokens", "max_tokens", "temperature", "lr", "sft_lr"}
 NON_NEGATIVE = {"seed", "data_seed", "n_new_logged", "snippet_repeats", "sft_steps", "rl_steps", "save_every",
                 "weight_decay", "grad_clip", "eps_low", "eps_high", "kl_coef", "act_coef",
@@ -216,6 +217,15 @@ def all_sum(values):
     return t.tolist()
 
 
+def all_max(value):
+    """The largest of a number over ranks (itself in one process)."""
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
 def all_gather(obj):
     """A list with every rank's `obj` (a one-element list in one process)."""
     if not dist.is_initialized():
@@ -313,12 +323,39 @@ def warm_start_sequences(cfg, tokenizer, splits):
     return seqs
 
 
+# ----------------------------------------------------------------------------- micro-batches
+
+def micro_batches(lengths, token_budget):
+    """Row indices grouped into micro-batches of similar length, so that padding costs little:
+    rows sorted longest first and packed while rows x longest <= token_budget (>= 1 row each).
+    lengths [50, 12, 48, 10], budget 100 -> [[0, 2], [1, 3]]: 100 + 24 tokens computed for 120."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches = [[]]
+    for i in order:
+        if batches[-1] and (len(batches[-1]) + 1) * lengths[batches[-1][0]] > token_budget:
+            batches.append([])
+        batches[-1].append(i)
+    return batches
+
+
+def padded_fraction(lengths, batches):
+    """Share of the computed positions that are padding."""
+    computed = sum(len(b) * max(lengths[i] for i in b) for b in batches)
+    return 1 - sum(lengths) / computed
+
+
+def rows(tensor, index, length):
+    """tensor[index, :length]: one micro-batch, cut to its longest row."""
+    return tensor[index, :length]
+
+
 # ----------------------------------------------------------------------------- warm start
 
 def warm_start(model, ddp_model, sequences, cfg, pad_id, rank=0, world_size=1):
     """Teacher-forced cross-entropy on ACT, REHEARSE and OBS tokens, token mean over the global
     batch, AdamW with cosine decay. Environment tokens are trained too: the initial world model.
-    Every rank draws the same global batch (same seed) and trains on its slice of it."""
+    Every rank draws the same global batch (same seed) and trains on its slice of it, in
+    length-grouped micro-batches."""
     if cfg["sft_steps"] == 0:
         return
     device = next(model.parameters()).device
@@ -336,67 +373,103 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, rank=0, world_size=1):
         ids, roles = ids.to(device), roles.to(device)
         mask = loss_mask(roles, trained=(ACT, REHEARSE, OBS)).float()
         n_tokens = all_sum([mask.sum().item()])[0]
-        with autocast(cfg, device):
-            logprobs = token_logprobs(ddp_model, ids)
-        loss = -(logprobs * mask).sum() / n_tokens
+        lengths = [len(s["ids"]) for s in batch[rank * per_rank:(rank + 1) * per_rank]]
+        total = 0.0
         opt.zero_grad(set_to_none=True)
-        (loss * world_size).backward()      # DDP averages over ranks; x world_size makes it the sum
+        for index, n, weight in in_step(micro_batches(lengths, cfg["micro_batch_tokens"]), lengths, ddp_model):
+            index = index.to(device)
+            with autocast(cfg, device):
+                logprobs = token_logprobs(ddp_model, rows(ids, index, n))
+            loss = -(logprobs * rows(mask, index, n - 1)).sum() / n_tokens * weight
+            (loss * world_size).backward()  # DDP averages over ranks; x world_size makes it the sum
+            total += loss.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or float("inf"))
         opt.step()
         if it % 10 == 0:
-            bar.set_postfix(loss=f"{all_sum([loss.item()])[0]:.3f}", lr=f"{lr:.1e}")
+            bar.set_postfix(loss=f"{all_sum([total])[0]:.3f}", lr=f"{lr:.1e}")
     model.eval()
+
+
+def in_step(batches, lengths, ddp_model):
+    """Yield (row index, longest length, weight) per micro-batch, the same number of times on
+    every rank, as DDP needs: a rank with fewer micro-batches than another repeats its first one
+    with weight 0 (a forward/backward that adds nothing). Under DDP the gradient all-reduce fires
+    on the last micro-batch only (nanoGPT's flag: no_sync() would split this loop in two)."""
+    n = int(all_max(len(batches)))
+    for j in range(n):
+        if isinstance(ddp_model, DDP):
+            ddp_model.require_backward_grad_sync = j == n - 1
+        index = batches[j] if j < len(batches) else batches[0]
+        yield torch.tensor(index), max(lengths[i] for i in index), float(j < len(batches))
 
 
 # ----------------------------------------------------------------------------- RL
 
 def make_batch(episodes, rewards, group_ids, cfg, pad_id):
     """Episodes -> tensors for the update: ids [B, L], roles [B, L], and over targets [B, L-1]
-    the loss mask (ACT/REHEARSE targets whose coefficient is > 0) and per-token advantages.
-    n_tokens counts this process's trained tokens; rl_step replaces it by the global count."""
+    the loss mask (ACT/REHEARSE targets whose coefficient is > 0), per-token advantages and the
+    sampler's logprobs. n_tokens counts this process's trained tokens (rl_step makes it global)."""
     adv, all_equal = group_advantages(rewards, group_ids, cfg["scale_std"])
     ids, roles = collate(episodes, pad_id)
+    sampled = torch.zeros(ids.shape[0], ids.shape[1] - 1)
+    for i, e in enumerate(episodes):           # logprob of token t sits at target position t - 1
+        if "logprobs" in e:                    # (hand-made episodes in tests have none)
+            sampled[i, :len(e["ids"]) - 1] = torch.tensor(e["logprobs"][1:])
     trained = tuple(r for r, c in ((ACT, cfg["act_coef"]), (REHEARSE, cfg["rehearse_coef"])) if c > 0)
     batch = {"ids": ids, "roles": roles, "mask": loss_mask(roles, trained),  # coef 0: no loss at all
              "advantages": token_advantages(roles, adv, cfg["act_coef"], cfg["rehearse_coef"]),
+             "sampled_logprobs": sampled, "lengths": [len(e["ids"]) for e in episodes],
              "all_equal_groups": all_equal, "n_groups": len(set(group_ids))}
     batch["n_tokens"] = max(int(batch["mask"].sum()), 1)
     return batch
 
 
 @torch.no_grad()
-def batch_logprobs(model, ids, micro_batch_size, temperature):
-    """No-grad fp32 logprobs of every target, micro-batch by micro-batch: old or reference."""
-    return torch.cat([token_logprobs(model, ids[i:i + micro_batch_size], temperature)
-                      for i in range(0, len(ids), micro_batch_size)])
+def batch_logprobs(model, ids, lengths, cfg):
+    """No-grad fp32 logprobs of every target [B, L-1], in length-grouped micro-batches."""
+    out = torch.zeros(ids.shape[0], ids.shape[1] - 1, device=ids.device)
+    for index in micro_batches(lengths, cfg["micro_batch_tokens"]):
+        n = max(lengths[i] for i in index)
+        index = torch.tensor(index, device=ids.device)
+        out[index, :n - 1] = token_logprobs(model, rows(ids, index, n), cfg["temperature"])
+    return out
+
+
+def reuse_sampler_logprobs(cfg, device):
+    """The sampler recorded every sampled token's fp32 logprob at the sampling temperature from
+    the same weights: the old-logprob forward would recompute the same numbers (within 1e-5,
+    tested), so it is skipped. Not under bf16 autocast, where a cached one-token decode and a
+    full forward round differently: there the forward is redone."""
+    return cfg["reuse_sampler_logprobs"] and not isinstance(autocast(cfg, device), torch.autocast)
 
 
 def accumulate_gradients(model, batch, old, ref, cfg, world_size=1):
-    """Forward/backward every micro-batch. Each loss is already divided by the batch's total
-    trained tokens (all micro-batches, all ranks), so the accumulated .grad equals that of one
-    forward over the whole global batch, whatever micro_batch_size and the number of ranks.
-    `model` may be DDP-wrapped. Returns this rank's stats (sums that add up over ranks)."""
-    mb, device = cfg["micro_batch_size"], old.device
+    """Forward/backward every length-grouped micro-batch. Each loss is already divided by the
+    batch's total trained tokens (all micro-batches, all ranks), so the accumulated .grad equals
+    that of one forward over the whole global batch, whatever the micro-batching and the number
+    of ranks. `model` may be DDP-wrapped. Returns this rank's stats (sums that add over ranks)."""
+    device = old.device
     ids, mask, adv = batch["ids"].to(device), batch["mask"].to(device), batch["advantages"].to(device)
     target_roles = batch["roles"][:, 1:].to(device)
-    starts = range(0, len(ids), mb)
-    totals = {"loss": 0.0, "entropy_act": 0.0, "entropy_rehearse": 0.0}
-    for j, i in enumerate(starts):
-        if isinstance(model, DDP):
-            # all-reduce the gradients on the last micro-batch only; the others just accumulate
-            # (the flag nanoGPT sets: no_sync() would split this loop in two)
-            model.require_backward_grad_sync = j == len(starts) - 1
+    lengths = batch["lengths"]
+    batches = micro_batches(lengths, cfg["micro_batch_tokens"])
+    totals = {"loss": 0.0, "entropy_act": 0.0, "entropy_rehearse": 0.0,
+              "pad_frac": padded_fraction(lengths, batches) / world_size}
+    for index, n, weight in in_step(batches, lengths, model):
+        index = index.to(device)
         with autocast(cfg, device):
-            new, entropy = token_logprobs(model, ids[i:i + mb], cfg["temperature"], with_entropy=True)
-        loss, stats = clipped_pg_loss(new, old[i:i + mb], adv[i:i + mb], mask[i:i + mb],
-                                      batch["n_tokens"], None if ref is None else ref[i:i + mb],
+            new, entropy = token_logprobs(model, rows(ids, index, n), cfg["temperature"], with_entropy=True)
+        loss, stats = clipped_pg_loss(new, rows(old, index, n - 1), rows(adv, index, n - 1),
+                                      rows(mask, index, n - 1), batch["n_tokens"],
+                                      None if ref is None else rows(ref, index, n - 1),
                                       cfg["eps_low"], cfg["eps_high"], cfg["dual_clip"], cfg["kl_coef"])
-        (loss * world_size).backward()      # DDP averages over ranks; x world_size makes it the sum
-        totals["loss"] += loss.item()
+        (loss * weight * world_size).backward()   # DDP averages ranks; x world_size makes it the sum
+        totals["loss"] += loss.item() * weight
         for k, v in stats.items():
-            totals[k] = totals.get(k, 0.0) + v
+            totals[k] = totals.get(k, 0.0) + v * weight
+        roles_mb = rows(target_roles, index, n - 1)
         for r, name in ((ACT, "entropy_act"), (REHEARSE, "entropy_rehearse")):
-            totals[name] += float((entropy.detach() * (target_roles[i:i + mb] == r)).sum())
+            totals[name] += float((entropy.detach() * (roles_mb == r)).sum()) * weight
     return totals
 
 
@@ -420,10 +493,12 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
     device = next(model.parameters()).device
     t0 = time.time()
     ids = batch["ids"].to(device)
-    mb, temperature = cfg["micro_batch_size"], cfg["temperature"]
     with autocast(cfg, device):
-        old = batch_logprobs(model, ids, mb, temperature)
-        ref = None if reference is None else batch_logprobs(reference, ids, mb, temperature)
+        if reuse_sampler_logprobs(cfg, device):
+            old = batch["sampled_logprobs"].to(device)
+        else:               # the sampling policy's logprobs recomputed: same weights, fp32 softmax
+            old = batch_logprobs(model, ids, batch["lengths"], cfg)
+        ref = None if reference is None else batch_logprobs(reference, ids, batch["lengths"], cfg)
     sums["time_logprobs"] = time.time() - t0
     t0 = time.time()
     model.train()
@@ -464,7 +539,7 @@ def metrics_record(step, s, status, counters, times):
     for name in ("act", "rehearse", "obs"):
         record[f"tokens_{name}"] = s[f"tokens_{name}"]
         record[f"adv_{name}"] = s[f"adv_sum_{name}"] / max(s[f"tokens_{name}"], 1)
-    for k in ("loss", "clip_frac", "dual_clip_frac", "approx_kl", "kl_ref", "grad_norm"):
+    for k in ("loss", "clip_frac", "dual_clip_frac", "approx_kl", "kl_ref", "grad_norm", "pad_frac"):
         if k in s:
             record[k] = s[k]
     for name in ("act", "rehearse"):

@@ -32,6 +32,10 @@ def fixed_step_inputs():
     return tok, episodes, rewards, groups
 
 
+BUDGET = 50     # rank 0's rows pack into 3 micro-batches, rank 1's into 5: the ranks must still
+                # run the same number of forward/backward passes (rank 0 adds 2 with weight 0)
+
+
 def one_update(rank, world_size):
     """One rl_step from the fixed inputs on this rank's share of the groups; returns the model."""
     tok, episodes, rewards, groups = fixed_step_inputs()
@@ -39,7 +43,7 @@ def one_update(rank, world_size):
     ddp_model = DDP(model) if world_size > 1 else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     share = slice(rank * 12 // world_size, (rank + 1) * 12 // world_size)    # whole groups per rank
-    cfg = {**train.DEFAULTS, "micro_batch_size": 5, "kl_coef": 0.0}
+    cfg = {**train.DEFAULTS, "micro_batch_tokens": BUDGET, "kl_coef": 0.0}
     _, status = train.rl_step(model, ddp_model, opt, episodes[share], rewards[share], groups[share],
                               cfg, tok.pad_token_id, world_size=world_size)
     assert status == "updated"
@@ -60,6 +64,8 @@ def _worker(rank, world_size, init_file, result_file):
 
 def test_two_ranks_make_the_one_rank_update(tmp_path):
     torch.set_num_threads(1)
+    lengths = [len(e["ids"]) for e in fixed_step_inputs()[1]]
+    assert [len(train.micro_batches(half, BUDGET)) for half in (lengths[:6], lengths[6:])] == [3, 5]
     result = str(tmp_path / "two_ranks.pt")
     mp.spawn(_worker, args=(2, str(tmp_path / "init"), result), nprocs=2, join=True)
     two, two_grads = torch.load(result)
@@ -85,12 +91,12 @@ def test_torchrun_two_processes_write_one_metrics_file(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc_per_node=2", "train.py", "--config", str(path)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-3000:]
     out = cfg["out_dir"]
     lines = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [line["step"] for line in lines] == [1, 2]
     # 4 tasks x 4 samples over 2 ranks: the metrics add up both ranks' episodes
     assert all(sum(line["causes"].values()) == 16 for line in lines)
-    assert proc.stdout.count("real-world success") == 1                       # rank 0 prints alone
+    assert proc.stdout.count("real-world success") == 1, proc.stdout          # rank 0 prints alone
     assert os.path.isfile(os.path.join(out, "ckpt", "trainer_state.pt"))
     assert len(torch.load(os.path.join(out, "ckpt", "trainer_state.pt"), weights_only=False)["rngs"]) == 2

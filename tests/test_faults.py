@@ -36,7 +36,7 @@ def one_group():
 def test_nonfinite_step_leaves_weights_and_optimizer_untouched(monkeypatch):
     model = tiny_llama(TOK)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    cfg = {**train.DEFAULTS, "micro_batch_size": 2}
+    cfg = {**train.DEFAULTS, "micro_batch_tokens": 24}      # 2 rows of 12 tokens per micro-batch
     eps, rewards, groups = one_group()
     assert train.rl_step(model, model, opt, eps, rewards, groups, cfg, TOK.pad_token_id)[1] == "updated"
     weights = {k: v.clone() for k, v in model.state_dict().items()}

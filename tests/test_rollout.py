@@ -17,8 +17,9 @@ def words(ids):
 
 
 def run(scripts, prompts, env_mode="rehearse", env_scripts=None, **kw):
-    policy = ScriptedModel(TOK, scripts)
-    env_model = ScriptedModel(TOK, env_scripts) if env_scripts else None
+    """Sample with scripted models; prompts must differ (a script is found by its prompt)."""
+    policy = ScriptedModel(TOK, dict(zip(prompts, scripts)))
+    env_model = ScriptedModel(TOK, dict(zip(prompts, env_scripts))) if env_scripts else None
     return sample_episodes(policy, TOK, prompts, env_mode, env_model=env_model, temperature=1.0, **kw)
 
 
@@ -77,7 +78,8 @@ def test_truncation_causes():
         "<act> price price price price price price price price price price": "act_limit",
         "<act> price apple </act> <env> 3 3 3 3 3 3 3 3 3 3 3": "env_limit",
     }
-    eps = run(list(cases), ["price apple"] * len(cases), max_act_tokens=8, max_env_tokens=6)
+    prompts = ["price apple", "price milk", "price egg", "price tea", "price fish", "price jam"]
+    eps = run(list(cases), prompts, max_act_tokens=8, max_env_tokens=6)
     assert [e["cause"] for e in eps] == list(cases.values())
     assert not any(e["finished"] for e in eps)
     assert eps[0]["roles"][-1] == A and words(eps[0]["ids"][-1:]) == "<env>"   # stopped right there
@@ -123,7 +125,25 @@ def test_replay_fidelity_and_would_rehearse():
     e = {"calls": ["price apple", "pay 3", "pay 7"], "responses": ["3", "6", "2"]}
     assert rehearse.replay_fidelity([e]) == {"lookup": [1, 1], "stateful": [1, 2]}
     real, = run([EPISODE], ["price apple"], "real")
-    right = ScriptedModel(TOK, ["3 </env>"])
-    wrong = ScriptedModel(TOK, ["4 </env>"])
+    right = ScriptedModel(TOK, {"price apple": "3 </env>"})
+    wrong = ScriptedModel(TOK, {"price apple": "4 </env>"})
     assert rehearse.would_rehearse(right, TOK, [real]) == {"lookup": [1, 1]}
     assert rehearse.would_rehearse(wrong, TOK, [real]) == {"lookup": [0, 1]}
+
+
+def test_shared_prompt_prefill_and_dropped_rows_match_a_full_forward():
+    """Fast paths against the simple one: G rows of a task share one prefill (cache rows copied)
+    and finished rows leave the cache mid-batch; every sampled logprob must still equal a full
+    teacher-forced forward over the finished sequence."""
+    model = tiny_llama(TOK, seed=1)
+    prompts = [p for p in ("cost 3 fish", "not pear buy 2 milk and egg", "buy tea") for _ in range(4)]
+    eps = sample_episodes(model, TOK, prompts, "rehearse", temperature=1.0, max_tokens=40,
+                          generator=torch.Generator().manual_seed(5))
+    lengths = [len(e["ids"]) for e in eps]
+    assert len(set(lengths)) > 3                          # rows finished at many different steps
+    ids, _ = collate(eps, TOK.pad_token_id)
+    with torch.no_grad():
+        full = token_logprobs(model, ids)
+    for i, e in enumerate(eps):
+        sampled = [t for t in range(1, len(e["ids"])) if e["roles"][t] in (ACT, REHEARSE)]
+        assert max(abs(e["logprobs"][t] - full[i, t - 1].item()) for t in sampled) < 1e-5

@@ -7,8 +7,9 @@ import os
 import pytest
 import torch
 
+import evaluate
 import train
-from envace import ACT, REHEARSE, encode_episode
+from envace import ACT, REHEARSE, encode_episode, token_logprobs
 from helpers import tiny_cfg, tiny_llama, toy_tokenizer
 from rollout import sample_episodes
 
@@ -32,26 +33,62 @@ def rehearsed_batch(cfg, group_size=3):
 
 def grads_with_micro_batch(model, batch, old, ref, cfg, mb):
     model.zero_grad(set_to_none=True)
-    stats = train.accumulate_gradients(model, batch, old, ref, {**cfg, "micro_batch_size": mb})
+    stats = train.accumulate_gradients(model, batch, old, ref, {**cfg, "micro_batch_tokens": mb})
     return [p.grad.clone() for p in model.parameters()], stats
 
 
-def test_micro_batches_give_the_one_batch_gradient():
+def one_batch_grads(model, batch, old, ref, cfg):
+    """The simple path: one forward over the whole right-padded batch, one backward."""
+    model.zero_grad(set_to_none=True)
+    new = token_logprobs(model, batch["ids"], cfg["temperature"])
+    loss, stats = train.clipped_pg_loss(new, old, batch["advantages"], batch["mask"], batch["n_tokens"], ref,
+                                        cfg["eps_low"], cfg["eps_high"], cfg["dual_clip"], cfg["kl_coef"])
+    loss.backward()
+    return [p.grad.clone() for p in model.parameters()], {"loss": loss.item(), **stats}
+
+
+def test_length_grouped_micro_batches_give_the_one_batch_gradient():
     model = tiny_llama(TOK)
     cfg = {**train.DEFAULTS, "kl_coef": 0.1}
     batch = rehearsed_batch(cfg)
     with torch.no_grad():
-        cur = train.batch_logprobs(model, batch["ids"], 64, 1.0)
+        cur = token_logprobs(model, batch["ids"])
     gen = torch.Generator().manual_seed(0)
     old = cur + 0.3 * torch.randn(cur.shape, generator=gen)    # ratios away from 1: clips are hit
     ref = cur + 0.3 * torch.randn(cur.shape, generator=gen)
-    g_all, s_all = grads_with_micro_batch(model, batch, old, ref, cfg, mb=len(batch["ids"]))
-    g_mb, s_mb = grads_with_micro_batch(model, batch, old, ref, cfg, mb=5)
+    g_all, s_all = one_batch_grads(model, batch, old, ref, cfg)
+    budget = 60                                                # 1-3 rows per micro-batch
+    assert len(train.micro_batches(batch["lengths"], budget)) >= 5
+    g_mb, s_mb = grads_with_micro_batch(model, batch, old, ref, cfg, mb=budget)
     assert s_all["clip_frac"] > 0 and s_all["kl_ref"] > 0
     for a, b in zip(g_all, g_mb):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
     for k in ("loss", "clip_frac", "approx_kl", "kl_ref"):
         assert s_all[k] == pytest.approx(s_mb[k], rel=1e-5, abs=1e-7)
+    assert s_mb["pad_frac"] < train.padded_fraction(batch["lengths"], [list(range(len(batch["lengths"])))])
+
+
+def test_micro_batches_pack_by_length_within_the_budget():
+    assert train.micro_batches([50, 12, 48, 10], 100) == [[0, 2], [1, 3]]
+    assert train.padded_fraction([50, 12, 48, 10], [[0, 2], [1, 3]]) == pytest.approx(1 - 120 / 124)
+    assert train.padded_fraction([50, 12, 48, 10], [[0, 1, 2, 3]]) == pytest.approx(1 - 120 / 200)
+    assert train.micro_batches([70, 5], 60) == [[0], [1]]          # a row over budget goes alone
+    assert train.micro_batches([3] * 5, 9) == [[0, 1, 2], [3, 4]]
+
+
+def test_sampler_logprobs_equal_the_recomputed_old_logprobs():
+    model = tiny_llama(TOK)
+    prompts = ["price apple", "not pear buy 2 milk and egg", "cost 3 fish", "buy tea"] * 3
+    eps = sample_episodes(model, TOK, prompts, "rehearse", max_tokens=40,
+                          generator=torch.Generator().manual_seed(3))
+    batch = train.make_batch(eps, [float(i % 2) for i in range(12)], [i // 3 for i in range(12)],
+                             train.DEFAULTS, TOK.pad_token_id)
+    recomputed = train.batch_logprobs(model, batch["ids"], batch["lengths"], train.DEFAULTS)
+    sampled = batch["sampled_logprobs"]
+    trained = batch["mask"]
+    assert trained.sum() > 30
+    assert (sampled[trained] - recomputed[trained]).abs().max() < 1e-5
+    assert train.reuse_sampler_logprobs(train.DEFAULTS, "cpu")
 
 
 def test_role_coefficients_shape_mask_and_advantages():
@@ -98,6 +135,18 @@ def test_end_to_end_few_steps(tmp_path, monkeypatch, env_mode):
     assert diff > 0
     result = json.load(open(os.path.join(out, "eval.json")))
     assert result["n_tasks"] == 16 and 0 <= result["success"] <= 1 and "before" in result
+    # evaluate.py on the run folder (its latest checkpoint) and on the warm start inside it
+    for folder in (out, os.path.join(out, "warmstart")):
+        os.remove(os.path.join(folder, "eval.json"))
+        assert evaluate.main(["--ckpt", folder, "--n_test=8"]) == 0
+        again = json.load(open(os.path.join(folder, "eval.json")))
+        assert again["n_tasks"] == 8 and 0 <= again["success"] <= 1
+
+
+def test_evaluate_without_a_checkpoint_is_one_line(tmp_path, capsys):
+    assert evaluate.main(["--ckpt", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no checkpoint" in err[0]
 
 
 def test_fidelity_gate_stops_rl(tmp_path, capsys):

@@ -36,7 +36,7 @@ def evaluate(model, tokenizer, tasks, cfg, batch_size=512, seed=0):
             max_tokens=cfg["max_tokens"], generator=generator)
     rewards = [task_reward(e, t) for e, t in zip(episodes, tasks)]
     causes = cause_counts(episodes)
-    fidelity = rehearse.would_rehearse(model, tokenizer, episodes, max_env_tokens=cfg["max_env_tokens"])
+    fidelity = rehearse.would_rehearse(model, tokenizer, episodes)
     by_family = {}
     for t, r in zip(tasks, rewards):
         by_family.setdefault(t["family"], []).append(r)

@@ -13,14 +13,15 @@ sequence (role REHEARSE) and closes it with `</env>`. This file holds:
   with the real one (exact match), per tool kind. Two ways:
     `replay_fidelity`:  for episodes sampled in `rehearse` mode, replay the same calls in a fresh
                         real world and compare. Diagnostic only: never feeds reward or loss.
-    `would_rehearse`:   for episodes run in the real world, ask the model (greedy) what it would
-                        have rehearsed at each call, and compare with what the world said.
+    `would_rehearse`:   for episodes run in the real world, whether the model (greedy) would
+                        have rehearsed at each call exactly what the world said.
 """
 from collections import defaultdict
 
-import rollout  # a module import: rollout imports this file too
+import torch
+
 import world as toy_world
-from envace import TAG, tag_ids
+from envace import OBS, collate, micro_batches, tag_ids
 
 ERROR_WORDS = ("item", "args", "funds", "call")
 
@@ -55,25 +56,34 @@ def replay_fidelity(episodes, world=toy_world):
     return _tally(pairs, world)
 
 
-def would_rehearse(model, tokenizer, episodes, world=toy_world, max_env_tokens=6):
-    """For real-world episodes: per tool kind [matches, total] of what the model, greedy, would
-    have rehearsed at each call (from the episode's own prefix up to the `<env>` tag) against the
-    real response."""
-    tags = tag_ids(tokenizer)
-    prefixes, calls, real = [], [], []
-    for e in episodes:
-        env_starts = [t for t in range(len(e["ids"]))
-                      if e["roles"][t] == TAG and e["ids"][t] == tags["env"][-1]]
-        for t, call, response in zip(env_starts, e["calls"], e["responses"]):
-            prefixes.append(e["ids"][:t + 1])
-            calls.append(call)
-            real.append(response)
-    if not prefixes:
+@torch.no_grad()
+def would_rehearse(model, tokenizer, episodes, world=toy_world, token_budget=4096):
+    """For real-world episodes: per tool kind [matches, total] of whether the model, decoding
+    greedily from the episode's own prefix up to `<env>`, would have written exactly the real
+    response and its `</env>`. Greedy decoding reproduces a response iff at each of its tokens
+    the argmax given the real tokens before it IS that token, so one teacher-forced forward over
+    the real episodes answers every call at once (no generation)."""
+    if not any(e["calls"] for e in episodes):
         return {}
-    outs = rollout.complete(model, prefixes, tags["env_end"], max_env_tokens + 1, tags["pad"])
-    rehearsed = [parse_response(tokenizer.decode([t for t in o if t != tags["env_end"]]), world)
-                 for o in outs]
-    return _tally(zip(calls, rehearsed, real), world)
+    device = next(model.parameters()).device
+    ids, roles = collate(episodes, tokenizer.pad_token_id)
+    lengths = [len(e["ids"]) for e in episodes]
+    hits = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)
+    for index in micro_batches(lengths, token_budget):
+        n = max(lengths[i] for i in index)
+        batch = ids[index, :n].to(device)
+        hits[index, :n - 1] = (model(input_ids=batch).logits[:, :-1].argmax(-1) == batch[:, 1:]).cpu()
+    pairs = []
+    for i, e in enumerate(episodes):
+        obs = [t for t in range(1, len(e["ids"])) if e["roles"][t] == OBS]
+        segments = [[]]            # each real response: a run of OBS tokens ending in </env>
+        for t in obs:
+            segments[-1].append(t)
+            if e["ids"][t] == tag_ids(tokenizer)["env_end"]:
+                segments.append([])
+        for call, response, seg in zip(e["calls"], e["responses"], segments):
+            pairs.append((call, "same" if all(hits[i, t - 1] for t in seg) else "other", "same"))
+    return _tally(pairs, world)
 
 
 def rates(counts):

@@ -230,21 +230,3 @@ def _end_act(row, text, tags, tokenizer, world, env_mode, max_turns):
         response = world.step(row["state"], call)
         row["responses"].append(response)
         row["forced"].extend((t, OBS) for t in encode(tokenizer, response) + [tags["env_end"]])
-
-
-@torch.no_grad()
-def complete(model, prefixes, stop_id, max_new, pad_id):
-    """Greedy continuation of each prefix until `stop_id` (inclusive) or max_new tokens; returns
-    the new ids per row. Used to ask a model what it would have rehearsed (rehearse.py)."""
-    dec = _Decoder(model, prefixes, pad_id, max_new)
-    out, done = [[] for _ in prefixes], [False] * len(prefixes)
-    for _ in range(max_new):
-        tokens = dec.logits.argmax(-1)
-        for i, t in enumerate(tokens.tolist()):
-            if not done[i]:
-                out[i].append(t)
-                done[i] = t == stop_id
-        if all(done):
-            break
-        dec.step(tokens)
-    return out

@@ -55,7 +55,8 @@ from transformers.utils import logging as hf_logging
 import rehearse
 import world
 from envace import (ACT, OBS, PROMPT, REHEARSE, build_model, build_tokenizer, collate, encode_episode,
-                    find_checkpoint, loss_mask, save_checkpoint, token_advantages, token_logprobs)
+                    find_checkpoint, loss_mask, micro_batches, padded_fraction, save_checkpoint,
+                    token_advantages, token_logprobs)
 from evaluate import evaluate, summary
 from reward import cause_counts, group_advantages, task_reward
 from rollout import sample_episodes
@@ -77,7 +78,7 @@ DEFAULTS = {
     # RL
     "env_mode": "rehearse", "rl_steps": 200, "tasks_per_step": 16, "group_size": 8,
     "lr": 1e-4, "weight_decay": 0.01, "grad_clip": 1.0, "ppo_epochs": 1,
-    "micro_batch_tokens": 2048, "reuse_sampler_logprobs": True,
+    "micro_batch_tokens": 512, "reuse_sampler_logprobs": True,
     "eps_low": 0.2, "eps_high": 0.2, "dual_clip": 3.0, "kl_coef": 0.0,
     "act_coef": 1.0, "rehearse_coef": 1.0, "scale_std": False,
     # sampling
@@ -324,25 +325,6 @@ def warm_start_sequences(cfg, tokenizer, splits):
 
 
 # ----------------------------------------------------------------------------- micro-batches
-
-def micro_batches(lengths, token_budget):
-    """Row indices grouped into micro-batches of similar length, so that padding costs little:
-    rows sorted longest first and packed while rows x longest <= token_budget (>= 1 row each).
-    lengths [50, 12, 48, 10], budget 100 -> [[0, 2], [1, 3]]: 100 + 24 tokens computed for 120."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches = [[]]
-    for i in order:
-        if batches[-1] and (len(batches[-1]) + 1) * lengths[batches[-1][0]] > token_budget:
-            batches.append([])
-        batches[-1].append(i)
-    return batches
-
-
-def padded_fraction(lengths, batches):
-    """Share of the computed positions that are padding."""
-    computed = sum(len(b) * max(lengths[i] for i in b) for b in batches)
-    return 1 - sum(lengths) / computed
-
 
 def rows(tensor, index, length):
     """tensor[index, :length]: one micro-batch, cut to its longest row."""

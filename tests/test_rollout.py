@@ -1,5 +1,7 @@
 """The sampler: roles for every token in each env mode, the shifted loss mask, forced tags, stops
 and truncation causes, and KV-cached logprobs against a full teacher-forced forward."""
+from types import SimpleNamespace
+
 import torch
 
 import rehearse
@@ -121,14 +123,33 @@ def test_kv_cached_logprobs_equal_teacher_forced_forward():
         assert compared > 40
 
 
+class Oracle(torch.nn.Module):
+    """A fake LM for teacher-forced forwards: its argmax at t is the true token t+1, except that
+    digits are predicted one too high when `wrong_digits` (a world model that is off by one)."""
+
+    def __init__(self, wrong_digits):
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+        self.wrong_digits = wrong_digits
+        self.digits = torch.tensor(TOK.convert_tokens_to_ids([str(d) for d in range(10)]))
+
+    def forward(self, input_ids, **kw):
+        target = torch.roll(input_ids, -1, dims=1)
+        if self.wrong_digits:
+            target = torch.where(torch.isin(target, self.digits[:-1]), target + 1, target)
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(target, len(TOK)).float())
+
+
 def test_replay_fidelity_and_would_rehearse():
     e = {"calls": ["price apple", "pay 3", "pay 7"], "responses": ["3", "6", "2"]}
     assert rehearse.replay_fidelity([e]) == {"lookup": [1, 1], "stateful": [1, 2]}
-    real, = run([EPISODE], ["price apple"], "real")
-    right = ScriptedModel(TOK, {"price apple": "3 </env>"})
-    wrong = ScriptedModel(TOK, {"price apple": "4 </env>"})
-    assert rehearse.would_rehearse(right, TOK, [real]) == {"lookup": [1, 1]}
-    assert rehearse.would_rehearse(wrong, TOK, [real]) == {"lookup": [0, 1]}
+    script = "<act> price apple </act> <env> x x <act> pay 3 </act> <env> x x <act> pay 7 </act> <env> x x x " \
+             "<act> answer 6 </act>"
+    real, = run([script], ["buy apple"], "real")
+    assert real["responses"] == ["3", "6", "error funds"]
+    assert rehearse.would_rehearse(Oracle(False), TOK, [real]) == {"lookup": [1, 1], "stateful": [2, 2]}
+    # off by one on digits: '3' and '6' are missed, 'error funds' has no digit and still matches
+    assert rehearse.would_rehearse(Oracle(True), TOK, [real]) == {"lookup": [0, 1], "stateful": [1, 2]}
 
 
 def test_shared_prompt_prefill_and_dropped_rows_match_a_full_forward():

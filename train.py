@@ -358,7 +358,8 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, rank=0, world_size=1):
         lengths = [len(s["ids"]) for s in batch[rank * per_rank:(rank + 1) * per_rank]]
         total = 0.0
         opt.zero_grad(set_to_none=True)
-        for index, n, weight in in_step(micro_batches(lengths, cfg["micro_batch_tokens"]), lengths, ddp_model):
+        batches = micro_batches(lengths, cfg["micro_batch_tokens"])
+        for index, n, weight in in_step(batches, lengths, ddp_model):
             index = index.to(device)
             with autocast(cfg, device):
                 logprobs = token_logprobs(ddp_model, rows(ids, index, n))
@@ -374,14 +375,15 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, rank=0, world_size=1):
 
 def in_step(batches, lengths, ddp_model):
     """Yield (row index, longest length, weight) per micro-batch, the same number of times on
-    every rank, as DDP needs: a rank with fewer micro-batches than another repeats its first one
-    with weight 0 (a forward/backward that adds nothing). Under DDP the gradient all-reduce fires
-    on the last micro-batch only (nanoGPT's flag: no_sync() would split this loop in two)."""
+    every rank, as DDP needs: a rank with fewer micro-batches than another (or none) repeats
+    its first one (or row 0) with weight 0, a forward/backward that adds nothing. Under DDP the
+    gradient all-reduce fires on the last micro-batch only (nanoGPT's flag: no_sync() would
+    split this loop in two)."""
     n = int(all_max(len(batches)))
     for j in range(n):
         if isinstance(ddp_model, DDP):
             ddp_model.require_backward_grad_sync = j == n - 1
-        index = batches[j] if j < len(batches) else batches[0]
+        index = batches[j] if j < len(batches) else (batches + [[0]])[0]
         yield torch.tensor(index), max(lengths[i] for i in index), float(j < len(batches))
 
 
@@ -434,9 +436,14 @@ def accumulate_gradients(model, batch, old, ref, cfg, world_size=1):
     ids, mask, adv = batch["ids"].to(device), batch["mask"].to(device), batch["advantages"].to(device)
     target_roles = batch["roles"][:, 1:].to(device)
     lengths = batch["lengths"]
-    batches = micro_batches(lengths, cfg["micro_batch_tokens"])
-    totals = {"loss": 0.0, "entropy_act": 0.0, "entropy_rehearse": 0.0,
-              "pad_frac": padded_fraction(lengths, batches) / world_size}
+    # without a KL term, a row whose advantages are all 0 (an all-equal group) adds exactly 0 to
+    # the gradient: leave it out of the forward (its tokens stay in the normaliser n_tokens)
+    keep = [i for i in range(len(lengths)) if cfg["kl_coef"] > 0 or batch["advantages"][i].any()]
+    kept_lengths = [lengths[i] for i in keep]
+    batches = [[keep[j] for j in b] for b in micro_batches(kept_lengths, cfg["micro_batch_tokens"])]
+    totals = {"loss": 0.0, "entropy_act": 0.0, "entropy_rehearse": 0.0, "entropy_count_act": 0,
+              "entropy_count_rehearse": 0, "rows_updated": len(keep),
+              "pad_frac": padded_fraction(lengths, batches) / world_size if keep else 0.0}
     for index, n, weight in in_step(batches, lengths, model):
         index = index.to(device)
         with autocast(cfg, device):
@@ -450,8 +457,9 @@ def accumulate_gradients(model, batch, old, ref, cfg, world_size=1):
         for k, v in stats.items():
             totals[k] = totals.get(k, 0.0) + v * weight
         roles_mb = rows(target_roles, index, n - 1)
-        for r, name in ((ACT, "entropy_act"), (REHEARSE, "entropy_rehearse")):
-            totals[name] += float((entropy.detach() * (roles_mb == r)).sum()) * weight
+        for r, name in ((ACT, "act"), (REHEARSE, "rehearse")):
+            totals[f"entropy_{name}"] += float((entropy.detach() * (roles_mb == r)).sum()) * weight
+            totals[f"entropy_count_{name}"] += int((roles_mb == r).sum()) * weight
     return totals
 
 
@@ -524,9 +532,11 @@ def metrics_record(step, s, status, counters, times):
     for k in ("loss", "clip_frac", "dual_clip_frac", "approx_kl", "kl_ref", "grad_norm", "pad_frac"):
         if k in s:
             record[k] = s[k]
-    for name in ("act", "rehearse"):
+    for name in ("act", "rehearse"):      # over the rows that got a gradient
         if f"entropy_{name}" in s:
-            record[f"entropy_{name}"] = s[f"entropy_{name}"] / max(s[f"tokens_{name}"], 1)
+            record[f"entropy_{name}"] = s[f"entropy_{name}"] / max(s[f"entropy_count_{name}"], 1)
+    if "rows_updated" in s:
+        record["rows_updated"] = s["rows_updated"]
     if "fidelity" in s:
         record["fidelity"] = rehearse.rates(s["fidelity"])
     record.update(times)

@@ -17,7 +17,7 @@ TOK = toy_tokenizer()
 PROMPTS = ["price apple", "not pear buy 2 milk and egg", "cost 3 fish", "buy tea"]
 
 
-def rehearsed_batch(cfg, group_size=3):
+def rehearsed_batch(cfg, group_size=3, rewards=None):
     """Rehearse-mode episodes of expert tasks (both roles present), in groups of mixed reward."""
     import random
     import world
@@ -26,7 +26,7 @@ def rehearsed_batch(cfg, group_size=3):
     eps = [encode_episode(TOK, t["prompt"], t["calls"][:k], world.replay(t["calls"][:k]),
                           t["answer"], env_role=REHEARSE)
            for t in tasks for k in range(1, group_size + 1)]
-    rewards = [float(i % 3 == 0) for i in range(len(eps))]
+    rewards = rewards or [float(i % 3 == 0) for i in range(len(eps))]
     groups = [i // group_size for i in range(len(eps))]
     return train.make_batch(eps, rewards, groups, cfg, TOK.pad_token_id)
 
@@ -66,6 +66,25 @@ def test_length_grouped_micro_batches_give_the_one_batch_gradient():
     for k in ("loss", "clip_frac", "approx_kl", "kl_ref"):
         assert s_all[k] == pytest.approx(s_mb[k], rel=1e-5, abs=1e-7)
     assert s_mb["pad_frac"] < train.padded_fraction(batch["lengths"], [list(range(len(batch["lengths"])))])
+
+
+def test_rows_of_all_equal_groups_are_left_out_only_without_kl():
+    """Groups 1 and 3 have equal rewards: their rows carry advantage 0 everywhere. Without KL the
+    update skips them and still matches the one-batch gradient; with KL they are kept."""
+    model = tiny_llama(TOK)
+    rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    for kl_coef, kept in ((0.0, 6), (0.1, 12)):
+        cfg = {**train.DEFAULTS, "kl_coef": kl_coef}
+        batch = rehearsed_batch(cfg, rewards=rewards)
+        with torch.no_grad():
+            old = token_logprobs(model, batch["ids"]) + 0.1
+        ref = old - 0.2 if kl_coef else None
+        g_all, s_all = one_batch_grads(model, batch, old, ref, cfg)
+        g_mb, s_mb = grads_with_micro_batch(model, batch, old, ref, cfg, mb=60)
+        assert s_mb["rows_updated"] == kept
+        for a, b in zip(g_all, g_mb):
+            assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+        assert s_all["loss"] == pytest.approx(s_mb["loss"], rel=1e-5, abs=1e-7)
 
 
 def test_micro_batches_pack_by_length_within_the_budget():

@@ -14,6 +14,7 @@ Random weights end episodes early (the actor soon writes a stray tag), so pass -
 trained demo run for the demo's real episode lengths; without one, it uses out/small/ckpt if
 that exists.
 """
+
 import argparse
 import json
 import os
@@ -31,8 +32,11 @@ from rollout import sample_episodes
 from train import DEFAULTS, load_policy, make_batch, rl_step
 
 SIZES = {  # name: (layers, width, heads, kv heads, mlp width); the larger two have Qwen2.5-0.5B and
-           # Qwen3-1.7B shapes without their big vocabularies (the toy tokenizer has 54 words)
-    "demo": (4, 128, 4, 4, 512), "0.5b": (24, 896, 14, 2, 4864), "1.7b": (28, 2048, 16, 8, 6144)}
+    # Qwen3-1.7B shapes without their big vocabularies (the toy tokenizer has 54 words)
+    "demo": (4, 128, 4, 4, 512),
+    "0.5b": (24, 896, 14, 2, 4864),
+    "1.7b": (28, 2048, 16, 8, 6144),
+}
 
 
 def timed(fn, repeats, device):
@@ -62,28 +66,49 @@ def generate_episodes(model, tokenizer, prompts, env_mode, cfg, seed):
     torch.manual_seed(seed)
     tags = tag_ids(tokenizer)
     device = next(model.parameters()).device
-    rows = [{"ids": tags["bos"] + encode(tokenizer, p) + tags["act"], "state": world.new_state(),
-             "phase": "act", "calls": 0} for p in prompts]
+    rows = [
+        {
+            "ids": tags["bos"] + encode(tokenizer, p) + tags["act"],
+            "state": world.new_state(),
+            "phase": "act",
+            "calls": 0,
+        }
+        for p in prompts
+    ]
     for r in rows:
         r["prompt_len"] = len(r["ids"]) - len(tags["act"])
     while True:
         live = [r for r in rows if r["phase"] != "done" and len(r["ids"]) < cfg["max_tokens"]]
         if not live:
             break
-        for phase, stop, limit in (("act", tags["act_end"], cfg["max_act_tokens"]),
-                                   ("env", tags["env_end"], cfg["max_env_tokens"])):
+        for phase, stop, limit in (
+            ("act", tags["act_end"], cfg["max_act_tokens"]),
+            ("env", tags["env_end"], cfg["max_env_tokens"]),
+        ):
             group = [r for r in live if r["phase"] == phase]
             if not group:
                 continue
             width = max(len(r["ids"]) for r in group)
-            ids = torch.tensor([[tags["pad"]] * (width - len(r["ids"])) + r["ids"] for r in group], device=device)
-            mask = (torch.arange(width, device=device)[None] >= torch.tensor(
-                [width - len(r["ids"]) for r in group], device=device)[:, None]).long()
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=cfg["temperature"],
-                                 top_k=0, top_p=1.0, max_new_tokens=limit + 1, eos_token_id=stop,
-                                 pad_token_id=tags["pad"])
+            ids = torch.tensor(
+                [[tags["pad"]] * (width - len(r["ids"])) + r["ids"] for r in group], device=device
+            )
+            mask = (
+                torch.arange(width, device=device)[None]
+                >= torch.tensor([width - len(r["ids"]) for r in group], device=device)[:, None]
+            ).long()
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=cfg["temperature"],
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=limit + 1,
+                eos_token_id=stop,
+                pad_token_id=tags["pad"],
+            )
             for r, seq in zip(group, out[:, width:].tolist()):
-                seq = seq[:seq.index(stop) + 1] if stop in seq else seq
+                seq = seq[: seq.index(stop) + 1] if stop in seq else seq
                 r["ids"] += seq
                 if stop not in seq:
                     r["phase"] = "done"
@@ -97,7 +122,7 @@ def generate_episodes(model, tokenizer, prompts, env_mode, cfg, seed):
 
 def _after_act(row, text, tags, tokenizer, env_mode, cfg):
     if world.parse_call(text) is None or row["calls"] >= cfg["max_turns"]:
-        row["phase"] = "done"                      # an answer, or a call that ends the episode
+        row["phase"] = "done"  # an answer, or a call that ends the episode
         return
     row["calls"] += 1
     row["ids"] += tags["env"]
@@ -115,41 +140,60 @@ def bench_sampling(model, tokenizer, prompts, cfg, repeats, device):
     """Our sampler and generate on the same episodes, then generate's one-call best case."""
     results, gen = {}, torch.Generator().manual_seed(0)
     for mode in ("rehearse", "real"):
-        sec, eps = timed(lambda: sample_episodes(model, tokenizer, prompts, mode, generator=gen), repeats, device)
+        sec, eps = timed(
+            lambda: sample_episodes(model, tokenizer, prompts, mode, generator=gen), repeats, device
+        )
         results[f"sampler_{mode}"] = figure(sec, new_tokens(eps))
         sec, rows = timed(lambda: generate_episodes(model, tokenizer, prompts, mode, cfg, 0), repeats, device)
         results[f"generate_{mode}"] = figure(sec, new_tokens(rows))
-    steps = max(len(e["ids"]) - e["prompt_len"] for e in eps)   # as many steps as our longest row
+    steps = max(len(e["ids"]) - e["prompt_len"] for e in eps)  # as many steps as our longest row
     tags = tag_ids(tokenizer)
     starts = [tags["bos"] + encode(tokenizer, p) for p in prompts]
     width = max(map(len, starts))
     ids = torch.tensor([[tags["pad"]] * (width - len(x)) + x for x in starts], device=device)
-    sec, _ = timed(lambda: model.generate(
-        input_ids=ids, attention_mask=(ids != tags["pad"]).long(), do_sample=True, top_k=0,
-        max_new_tokens=steps, min_new_tokens=steps, pad_token_id=tags["pad"], eos_token_id=None), repeats, device)
+    sec, _ = timed(
+        lambda: model.generate(
+            input_ids=ids,
+            attention_mask=(ids != tags["pad"]).long(),
+            do_sample=True,
+            top_k=0,
+            max_new_tokens=steps,
+            min_new_tokens=steps,
+            pad_token_id=tags["pad"],
+            eos_token_id=None,
+        ),
+        repeats,
+        device,
+    )
     results["generate_one_call"] = figure(sec, steps * len(prompts))
     return results, eps
 
 
 def bench_update(model, tokenizer, episodes, cfg, group_size, repeats, device):
     """The old-logprob forward over the batch (what reuse_sampler_logprobs skips), one RL step."""
-    rewards = [float(i % 2) for i in range(len(episodes))]               # every group mixed
+    rewards = [float(i % 2) for i in range(len(episodes))]  # every group mixed
     groups = [i // group_size for i in range(len(episodes))]
     batch = make_batch(episodes, rewards, groups, cfg, tokenizer.pad_token_id)
     n_tok = sum(batch["lengths"])
     sec, _ = timed(lambda: token_logprobs(model, batch["ids"].to(device)).sum().item(), repeats, device)
     results = {"old_logprob_forward": figure(sec, n_tok)}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7)
-    sec, (sums, _) = timed(lambda: rl_step(model, model, opt, episodes, rewards, groups, cfg,
-                                           tokenizer.pad_token_id), repeats, device)
+    sec, (sums, _) = timed(
+        lambda: rl_step(model, model, opt, episodes, rewards, groups, cfg, tokenizer.pad_token_id),
+        repeats,
+        device,
+    )
     results["train_step"] = figure(sec, n_tok, pad_frac=sums["pad_frac"])
     return results
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ckpt", default=None,
-                        help="a trained checkpoint (default: out/small/ckpt if any; '' for random weights)")
+    parser.add_argument(
+        "--ckpt",
+        default=None,
+        help="a trained checkpoint (default: out/small/ckpt if any; '' for random weights)",
+    )
     parser.add_argument("--size", default="demo", choices=sorted(SIZES))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--tasks", type=int, default=16)
@@ -158,7 +202,7 @@ def main(argv=None):
     parser.add_argument("--out", default="bench.json")
     args = parser.parse_args(argv)
     cfg = {**DEFAULTS, "device": args.device}
-    ckpt = args.ckpt                     # "" asks for random weights
+    ckpt = args.ckpt  # "" asks for random weights
     if ckpt is None and args.size == "demo" and os.path.isdir("out/small/ckpt"):
         ckpt = "out/small/ckpt"
     if ckpt:
@@ -167,36 +211,64 @@ def main(argv=None):
         tokenizer = build_tokenizer(world.WORDS)
         layers, width, heads, kv, mlp = SIZES[args.size]
         torch.manual_seed(0)
-        model = LlamaForCausalLM(LlamaConfig(
-            vocab_size=len(tokenizer), hidden_size=width, intermediate_size=mlp, num_hidden_layers=layers,
-            num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=256,
-            tie_word_embeddings=True)).to(args.device)
+        model = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=width,
+                intermediate_size=mlp,
+                num_hidden_layers=layers,
+                num_attention_heads=heads,
+                num_key_value_heads=kv,
+                max_position_embeddings=256,
+                tie_word_embeddings=True,
+            )
+        ).to(args.device)
     model.eval()
     cuda = args.device.startswith("cuda")
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
-    tasks = world.make_splits(0, 10, 0, 200, 10)["rl"][:args.tasks]
+    tasks = world.make_splits(0, 10, 0, 200, 10)["rl"][: args.tasks]
     prompts = [t["prompt"] for t in tasks for _ in range(args.group_size)]
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model {ckpt or args.size} ({n_params / 1e6:.2f}M parameters) on {args.device}, {len(prompts)} rows "
-          f"({args.tasks} tasks x {args.group_size}), {torch.get_num_threads()} threads")
-    results = {"model": ckpt or args.size, "parameters": n_params, "device": args.device, "rows": len(prompts),
-               "threads": torch.get_num_threads(), "repeats": args.repeats}
+    print(
+        f"model {ckpt or args.size} ({n_params / 1e6:.2f}M parameters) on {args.device}, {len(prompts)} rows "
+        f"({args.tasks} tasks x {args.group_size}), {torch.get_num_threads()} threads"
+    )
+    results = {
+        "model": ckpt or args.size,
+        "parameters": n_params,
+        "device": args.device,
+        "rows": len(prompts),
+        "threads": torch.get_num_threads(),
+        "repeats": args.repeats,
+    }
     with amp:
         sampling, episodes = bench_sampling(model, tokenizer, prompts, cfg, args.repeats, args.device)
         results.update(sampling)
-        results.update(bench_update(model, tokenizer, episodes, cfg, args.group_size, args.repeats, args.device))
-    results["peak_memory_mb"] = (torch.cuda.max_memory_allocated() / 2**20 if cuda
-                                 else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        results.update(
+            bench_update(model, tokenizer, episodes, cfg, args.group_size, args.repeats, args.device)
+        )
+    results["peak_memory_mb"] = (
+        torch.cuda.max_memory_allocated() / 2**20
+        if cuda
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    )
     for mode in ("rehearse", "real"):
-        results[f"ratio_{mode}"] = results[f"sampler_{mode}"]["tok_per_s"] / results[f"generate_{mode}"]["tok_per_s"]
-    results["ratio_vs_one_call"] = results["sampler_rehearse"]["tok_per_s"] / results["generate_one_call"]["tok_per_s"]
+        results[f"ratio_{mode}"] = (
+            results[f"sampler_{mode}"]["tok_per_s"] / results[f"generate_{mode}"]["tok_per_s"]
+        )
+    results["ratio_vs_one_call"] = (
+        results["sampler_rehearse"]["tok_per_s"] / results["generate_one_call"]["tok_per_s"]
+    )
     for k, v in results.items():
         if isinstance(v, dict):
             extra = f", padding {v['pad_frac']:.1%}" if "pad_frac" in v else ""
-            print(f"{k:20s} {v['tok_per_s']:9.0f} tok/s ({v['tokens']} tokens in {v['seconds'] * 1e3:.1f} ms{extra})")
-    print(f"sampler / generate on the same episodes: rehearse {results['ratio_rehearse']:.2f}x, real "
-          f"{results['ratio_real']:.2f}x; sampler (rehearse) / one generate call: {results['ratio_vs_one_call']:.2f}x; "
-          f"peak memory {results['peak_memory_mb']:.0f} MB")
+            ms = v["seconds"] * 1e3
+            print(f"{k:20s} {v['tok_per_s']:9.0f} tok/s ({v['tokens']} tokens in {ms:.1f} ms{extra})")
+    print(
+        f"sampler / generate on the same episodes: rehearse {results['ratio_rehearse']:.2f}x, real "
+        f"{results['ratio_real']:.2f}x; sampler (rehearse) / one generate call: "
+        f"{results['ratio_vs_one_call']:.2f}x; peak memory {results['peak_memory_mb']:.0f} MB"
+    )
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     return 0

@@ -158,9 +158,9 @@ def micro_batches(lengths, token_budget):
 
 
 def padded_fraction(lengths, batches):
-    """Share of the computed positions that are padding."""
+    """Share of the positions computed for `batches` (each cut to its longest row) that are padding."""
     computed = sum(len(b) * max(lengths[i] for i in b) for b in batches)
-    return 1 - sum(lengths) / computed
+    return 1 - sum(lengths[i] for b in batches for i in b) / computed
 
 
 def token_logprobs(model, ids, temperature=1.0, with_entropy=False):

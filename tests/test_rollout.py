@@ -143,8 +143,8 @@ class Oracle(torch.nn.Module):
 def test_replay_fidelity_and_would_rehearse():
     e = {"calls": ["price apple", "pay 3", "pay 7"], "responses": ["3", "6", "2"]}
     assert rehearse.replay_fidelity([e]) == {"lookup": [1, 1], "stateful": [1, 2]}
-    script = "<act> price apple </act> <env> x x <act> pay 3 </act> <env> x x <act> pay 7 </act> <env> x x x " \
-             "<act> answer 6 </act>"
+    script = ("<act> price apple </act> <env> x x <act> pay 3 </act> <env> x x "
+              "<act> pay 7 </act> <env> x x x <act> answer 6 </act>")
     real, = run([script], ["buy apple"], "real")
     assert real["responses"] == ["3", "6", "error funds"]
     assert rehearse.would_rehearse(Oracle(False), TOK, [real]) == {"lookup": [1, 1], "stateful": [2, 2]}

@@ -93,6 +93,7 @@ def test_micro_batches_pack_by_length_within_the_budget():
     assert train.padded_fraction([50, 12, 48, 10], [[0, 1, 2, 3]]) == pytest.approx(1 - 120 / 200)
     assert train.micro_batches([70, 5], 60) == [[0], [1]]          # a row over budget goes alone
     assert train.micro_batches([3] * 5, 9) == [[0, 1, 2], [3, 4]]
+    assert train.padded_fraction([50, 12, 48, 10], [[1, 3]]) == pytest.approx(1 - 22 / 24)   # rows left out
 
 
 def test_sampler_logprobs_equal_the_recomputed_old_logprobs():

@@ -79,7 +79,8 @@ def test_a_crash_between_the_renames_leaves_a_whole_checkpoint(tmp_path):
     assert torch.load(os.path.join(path, "trainer_state.pt"))["step"] == 2
 
 
-def test_sigint_during_rl_saves_and_exits_zero_then_resumes(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_rl_saves_and_exits_zero_then_resumes(tmp_path, signum):
     cfg = tiny_cfg(tmp_path, rl_steps=100000, save_every=0)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -92,7 +93,7 @@ def test_sigint_during_rl_saves_and_exits_zero_then_resumes(tmp_path):
         if os.path.exists(metrics_file) and len(open(metrics_file).readlines()) >= 2:
             break
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
     assert "interrupted" in out and "--resume" in out and "Traceback" not in err

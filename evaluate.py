@@ -14,33 +14,46 @@ Writes <ckpt>/eval.json with at least {"success": float, "n_tasks": int}.
 import argparse
 import json
 import os
+import statistics
 import sys
 
 import torch
 
 import rehearse
+import world as toy_world
 from reward import cause_counts, task_reward
 from rollout import sample_episodes
 
 
-def evaluate(model, tokenizer, tasks, cfg, batch_size=512, seed=0):
-    """Run `tasks` in the real world (sampling per cfg eval_temperature/top_p) and measure."""
+def evaluate(model, tokenizer, tasks, cfg, batch_size=512, seed=0, rehearser=None, world=toy_world,
+             warm_start_counts=None):
+    """Run `tasks` in the real world (sampling per cfg eval_temperature/top_p) and measure. With
+    cfg rehearsal_budget N > 0, each task is first privately rehearsed N times (rehearse.py;
+    `rehearser` plays the world in imagination instead of the policy if given) and the real
+    execution commits to the plan. `warm_start_counts` ({call: count}) adds fidelity by coverage."""
     model.eval()
     generator = torch.Generator().manual_seed(seed)
-    episodes = []
+    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+    episodes, imagined = [], []
     for i in range(0, len(tasks), batch_size):
-        episodes += sample_episodes(
-            model, tokenizer, [t["prompt"] for t in tasks[i:i + batch_size]], "real",
-            temperature=cfg["eval_temperature"], top_p=cfg["top_p"], max_turns=cfg["max_turns"],
-            max_act_tokens=cfg["max_act_tokens"], max_env_tokens=cfg["max_env_tokens"],
-            max_tokens=cfg["max_tokens"], generator=generator)
+        prompts = [t["prompt"] for t in tasks[i:i + batch_size]]
+        plans, used = None, [0] * len(prompts)
+        if cfg["rehearsal_budget"]:
+            plans, used = rehearse.private_rehearsal_plans(
+                model, tokenizer, prompts, cfg["rehearsal_budget"], cfg["rehearsal_mode"], rehearser,
+                temperature=cfg["imagine_temperature"], generator=generator, world=world, **limits)
+        episodes += sample_episodes(model, tokenizer, prompts, "real", world=world, plans=plans,
+                                    temperature=cfg["eval_temperature"], top_p=cfg["top_p"],
+                                    generator=generator, **limits)
+        imagined += used
     rewards = [task_reward(e, t) for e, t in zip(episodes, tasks)]
     causes = cause_counts(episodes)
-    fidelity = rehearse.would_rehearse(model, tokenizer, episodes)
+    calls = rehearse.would_rehearse_calls(model, tokenizer, episodes)
+    fidelity = rehearse.by_kind(calls, world)
     by_family = {}
     for t, r in zip(tasks, rewards):
         by_family.setdefault(t["family"], []).append(r)
-    return {
+    result = {
         "success": sum(rewards) / len(tasks),
         "n_tasks": len(tasks),
         "format_errors": sum(n for c, n in causes.items() if c != "answer") / len(tasks),
@@ -49,7 +62,12 @@ def evaluate(model, tokenizer, tasks, cfg, batch_size=512, seed=0):
         "fidelity": rehearse.rates(fidelity),
         "fidelity_counts": fidelity,
         "success_by_family": {f: sum(r) / len(r) for f, r in sorted(by_family.items())},
+        "rehearsal_budget": cfg["rehearsal_budget"], "rehearsal_mode": cfg["rehearsal_mode"],
+        "imagined_per_task": sum(imagined) / len(tasks),
     }
+    if warm_start_counts is not None:
+        result["fidelity_by_coverage"] = rehearse.fidelity_by_coverage(calls, warm_start_counts)
+    return result
 
 
 def summary(m):
@@ -59,26 +77,176 @@ def summary(m):
             f"{m['format_errors']:.3f} | mean calls {m['mean_calls']:.2f} | would-rehearse fidelity: {fid}")
 
 
+# ----------------------------------------------------------------------------- private rehearsal sweep
+
+def rehearsal_sweep(model, tokenizer, tasks, cfg, rehearsers, budgets=(0, 1, 2, 4),
+                    modes=("parallel", "sequential")):
+    """Success against the private-rehearsal budget N, for each mode and each model that plays the
+    world in imagination ({name: model or None for the policy itself}). One row per setting."""
+    rows = []
+    for name, rehearser in rehearsers.items():
+        for mode in modes:
+            for n in budgets:
+                m = evaluate(model, tokenizer, tasks, {**cfg, "rehearsal_budget": n, "rehearsal_mode": mode},
+                             seed=cfg["seed"], rehearser=rehearser)
+                rows.append({"rehearser": name, "mode": mode, "budget": n, "success": m["success"],
+                             "imagined_per_task": m["imagined_per_task"], "mean_calls": m["mean_calls"]})
+    return rows
+
+
+# ----------------------------------------------------------------------------- comparing runs
+
+def mean_and_range(values):
+    """'0.876 (0.702-1.000)' over seeds; '-' when there is nothing."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    mean = sum(values) / len(values)
+    return f"{mean:.3f} ({min(values):.3f}-{max(values):.3f})" if len(values) > 1 else f"{mean:.3f}"
+
+
+def compare_table(runs, kinds=("lookup", "compute", "stateful")):
+    """{arm: [eval.json dicts, one per seed]} -> a markdown table: mean and (min-max) over seeds of
+    held-out real-world success, format errors, mean calls and would-rehearse fidelity per kind."""
+    lines = ["| arm | seeds | success | success per seed | format errors | mean calls | "
+             + " | ".join(f"fidelity {k}" for k in kinds) + " |",
+             "|---" * (6 + len(kinds)) + "|"]
+    for arm, evals in runs.items():
+        cells = [arm, str(len(evals)), mean_and_range([e["success"] for e in evals]),
+                 " / ".join(f"{e['success']:.3f}" for e in evals),
+                 mean_and_range([e["format_errors"] for e in evals]),
+                 mean_and_range([e["mean_calls"] for e in evals])]
+        cells += [mean_and_range([e["fidelity"].get(k) for e in evals]) for k in kinds]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def load_runs(results):
+    """results/<arm>/<seed>/{eval.json, metrics.jsonl} -> ({arm: [eval]}, {arm: [curve]}, sweeps),
+    a curve being [(step, real-world success)] from the warm start to the end."""
+    runs, curves, sweeps = {}, {}, []
+    for arm in sorted(os.listdir(results)):
+        for seed in sorted(os.listdir(os.path.join(results, arm))):
+            folder = os.path.join(results, arm, seed)
+            if not os.path.isfile(os.path.join(folder, "eval.json")):
+                continue
+            result = json.load(open(os.path.join(folder, "eval.json")))
+            runs.setdefault(arm, []).append(result)
+            curve = [(0, result["before"]["success"])] if "before" in result else []
+            metrics = os.path.join(folder, "metrics.jsonl")
+            lines = [json.loads(line) for line in open(metrics)] if os.path.isfile(metrics) else []
+            curve += [(m["step"], m["eval_success"]) for m in lines if "eval_success" in m]
+            curve.append((lines[-1]["step"] if lines else 0, result["success"]))
+            curves.setdefault(arm, []).append(curve)
+            sweep = os.path.join(folder, "private_rehearsal.json")
+            if os.path.isfile(sweep):
+                sweeps += [{**row, "seed": seed} for row in json.load(open(sweep))]
+    return runs, curves, sweeps
+
+
+def plot_curves(curves, path):
+    """Real-world success against RL steps, mean over seeds with the min-max band, one line an arm."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for arm, runs in curves.items():
+        steps = sorted({s for run in runs for s, _ in run})
+        by_step = [[v for run in runs for s, v in run if s == step] for step in steps]
+        ax.plot(steps, [sum(v) / len(v) for v in by_step], marker="o", markersize=3, label=arm)
+        ax.fill_between(steps, [min(v) for v in by_step], [max(v) for v in by_step], alpha=0.15)
+    ax.set(xlabel="RL step", ylabel="held-out success (real world)", ylim=(0, 1.02))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_sweep(rows, path):
+    """Success against the private-rehearsal budget N (mean over seeds), per rehearser and mode."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key in sorted({(r["rehearser"], r["mode"]) for r in rows}):
+        budgets = sorted({r["budget"] for r in rows})
+        means = [statistics.mean([r["success"] for r in rows if (r["rehearser"], r["mode"]) == key
+                                  and r["budget"] == n]) for n in budgets]
+        ax.plot(budgets, means, marker="o", label=f"{key[0]} rehearses, {key[1]}")
+    ax.set(xlabel="imagined episodes per task (N)", ylabel="held-out success (real world)")
+    ax.set_xticks(sorted({r["budget"] for r in rows}))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def compare(results):
+    """Write <results>/results.md, success.png and (if any sweep ran) private_rehearsal.png."""
+    runs, curves, sweeps = load_runs(results)
+    if not runs:
+        raise FileNotFoundError(f"no runs (<arm>/<seed>/eval.json) under {results}")
+    text = compare_table(runs)
+    plot_curves(curves, os.path.join(results, "success.png"))
+    if sweeps:
+        plot_sweep(sweeps, os.path.join(results, "private_rehearsal.png"))
+        text += ("\n\n| rehearser | mode | N | success | imagined per task | real calls per task |\n"
+                 "|---|---|---|---|---|---|\n")
+        for key in sorted({(r["rehearser"], r["mode"], r["budget"]) for r in sweeps}):
+            same = [r for r in sweeps if (r["rehearser"], r["mode"], r["budget"]) == key]
+            text += (f"| {key[0]} | {key[1]} | {key[2]} | {mean_and_range([r['success'] for r in same])} | "
+                     f"{statistics.mean([r['imagined_per_task'] for r in same]):.2f} | "
+                     f"{statistics.mean([r['mean_calls'] for r in same]):.2f} |\n")
+    with open(os.path.join(results, "results.md"), "w") as f:
+        f.write(text + "\n")
+    return text
+
+
+# ----------------------------------------------------------------------------- command line
+
 def main(argv=None):
     from envace import find_checkpoint
     from train import ConfigError, build_tasks, load_config, load_policy, pick_device
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ckpt", required=True, help="a run folder of train.py, or a checkpoint in it")
+    parser.add_argument("--ckpt", help="a run folder of train.py, or a checkpoint in it")
     parser.add_argument("--n_test", type=int, default=None, help="evaluate on the first N test tasks")
+    parser.add_argument("--rehearser", help="a checkpoint that plays the world in private rehearsal")
+    parser.add_argument("--sweep", action="store_true",
+                        help="private rehearsal with N = 0, 1, 2, 4, parallel and sequential")
+    parser.add_argument("--compare", metavar="RESULTS", help="compare <RESULTS>/<arm>/<seed> runs")
     args, overrides = parser.parse_known_args(argv)
+    if args.compare:
+        try:
+            print(compare(args.compare))
+        except (OSError, KeyError, json.JSONDecodeError) as e:
+            print(f"error: cannot compare the runs in {args.compare}: {e}", file=sys.stderr)
+            return 2
+        return 0
     try:
+        if not args.ckpt:
+            raise ConfigError("give --ckpt <run folder> (or --compare <results folder>)")
         # a run folder holds its latest checkpoint in ckpt/; warmstart/ is a checkpoint itself
         path = find_checkpoint(os.path.join(args.ckpt, "ckpt")) or find_checkpoint(args.ckpt)
         if path is None or not os.path.isfile(os.path.join(path, "config.yaml")):
             raise ConfigError(f"no checkpoint written by train.py in {args.ckpt}")
         cfg = load_config(os.path.join(path, "config.yaml"), overrides)
         model, tokenizer = load_policy(path, pick_device(cfg))
+        rehearser = load_policy(args.rehearser, pick_device(cfg))[0] if args.rehearser else None
         tasks = build_tasks(cfg)["test"]
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     tasks = tasks[:args.n_test] if args.n_test else tasks
-    metrics = evaluate(model, tokenizer, tasks, cfg, seed=cfg["seed"])
+    if args.sweep:
+        rehearsers = {"policy": None, **({"rehearser": rehearser} if rehearser is not None else {})}
+        rows = rehearsal_sweep(model, tokenizer, tasks, cfg, rehearsers)
+        for r in rows:
+            print(f"{r['rehearser']:9s} {r['mode']:10s} N={r['budget']}: success {r['success']:.3f}, "
+                  f"{r['imagined_per_task']:.2f} imagined and {r['mean_calls']:.2f} real calls per task")
+        with open(os.path.join(args.ckpt, "private_rehearsal.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+        return 0
+    metrics = evaluate(model, tokenizer, tasks, cfg, seed=cfg["seed"], rehearser=rehearser)
     print(summary(metrics))
     with open(os.path.join(args.ckpt, "eval.json"), "w") as f:
         json.dump(metrics, f, indent=1)

@@ -15,11 +15,14 @@ sequence (role REHEARSE) and closes it with `</env>`. This file holds:
                         real world and compare. Diagnostic only: never feeds reward or loss.
     `would_rehearse`:   for episodes run in the real world, whether the model (greedy) would
                         have rehearsed at each call exactly what the world said.
+- test-time private rehearsal (`private_rehearsal_plans`): the paper's use of the internal
+  world model at test time: imagine whole episodes before committing one real execution.
 """
 from collections import defaultdict
 
 import torch
 
+import rollout  # a module import: rollout imports this file too
 import world as toy_world
 from envace import OBS, collate, micro_batches, tag_ids
 
@@ -36,12 +39,12 @@ def parse_response(text, world=toy_world):
     return None
 
 
-def _tally(pairs, world):
-    """[(call, rehearsed, real)] -> {kind: [matches, total]}."""
+def by_kind(calls, world=toy_world):
+    """[(call, matched)] -> {tool kind: [matches, total]}."""
     counts = defaultdict(lambda: [0, 0])
-    for call, rehearsed, real in pairs:
+    for call, matched in calls:
         kind = world.TOOL_KINDS[world.parse_call(call)[0]]
-        counts[kind][0] += rehearsed == real
+        counts[kind][0] += matched
         counts[kind][1] += 1
     return dict(counts)
 
@@ -49,22 +52,27 @@ def _tally(pairs, world):
 def replay_fidelity(episodes, world=toy_world):
     """Per tool kind [matches, total] of rehearsed responses against a real replay of the same
     calls (each episode from a fresh world, so the stateful wallet sees the same earlier calls)."""
-    pairs = []
+    calls = []
     for e in episodes:
         real = world.replay(e["calls"][:len(e["responses"])])
-        pairs += zip(e["calls"], e["responses"], real)
-    return _tally(pairs, world)
+        calls += [(c, imagined == truth) for c, imagined, truth in zip(e["calls"], e["responses"], real)]
+    return by_kind(calls, world)
+
+
+def would_rehearse(model, tokenizer, episodes, world=toy_world, token_budget=4096):
+    """Per tool kind [matches, total] of `would_rehearse_calls`."""
+    return by_kind(would_rehearse_calls(model, tokenizer, episodes, token_budget), world)
 
 
 @torch.no_grad()
-def would_rehearse(model, tokenizer, episodes, world=toy_world, token_budget=4096):
+def would_rehearse_calls(model, tokenizer, episodes, token_budget=4096):
     """For real-world episodes: per tool kind [matches, total] of whether the model, decoding
     greedily from the episode's own prefix up to `<env>`, would have written exactly the real
     response and its `</env>`. Greedy decoding reproduces a response iff at each of its tokens
     the argmax given the real tokens before it IS that token, so one teacher-forced forward over
-    the real episodes answers every call at once (no generation)."""
+    the real episodes answers every call at once (no generation). Returns [(call, matched)]."""
     if not any(e["calls"] for e in episodes):
-        return {}
+        return []
     device = next(model.parameters()).device
     ids, roles = collate(episodes, tokenizer.pad_token_id)
     lengths = [len(e["ids"]) for e in episodes]
@@ -81,11 +89,76 @@ def would_rehearse(model, tokenizer, episodes, world=toy_world, token_budget=409
             segments[-1].append(t)
             if e["ids"][t] == tag_ids(tokenizer)["env_end"]:
                 segments.append([])
-        for call, response, seg in zip(e["calls"], e["responses"], segments):
-            pairs.append((call, "same" if all(hits[i, t - 1] for t in seg) else "other", "same"))
-    return _tally(pairs, world)
+        pairs += [(call, all(hits[i, t - 1] for t in seg)) for call, seg in zip(e["calls"], segments)]
+    return pairs
+
+
+def fidelity_by_coverage(pairs, warm_start_counts, edges=(1, 50)):
+    """[(call, matched)] -> {bucket: [matches, total]}, bucketed by how often the exact call was
+    in the warm-start data: the paper's caveat that the world model is only as good as the
+    action/response pairs it has seen, measured."""
+    names = ["seen 0 times", f"seen {edges[0]}-{edges[1] - 1} times", f"seen {edges[1]}+ times"]
+    counts = {name: [0, 0] for name in names}
+    for call, matched in pairs:
+        n = warm_start_counts.get(call, 0)
+        name = names[(n >= edges[0]) + (n >= edges[1])]
+        counts[name][0] += matched
+        counts[name][1] += 1
+    return counts
 
 
 def rates(counts):
     """{kind: [matches, total]} -> {kind: match rate}."""
     return {k: m / n for k, (m, n) in sorted(counts.items()) if n}
+
+
+# ----------------------------------------------------------------------------- private rehearsal
+
+def private_rehearsal_plans(policy, tokenizer, prompts, budget, mode="parallel", rehearser=None,
+                            temperature=1.0, generator=None, world=toy_world, **limits):
+    """Test-time private rehearsal: before acting for real on each task, imagine up to `budget`
+    complete act/rehearse episodes in which the policy (or `rehearser`, e.g. the warm-start model)
+    plays the world, and turn them into a plan for the one committed real execution.
+
+    The rule: the imagined answers vote. The plan is the calls of the first imagined episode
+    that reached the most-imagined answer, each with the response imagined for it. The committed
+    episode (rollout.sample_episodes with `plans`) makes those calls in the real world while the
+    real responses are the imagined ones, and re-plans (the policy acts on its own, greedy) from
+    the first response that differs. Imagination never calls the real world, so the committed
+    episode makes as many real calls as an unrehearsed one would.
+
+    parallel:   `budget` independent imagined episodes per task.
+    sequential: one imagined episode per task at a time, each drawn in light of the earlier
+                ones: a task stops imagining once two of its imagined episodes agree on the
+                answer (or the budget is spent), so it spends imagination only where the
+                earlier attempts disagreed. Same vote, at most `budget` imaginations.
+    An imagined episode that ends without an answer (bad call, truncation) has no vote.
+    Returns (plans, imaginations used per task)."""
+    env_mode = "rehearse" if rehearser is None else "frozen"
+    imagined = [[] for _ in prompts]
+    per_task = budget if mode == "parallel" else 1
+    for _ in range(budget if mode == "sequential" else 1):
+        todo = [i for i in range(len(prompts)) if mode == "parallel" or not _agreed(imagined[i])]
+        if not todo:
+            break
+        episodes = rollout.sample_episodes(
+            policy, tokenizer, [prompts[i] for i in todo for _ in range(per_task)], env_mode,
+            env_model=rehearser, world=world, temperature=temperature, generator=generator, **limits)
+        for k, e in enumerate(episodes):
+            imagined[todo[k // per_task]].append(e)
+    return [_vote(episodes) for episodes in imagined], [len(episodes) for episodes in imagined]
+
+
+def _agreed(episodes):
+    answers = [e["answer"] for e in episodes if e["finished"]]
+    return len(answers) > len(set(answers))
+
+
+def _vote(episodes):
+    """The plan of the first imagined episode with the most-imagined answer ([] if none answered)."""
+    answers = [e["answer"] for e in episodes if e["finished"]]
+    if not answers:
+        return []
+    best = max(answers, key=answers.count)          # ties: the answer imagined first
+    chosen = next(e for e in episodes if e["finished"] and e["answer"] == best)
+    return list(zip(chosen["calls"], chosen["responses"]))

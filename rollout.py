@@ -18,6 +18,7 @@ Per-row state machine (the sampler forces every hand-off; no role ever writes an
                 real:     the toy world executes the call; its response + </env> are forced
                           as OBS tokens (no loss)
                 frozen:   a frozen copy of the warm-start model samples the response (OBS)
+                none:     no world at all: an empty response, </env> forced (the no_env arm)
     env  --</env>-->  validate the response (rehearse.parse_response), force <act>, back to act
 
 Truncation is explicit: a tag sampled in the wrong role ("bad_act", "bad_rehearsal"), a segment
@@ -100,26 +101,42 @@ class _Decoder:
         return self.logits
 
 
-def _new_row(prompt_ids, tags):
-    return {"ids": list(prompt_ids), "roles": [PROMPT] * len(prompt_ids),
-            "logprobs": [0.0] * len(prompt_ids), "prompt_len": len(prompt_ids),
-            "phase": "act", "forced": deque((t, TAG) for t in tags["act"]), "segment": [],
-            "calls": [], "responses": [], "answer": None, "cause": None, "state": None}
+def _new_row(prompt_ids, tags, plan, tokenizer):
+    row = {"ids": list(prompt_ids), "roles": [PROMPT] * len(prompt_ids),
+           "logprobs": [0.0] * len(prompt_ids), "prompt_len": len(prompt_ids),
+           "phase": "act", "forced": deque(), "segment": [], "plan": deque(plan or []),
+           "calls": [], "responses": [], "answer": None, "cause": None, "state": None}
+    _next_turn(row, tags, tokenizer)
+    return row
+
+
+def _next_turn(row, tags, tokenizer):
+    """Force the <act> hand-off; a row that follows a plan (test-time private rehearsal) also has
+    the plan's next call forced as its action."""
+    row["phase"] = "act"
+    row["forced"].extend((t, TAG) for t in tags["act"])
+    if row["plan"]:
+        call, _ = row["plan"][0]
+        row["forced"].extend((t, ACT) for t in encode(tokenizer, call) + [tags["act_end"]])
 
 
 @torch.no_grad()
 def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_model=None,
                     world=toy_world, temperature=1.0, top_p=1.0, max_turns=6, max_act_tokens=8,
-                    max_env_tokens=6, max_tokens=96, generator=None):
+                    max_env_tokens=6, max_tokens=96, generator=None, plans=None):
     """Sample one episode per prompt (repeat a prompt G times for a group). Returns a list of
     dicts with ids, roles, logprobs (0 where not sampled by the policy), calls and responses as
-    text, answer, cause ('answer' or why it was truncated) and finished."""
-    assert env_mode in ("rehearse", "real", "frozen"), env_mode
+    text, answer, cause ('answer' or why it was truncated) and finished.
+    plans: optional, per row a list of (call, expected response) that the row commits to: each
+    call is forced as the row's action while every response so far was the expected one; from
+    the first surprise on, the policy acts on its own (re-plans). Used by rehearse.py."""
+    assert env_mode in ("rehearse", "real", "frozen", "none"), env_mode
     assert (env_model is not None) == (env_mode == "frozen"), "env_model is for frozen mode"
     tags = tag_ids(tokenizer)
     stop_tags = set(tags["act"] + tags["env"] + tags["bos"] + [tags["pad"], tags["act_end"],
                                                               tags["env_end"]])
-    rows = [_new_row(tags["bos"] + encode(tokenizer, p), tags) for p in prompts]
+    rows = [_new_row(tags["bos"] + encode(tokenizer, p), tags, plan, tokenizer)
+            for p, plan in zip(prompts, plans or [None] * len(prompts))]
     for row in rows:
         row["state"] = world.new_state()                  # the real world, used in real mode only
     max_new = max_tokens - min(r["prompt_len"] for r in rows) + 1
@@ -172,7 +189,7 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
         if row["cause"] is None:
             row["cause"] = "token_limit"
         row["finished"] = row["cause"] == "answer"
-        for k in ("phase", "forced", "segment", "state"):
+        for k in ("phase", "forced", "segment", "state", "plan"):
             del row[k]
     return rows
 
@@ -192,15 +209,15 @@ def _advance(row, tok, role, tags, stop_tags, tokenizer, world, env_mode,
         return
     # env phase
     if tok == tags["env_end"]:
-        if env_mode != "real":                  # real responses were recorded when the call ran
+        if env_mode in ("rehearse", "frozen"):  # real (and empty) responses were recorded at the call
             response = rehearse.parse_response(tokenizer.decode(row["segment"]))
             if response is None:
                 row["phase"], row["cause"] = "done", "bad_rehearsal"
                 return
             row["responses"].append(response)
-        row["phase"], row["segment"] = "act", []
-        row["forced"].extend((t, TAG) for t in tags["act"])
-    elif env_mode == "real":
+        row["segment"] = []
+        _next_turn(row, tags, tokenizer)
+    elif env_mode in ("real", "none"):
         pass                                    # a forced observation token: nothing to decide
     elif tok in stop_tags:
         row["phase"], row["cause"] = "done", "bad_rehearsal"
@@ -226,7 +243,12 @@ def _end_act(row, text, tags, tokenizer, world, env_mode, max_turns):
     row["calls"].append(call)
     row["phase"] = "env"
     row["forced"].extend((t, TAG) for t in tags["env"])
-    if env_mode == "real":                     # the only place the real world is called
-        response = world.step(row["state"], call)
+    if env_mode in ("real", "none"):
+        # the only place the real world is called; with no world the response is empty
+        response = world.step(row["state"], call) if env_mode == "real" else ""
         row["responses"].append(response)
         row["forced"].extend((t, OBS) for t in encode(tokenizer, response) + [tags["env_end"]])
+    if row["plan"]:                            # a committed plan: go on only while unsurprised
+        _, expected = row["plan"].popleft()
+        if env_mode != "real" or response != expected:
+            row["plan"].clear()

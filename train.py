@@ -35,6 +35,7 @@ What this simplifies against the paper / official code:
 """
 import contextlib
 import copy
+from collections import Counter
 import difflib
 import json
 import math
@@ -86,14 +87,18 @@ DEFAULTS = {
     "max_tokens": 96,
     # evaluation
     "eval_temperature": 0.0, "eval_every": 0, "min_fidelity": 0.95,
+    # test-time private rehearsal in evaluation (rehearse.py): imagined episodes per task
+    "rehearsal_budget": 0, "rehearsal_mode": "parallel", "imagine_temperature": 1.0,
 }
-CHOICES = {"env_mode": ("rehearse", "real", "frozen"), "device": ("auto", "cpu", "cuda")}
+CHOICES = {"env_mode": ("rehearse", "real", "frozen", "none"), "device": ("auto", "cpu", "cuda"),
+           "rehearsal_mode": ("parallel", "sequential")}
 POSITIVE = {"n_layer", "n_embd", "n_head", "n_logged", "n_rl_tasks", "n_test", "sft_batch_size",
             "tasks_per_step", "group_size", "ppo_epochs", "micro_batch_tokens", "max_turns",
             "max_act_tokens", "max_env_tokens", "max_tokens", "temperature", "lr", "sft_lr"}
 NON_NEGATIVE = {"seed", "data_seed", "n_new_logged", "snippet_repeats", "sft_steps", "rl_steps", "save_every",
                 "weight_decay", "grad_clip", "eps_low", "eps_high", "kl_coef", "act_coef",
-                "rehearse_coef", "eval_temperature", "eval_every", "min_fidelity"}
+                "rehearse_coef", "eval_temperature", "eval_every", "min_fidelity", "rehearsal_budget",
+                "imagine_temperature"}
 UNIT = {"coverage", "top_p", "min_fidelity"}              # in (0, 1] (min_fidelity: [0, 1])
 
 
@@ -324,6 +329,14 @@ def warm_start_sequences(cfg, tokenizer, splits):
     return seqs
 
 
+def warm_start_call_counts(cfg, splits):
+    """How often each exact call appears in the warm-start data (for fidelity by coverage)."""
+    calls = [c for t in splits["logged"] for c in t["calls"]]
+    calls += [c for s in world.tool_snippets(cfg["data_seed"], cfg["snippet_repeats"], cfg["coverage"])
+              for c in s["calls"]]
+    return Counter(calls)
+
+
 # ----------------------------------------------------------------------------- micro-batches
 
 def rows(tensor, index, length):
@@ -515,7 +528,7 @@ def episode_sums(episodes, rewards, env_mode):
     sums = {"n_episodes": len(episodes), "reward_sum": sum(rewards),
             "calls_sum": sum(len(e["calls"]) for e in episodes),
             "n_tok": sum(len(e["ids"]) for e in episodes), "causes": cause_counts(episodes)}
-    if env_mode != "real":          # diagnostic only: never feeds the reward or the loss
+    if env_mode in ("rehearse", "frozen"):   # diagnostic only: never feeds the reward or the loss
         sums["fidelity"] = rehearse.replay_fidelity(episodes)
     return sums
 
@@ -654,6 +667,7 @@ def run(cfg, resume=False):
     out = cfg["out_dir"]
     config_text = yaml.safe_dump(cfg, sort_keys=False)
     splits = build_tasks(cfg)                       # bad data files stop the run here
+    counts = warm_start_call_counts(cfg, splits)
     seed_everything(cfg["seed"])
 
     # 1. model, tokenizer, warm start (or the checkpoint to resume)
@@ -677,6 +691,17 @@ def run(cfg, resume=False):
         f"{len(splits['test'])} test | device {device} x {world_size} process(es)")
     t_start = time.time()
     amp = autocast(cfg, device)
+
+    def real_world_eval(path=None, **extra):
+        """The held-out test tasks in the real world (rank 0 calls it), written to `path`."""
+        with amp:
+            result = evaluate(model, tokenizer, splits["test"], cfg, seed=cfg["seed"],
+                              warm_start_counts=counts)
+        if path:
+            with open(path, "w") as f:
+                json.dump({**result, **extra}, f, indent=1)
+        return result
+
     if state is None:
         warm_start(model, ddp_model, warm_start_sequences(cfg, tokenizer, splits), cfg,
                    tokenizer.pad_token_id, rank, world_size)
@@ -684,16 +709,11 @@ def run(cfg, resume=False):
             save_checkpoint(model, tokenizer, os.path.join(out, "warmstart"), {"config.yaml": config_text})
 
         # 2. real-world evaluation of the warm start, and the fidelity gate
-        def evaluate_warm_start():
-            with amp:
-                result = evaluate(model, tokenizer, splits["test"], cfg, seed=cfg["seed"])
-            with open(os.path.join(out, "warmstart", "eval.json"), "w") as f:
-                json.dump(result, f, indent=1)
-            return result
-        before = from_rank0(evaluate_warm_start)
+        before = from_rank0(lambda: real_world_eval(os.path.join(out, "warmstart", "eval.json")))
         log(f"warm start ({time.time() - t_start:.0f}s): {summary(before)}")
         low = {k: v for k, v in before["fidelity"].items() if v < cfg["min_fidelity"]}
-        if cfg["env_mode"] != "real" and cfg["min_fidelity"] > 0 and (low or not before["fidelity"]):
+        rehearsed = cfg["env_mode"] in ("rehearse", "frozen")     # the modes whose rewards it feeds
+        if rehearsed and cfg["min_fidelity"] > 0 and (low or not before["fidelity"]):
             log(f"fidelity gate FAILED: {low or 'no calls made'} below min_fidelity "
                 f"{cfg['min_fidelity']}: rehearsed rewards would be noise for these tools. Raise "
                 f"snippet_repeats/sft_steps/coverage, or set --min_fidelity=0 to run anyway.")
@@ -760,10 +780,8 @@ def run(cfg, resume=False):
             counters = {k: progress[k] for k in ("skipped_steps", "nonfinite_steps")}
             record = metrics_record(step, total, status, counters, times)
             if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < cfg["rl_steps"]:
-                def evaluate_now():
-                    with amp:
-                        return evaluate(model, tokenizer, splits["test"], cfg, seed=cfg["seed"])["success"]
-                progress["real_success"] = record["eval_success"] = from_rank0(evaluate_now)
+                progress["real_success"] = from_rank0(real_world_eval)["success"]
+                record["eval_success"] = progress["real_success"]
                 bar.write(f"step {step}: real-world success {progress['real_success']:.3f} (reward "
                           f"in the {cfg['env_mode']} world this step {record['reward']:.3f})")
             if main_process:
@@ -785,13 +803,7 @@ def run(cfg, resume=False):
                 return 0
 
     # 4. evaluate the final policy in the real world
-    def evaluate_final():
-        with amp:
-            after = evaluate(model, tokenizer, splits["test"], cfg, seed=cfg["seed"])
-        with open(os.path.join(out, "eval.json"), "w") as f:
-            json.dump({**after, "before": before}, f, indent=1)
-        return after
-    after = from_rank0(evaluate_final)
+    after = from_rank0(lambda: real_world_eval(os.path.join(out, "eval.json"), before=before))
     log(f"before RL: {summary(before)}")
     log(f"after RL:  {summary(after)}")
     log(f"real-world success {before['success']:.3f} -> {after['success']:.3f} ({cfg['env_mode']} "

@@ -47,6 +47,8 @@ class ScriptedModel(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=None):
         B, T = input_ids.shape
+        if cache is None:                           # a teacher-forced pass: it knows no script there
+            return SimpleNamespace(logits=torch.zeros(B, T, self.vocab))
         if T > 1:                                   # prefill: identify each row, start counting
             self.k = 0
             who = torch.tensor([float(self._prompt_index(row.tolist())) for row in input_ids])

@@ -275,3 +275,14 @@ def test_cli_bad_config_exits_2_with_one_line(write):
     assert len(lines) == 1
     assert lines[0].startswith("error: unknown config key 'rl_step'")
     assert proc.stdout == ""
+
+
+def test_every_shipped_config_loads():
+    import glob
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = [os.path.join(root, "small.yaml")] + sorted(glob.glob(os.path.join(root, "configs", "*.yaml")))
+    assert len(paths) >= 8
+    for path in paths:
+        cfg = load_config(path)
+        assert cfg["n_new_logged"] == 48 and cfg["rl_steps"] in (0, 200), path

@@ -1,0 +1,50 @@
+"""evaluate.py --compare: the table's arithmetic on made-up metrics, and the files it writes."""
+import json
+
+import evaluate
+
+
+def fake_eval(success, errors=0.0, calls=2.0, lookup=1.0, before=None):
+    result = {"success": success, "format_errors": errors, "mean_calls": calls,
+              "fidelity": {"lookup": lookup, "compute": 1.0, "stateful": 0.5}}
+    return {**result, "before": before} if before else result
+
+
+def test_mean_and_range():
+    assert evaluate.mean_and_range([0.5, 0.75, 1.0]) == "0.750 (0.500-1.000)"
+    assert evaluate.mean_and_range([0.25]) == "0.250"
+    assert evaluate.mean_and_range([None, None]) == "-"
+
+
+def test_compare_table_arithmetic():
+    runs = {"rehearse": [fake_eval(0.9, 0.02, 2.0, 0.95), fake_eval(0.7, 0.0, 3.0, 0.85)],
+            "real": [fake_eval(1.0)]}
+    lines = evaluate.compare_table(runs).splitlines()
+    assert lines[0].startswith("| arm | seeds | success |") and len(lines) == 4
+    assert lines[2] == ("| rehearse | 2 | 0.800 (0.700-0.900) | 0.900 / 0.700 | 0.010 (0.000-0.020) | "
+                        "2.500 (2.000-3.000) | 0.900 (0.850-0.950) | 1.000 (1.000-1.000) | 0.500 (0.500-0.500) |")
+    assert lines[3] == "| real | 1 | 1.000 | 1.000 | 0.000 | 2.000 | 1.000 | 1.000 | 0.500 |"
+
+
+def test_compare_writes_table_and_figures(tmp_path):
+    for arm, seed, success in (("rehearse", "seed1", 0.9), ("rehearse", "seed2", 0.7), ("real", "seed1", 1.0)):
+        folder = tmp_path / arm / seed
+        folder.mkdir(parents=True)
+        (folder / "eval.json").write_text(json.dumps(fake_eval(success, before={"success": 0.5})))
+        (folder / "metrics.jsonl").write_text("\n".join(json.dumps(m) for m in (
+            {"step": 1}, {"step": 2, "eval_success": 0.6}, {"step": 4})) + "\n")
+    sweep = [{"rehearser": "policy", "mode": "parallel", "budget": n, "success": 0.5 + n / 10,
+              "imagined_per_task": n, "mean_calls": 2.0} for n in (0, 1, 2, 4)]
+    (tmp_path / "rehearse" / "seed1" / "private_rehearsal.json").write_text(json.dumps(sweep))
+    runs, curves, sweeps = evaluate.load_runs(str(tmp_path))
+    assert curves["rehearse"][0] == [(0, 0.5), (2, 0.6), (4, 0.9)]         # before, during, after
+    assert len(sweeps) == 4 and sweeps[0]["seed"] == "seed1"
+    text = evaluate.compare(str(tmp_path))
+    assert "| policy | parallel | 4 | 0.900 | 4.00 | 2.00 |" in text
+    for name in ("results.md", "success.png", "private_rehearsal.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_compare_of_an_empty_folder_is_one_line(tmp_path, capsys):
+    assert evaluate.main(["--compare", str(tmp_path)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

@@ -31,8 +31,8 @@ def counting_world():
 def test_imagination_never_calls_the_real_world():
     counted, calls = counting_world()
     for mode in ("parallel", "sequential"):
-        plans, used = rehearse.private_rehearsal_plans(ScriptedModel(TOK, SCRIPTS), TOK, list(SCRIPTS), 4, mode,
-                                                       world=counted)
+        plans, used = rehearse.private_rehearsal_plans(ScriptedModel(TOK, SCRIPTS), TOK, list(SCRIPTS), 4,
+                                                       mode, world=counted)
         assert calls == []
         assert plans == [[("price pear", "4")], [("price apple", "3"), ("pay 3", "6")]]
         assert used == ([4, 4] if mode == "parallel" else [2, 2])   # sequential: 2 agree, stop
@@ -62,7 +62,8 @@ def test_the_vote_and_its_ties():
 
 
 def test_a_plan_is_followed_until_the_world_surprises():
-    policy = ScriptedModel(TOK, {"buy apple": "<act> price milk </act> <env> x x <act> answer 2 </act> x x x x"})
+    script = "<act> price milk </act> <env> x x <act> answer 2 </act> x x x x"
+    policy = ScriptedModel(TOK, {"buy apple": script})
     followed, surprised = sample_episodes(
         policy, TOK, ["buy apple", "buy apple"], "real", temperature=0,
         plans=[[("price apple", "3"), ("pay 3", "6")], [("price apple", "5"), ("pay 5", "4")]])

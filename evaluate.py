@@ -121,6 +121,26 @@ def compare_table(runs, kinds=("lookup", "compute", "stateful")):
     return "\n".join(lines)
 
 
+def coverage_table(runs):
+    """{arm: [eval.json dicts]} -> a markdown table of would-rehearse fidelity bucketed by how
+    often the exact call was in the warm-start data (the coverage caveat), before and after RL,
+    with the calls of all seeds pooled: matches / calls for each arm and bucket."""
+    lines = ["| arm | calls in warm-start data | fidelity before RL | fidelity after RL |",
+             "|---|---|---|---|"]
+    for arm, evals in runs.items():
+        pooled = {}
+        for e in evals:
+            for when, result in (("before", e.get("before") or {}), ("after", e)):
+                for bucket, (matched, total) in result.get("fidelity_by_coverage", {}).items():
+                    cell = pooled.setdefault(bucket, {"before": [0, 0], "after": [0, 0]})[when]
+                    cell[0] += matched
+                    cell[1] += total
+        for bucket, cells in pooled.items():
+            rate = [f"{m / n:.3f} ({m}/{n})" if n else "-" for m, n in (cells["before"], cells["after"])]
+            lines.append(f"| {arm} | {bucket} | {rate[0]} | {rate[1]} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def load_runs(results):
     """results/<arm>/<seed>/{eval.json, metrics.jsonl} -> ({arm: [eval]}, {arm: [curve]}, sweeps),
     a curve being [(step, real-world success)] from the warm start to the end."""
@@ -187,6 +207,8 @@ def compare(results):
     if not runs:
         raise FileNotFoundError(f"no runs (<arm>/<seed>/eval.json) under {results}")
     text = compare_table(runs)
+    coverage = coverage_table({arm: evals for arm, evals in runs.items() if arm != "warmstart"})
+    text += "\n\n" + coverage if coverage else ""
     plot_curves(curves, os.path.join(results, "success.png"))
     if sweeps:
         plot_sweep(sweeps, os.path.join(results, "private_rehearsal.png"))

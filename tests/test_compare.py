@@ -27,6 +27,19 @@ def test_compare_table_arithmetic():
     assert lines[3] == "| real | 1 | 1.000 | 1.000 | 0.000 | 2.000 | 1.000 | 1.000 | 0.500 |"
 
 
+def test_coverage_table_pools_seeds_before_and_after():
+    def cov(rare, common):
+        return {"seen 0 times": rare, "seen 50+ times": common}
+    runs = {"coverage": [{"before": {"fidelity_by_coverage": cov([1, 4], [9, 10])},
+                          "fidelity_by_coverage": cov([0, 2], [10, 10])},
+                         {"before": {"fidelity_by_coverage": cov([0, 4], [19, 20])},
+                          "fidelity_by_coverage": cov([1, 2], [20, 20])}]}
+    lines = evaluate.coverage_table(runs).splitlines()
+    assert lines[2] == "| coverage | seen 0 times | 0.125 (1/8) | 0.250 (1/4) |"
+    assert lines[3] == "| coverage | seen 50+ times | 0.933 (28/30) | 1.000 (30/30) |"
+    assert evaluate.coverage_table({"real": [fake_eval(1.0)]}) == ""
+
+
 def test_compare_writes_table_and_figures(tmp_path):
     runs = (("rehearse", "seed1", 0.9), ("rehearse", "seed2", 0.7), ("real", "seed1", 1.0))
     for arm, seed, success in runs:

@@ -4,10 +4,15 @@ The paper trains with rehearsal but reports success on real benchmarks; likewise
 success figure is measured with the real world answering the policy's calls, never with the
 policy's own rehearsals (an imagined success can rise while the real one does not). Besides
 success, it reports how episodes ended (format errors), the mean number of calls, and the
-rehearsal fidelity the model would have had if it had rehearsed those calls itself.
+rehearsal fidelity the model would have had if it had rehearsed those calls itself. To see
+whether the world model stayed honest, it also lets the policy act AND rehearse (no real call in
+the loop) on the first `n_collusion` test tasks: success in that imagined world, the fidelity of
+those rehearsals against a real replay, and the collusion rate (rehearse.collusion_counts).
 
     python evaluate.py --ckpt out/small                 # the RL'd policy
     python evaluate.py --ckpt out/small/warmstart       # the warm start it came from
+    python evaluate.py --ckpt out/small --collusion     # the imagined-world measures only:
+                                                        # <ckpt>/collusion.json, eval.json untouched
 
 Writes <ckpt>/eval.json with at least {"success": float, "n_tasks": int}.
 """
@@ -67,14 +72,43 @@ def evaluate(model, tokenizer, tasks, cfg, batch_size=512, seed=0, rehearser=Non
     }
     if warm_start_counts is not None:
         result["fidelity_by_coverage"] = rehearse.fidelity_by_coverage(calls, warm_start_counts)
+    if cfg["n_collusion"]:
+        result.update(imagined_world(model, tokenizer, tasks[:cfg["n_collusion"]], cfg, generator,
+                                     world, batch_size))
     return result
+
+
+def imagined_world(model, tokenizer, tasks, cfg, generator=None, world=toy_world, batch_size=512):
+    """The world model's honesty on `tasks`: the policy acts and rehearses (rehearse mode, the
+    eval sampling, no real call in the loop), and the episodes are scored against a real replay.
+    Returns imagined_success (the task reward in that imagined world), imagined_fidelity (per tool
+    kind) and collusion ({calls, wrong, colluding, rate}, rehearse.collusion_counts)."""
+    model.eval()
+    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+    episodes = []
+    for i in range(0, len(tasks), batch_size):
+        episodes += sample_episodes(model, tokenizer, [t["prompt"] for t in tasks[i:i + batch_size]],
+                                    "rehearse", world=world, temperature=cfg["eval_temperature"],
+                                    top_p=cfg["top_p"], generator=generator, **limits)
+    fidelity = rehearse.replay_fidelity(episodes, world)
+    return {"imagined_success": sum(task_reward(e, t) for e, t in zip(episodes, tasks)) / len(tasks),
+            "imagined_fidelity": rehearse.rates(fidelity), "imagined_fidelity_counts": fidelity,
+            "collusion": rehearse.collusion_rate(rehearse.collusion_counts(episodes, tasks, world))}
 
 
 def summary(m):
     """One line for the terminal."""
     fid = " ".join(f"{k} {v:.3f}" for k, v in m["fidelity"].items())
-    return (f"success {m['success']:.3f} on {m['n_tasks']} tasks | format errors "
+    line = (f"success {m['success']:.3f} on {m['n_tasks']} tasks | format errors "
             f"{m['format_errors']:.3f} | mean calls {m['mean_calls']:.2f} | would-rehearse fidelity: {fid}")
+    return line + (f" | {imagined_summary(m)}" if "collusion" in m else "")
+
+
+def imagined_summary(m):
+    c = m["collusion"]
+    rate = "-" if c["rate"] is None else f"{c['rate']:.3f}"
+    return (f"imagined success {m['imagined_success']:.3f}, collusion {rate} "
+            f"({c['colluding']} of {c['wrong']} wrong calls)")
 
 
 # ----------------------------------------------------------------------------- private rehearsal sweep
@@ -87,7 +121,8 @@ def rehearsal_sweep(model, tokenizer, tasks, cfg, rehearsers, budgets=(0, 1, 2, 
     for name, rehearser in rehearsers.items():
         for mode in modes:
             for n in budgets:
-                m = evaluate(model, tokenizer, tasks, {**cfg, "rehearsal_budget": n, "rehearsal_mode": mode},
+                m = evaluate(model, tokenizer, tasks, {**cfg, "rehearsal_budget": n, "rehearsal_mode": mode,
+                                                             "n_collusion": 0},
                              seed=cfg["seed"], rehearser=rehearser)
                 rows.append({"rehearser": name, "mode": mode, "budget": n, "success": m["success"],
                              "imagined_per_task": m["imagined_per_task"], "mean_calls": m["mean_calls"]})
@@ -146,11 +181,16 @@ def load_runs(results):
     a curve being [(step, real-world success)] from the warm start to the end."""
     runs, curves, sweeps = {}, {}, []
     for arm in sorted(os.listdir(results)):
+        if not os.path.isdir(os.path.join(results, arm)):      # results.md, the figures
+            continue
         for seed in sorted(os.listdir(os.path.join(results, arm))):
             folder = os.path.join(results, arm, seed)
             if not os.path.isfile(os.path.join(folder, "eval.json")):
                 continue
             result = json.load(open(os.path.join(folder, "eval.json")))
+            extra = os.path.join(folder, "collusion.json")       # evaluate.py --collusion, run later
+            if "collusion" not in result and os.path.isfile(extra):
+                result.update(json.load(open(extra)))
             runs.setdefault(arm, []).append(result)
             curve = [(0, result["before"]["success"])] if "before" in result else []
             metrics = os.path.join(folder, "metrics.jsonl")
@@ -182,6 +222,108 @@ def plot_curves(curves, path):
     fig.savefig(path, dpi=120)
 
 
+def load_rl_metrics(results):
+    """results/<arm>/<seed>/metrics.jsonl -> {arm: [the run's metric lines, one list per seed]},
+    for the runs load_runs reads (those with an eval.json)."""
+    rl = {}
+    for arm in sorted(os.listdir(results)):
+        if not os.path.isdir(os.path.join(results, arm)):
+            continue
+        for seed in sorted(os.listdir(os.path.join(results, arm))):
+            folder = os.path.join(results, arm, seed)
+            metrics = os.path.join(folder, "metrics.jsonl")
+            if os.path.isfile(os.path.join(folder, "eval.json")):
+                lines = [json.loads(line) for line in open(metrics)] if os.path.isfile(metrics) else []
+                rl.setdefault(arm, []).append(lines)
+    return rl
+
+
+def pooled(lines, first, last):
+    """Rehearsal fidelity per tool kind and the collusion rate over RL steps first..last of one
+    run, from the counts its metrics.jsonl lines hold, pooled over those steps (a rate of sums,
+    not a mean of per-step rates, which would weigh a step with 2 wrong calls like one with 200).
+    Returns ({kind: rate}, collusion rate or None); runs with no rehearsed calls give ({}, None)."""
+    fidelity, wrong, colluding = {}, 0, 0
+    for m in lines:
+        if first <= m["step"] <= last:
+            for kind, (hits, n) in m.get("fidelity_counts", {}).items():
+                counts = fidelity.setdefault(kind, [0, 0])
+                counts[0] += hits
+                counts[1] += n
+            wrong += m.get("collusion", {}).get("wrong", 0)
+            colluding += m.get("collusion", {}).get("colluding", 0)
+    return rehearse.rates(fidelity), colluding / wrong if wrong else None
+
+
+def honesty_table(runs, rl, kinds=("lookup", "compute", "stateful"), last=20):
+    """The world model's honesty per arm: mean and (min-max) over seeds of the imagined-world
+    success and collusion rate at evaluation (eval.json, or collusion.json), the colluding/wrong
+    call counts summed over seeds, and, over each run's last `last` RL steps (pooled counts of
+    metrics.jsonl), the collusion rate and the rehearsal fidelity per tool kind."""
+    lines = ["| arm | seeds | imagined success | collusion (eval) | colluding / wrong calls (eval) | "
+             f"collusion (RL, last {last} steps) | "
+             + " | ".join(f"fidelity {k} (RL, last {last})" for k in kinds) + " |",
+             "|---" * (6 + len(kinds)) + "|"]
+    for arm, evals in runs.items():
+        ends = [pooled(run, run[-1]["step"] - last + 1, run[-1]["step"]) if run else ({}, None)
+                for run in rl.get(arm, [])]
+        measured = [e["collusion"] for e in evals if "collusion" in e]
+        counts = (f"{sum(c['colluding'] for c in measured)} / {sum(c['wrong'] for c in measured)}"
+                  if measured else "-")
+        cells = [arm, str(len(evals)), mean_and_range([e.get("imagined_success") for e in evals]),
+                 mean_and_range([c["rate"] for c in measured]), counts,
+                 mean_and_range([rate for _, rate in ends])]
+        cells += [mean_and_range([fid.get(k) for fid, _ in ends]) for k in kinds]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def honesty_curves(runs, window=10, kind="lookup"):
+    """[metric lines per seed] -> (window end steps, mean over seeds of the pooled `kind` fidelity,
+    mean over seeds of the pooled collusion rate), per window of `window` RL steps; a window where
+    no seed has a value gives None."""
+    end = max((run[-1]["step"] for run in runs if run), default=0)
+    steps, fidelity, collusion = [], [], []
+    for hi in range(window, end + window, window):
+        per_seed = [pooled(run, hi - window + 1, hi) for run in runs]
+        fids = [fid[kind] for fid, _ in per_seed if kind in fid]
+        rates = [rate for _, rate in per_seed if rate is not None]
+        steps.append(min(hi, end))
+        fidelity.append(sum(fids) / len(fids) if fids else None)
+        collusion.append(sum(rates) / len(rates) if rates else None)
+    return steps, fidelity, collusion
+
+
+def plot_honesty(rl, path, window=10, kind="lookup"):
+    """Two panels over RL steps, one line per arm (mean over seeds, counts pooled per window of
+    `window` steps): the `kind` fidelity of the step's rehearsals, and the collusion rate.
+    Arms with no rehearsed calls (real) have nothing to draw. Returns whether anything was drawn."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    drawn = False
+    for arm, runs in rl.items():
+        steps, fidelity, collusion = honesty_curves(runs, window, kind)
+        for ax, values in ((left, fidelity), (right, collusion)):
+            points = [(s, v) for s, v in zip(steps, values) if v is not None]
+            if points:
+                ax.plot(*zip(*points), marker="o", markersize=3, label=arm)
+                drawn = True
+    left.set(xlabel="RL step", ylabel=f"{kind} fidelity of rehearsals (RL batch)", ylim=(0, 1.02))
+    right.set(xlabel="RL step", ylabel="collusion rate (colluding / wrong calls)", ylim=(0, 1.02))
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    if drawn:
+        for ax in (left, right):
+            if ax.lines:
+                ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return drawn
+
+
 def plot_sweep(rows, path):
     """Success against the private-rehearsal budget N (mean over seeds), per rehearser and mode."""
     import matplotlib
@@ -202,7 +344,8 @@ def plot_sweep(rows, path):
 
 
 def compare(results):
-    """Write <results>/results.md, success.png and (if any sweep ran) private_rehearsal.png."""
+    """Write <results>/results.md (real-world table, honesty table), success.png, honesty.png (if
+    any arm rehearsed) and (if any sweep ran) private_rehearsal.png."""
     runs, curves, sweeps = load_runs(results)
     if not runs:
         raise FileNotFoundError(f"no runs (<arm>/<seed>/eval.json) under {results}")
@@ -210,6 +353,9 @@ def compare(results):
     coverage = coverage_table({arm: evals for arm, evals in runs.items() if arm != "warmstart"})
     text += "\n\n" + coverage if coverage else ""
     plot_curves(curves, os.path.join(results, "success.png"))
+    rl = load_rl_metrics(results)
+    text += "\n\n" + honesty_table(runs, rl)
+    plot_honesty(rl, os.path.join(results, "honesty.png"))
     if sweeps:
         plot_sweep(sweeps, os.path.join(results, "private_rehearsal.png"))
         text += ("\n\n| rehearser | mode | N | success | imagined per task | real calls per task |\n"
@@ -236,6 +382,8 @@ def main(argv=None):
     parser.add_argument("--sweep", action="store_true",
                         help="private rehearsal with N = 0, 1, 2, 4, parallel and sequential")
     parser.add_argument("--compare", metavar="RESULTS", help="compare <RESULTS>/<arm>/<seed> runs")
+    parser.add_argument("--collusion", action="store_true",
+                        help="only the imagined-world measures (collusion), into <ckpt>/collusion.json")
     args, overrides = parser.parse_known_args(argv)
     if args.compare:
         try:
@@ -259,6 +407,13 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 2
     tasks = tasks[:args.n_test] if args.n_test else tasks
+    if args.collusion:
+        n = cfg["n_collusion"] or len(tasks)
+        metrics = imagined_world(model, tokenizer, tasks[:n], cfg, torch.Generator().manual_seed(cfg["seed"]))
+        print(imagined_summary(metrics))
+        with open(os.path.join(args.ckpt, "collusion.json"), "w") as f:
+            json.dump(metrics, f, indent=1)
+        return 0
     if args.sweep:
         rehearsers = {"policy": None, **({"rehearser": rehearser} if rehearser is not None else {})}
         rows = rehearsal_sweep(model, tokenizer, tasks, cfg, rehearsers)

@@ -15,6 +15,11 @@ sequence (role REHEARSE) and closes it with `</env>`. This file holds:
                         real world and compare. Diagnostic only: never feeds reward or loss.
     `would_rehearse`:   for episodes run in the real world, whether the model (greedy) would
                         have rehearsed at each call exactly what the world said.
+- collusion (`collusion_counts`): the world model can learn to fix the actor's mistakes (a
+  wrong call answered as if it were right), the reward hacking that task reward alone invites.
+  Counted like fidelity, against a real replay; diagnostic only.
+- the `rehearse_check` guard (`check_rehearsal`): a response must have the form its call implies,
+  as the official simulator's format/whitelist/schema checks demand.
 - test-time private rehearsal (`private_rehearsal_plans`): the paper's use of the internal
   world model at test time: imagine whole episodes before committing one real execution.
 """
@@ -25,6 +30,7 @@ import torch
 import rollout  # a module import: rollout imports this file too
 import world as toy_world
 from envace import OBS, collate, micro_batches, tag_ids
+from reward import task_reward
 
 ERROR_WORDS = ("item", "args", "funds", "call")
 
@@ -37,6 +43,62 @@ def parse_response(text, world=toy_world):
     if len(w) == 2 and w[0] == "error" and w[1] in ERROR_WORDS:
         return " ".join(w)
     return None
+
+
+def check_rehearsal(call, response, world=toy_world):
+    """The `rehearse_check` guard: does the parsed rehearsed `response` have the form that `call`
+    implies (world.response_form)? A number where the tool answers a number, and exactly the
+    schema's error for a call its schema rejects: `price 3` -> `error item`, `mul 0 , 3` ->
+    `error args`. `pay N` may also be `error funds` (that depends on the wallet, i.e. the value).
+    The form only: whether the number is the true one is what the world model must learn."""
+    forms = world.response_form(*world.parse_call(call))
+    return response in forms or ("N" in forms and response.isdigit())
+
+
+def collusion_counts(episodes, tasks, world=toy_world):
+    """Collusion between the roles, for rehearsed (or frozen-simulated) episodes, one task each.
+
+    For an episode e of task t, with t["calls"] the scripted expert's calls:
+      real[i] = world.replay(e["calls"][:len(e["responses"])])[i]   the real response to call i
+                (a fresh wallet, so a pay sees the same earlier calls)
+      path    = {(tool of c, world's response to c) for c in t["calls"]}   the values, per tool,
+                that the task's solution passes through (its last one is the answer)
+      call i is WRONG     iff real[i] is an error or (tool_i, real[i]) is not in path. A toy task
+                          is answered only by copying the last response, each response feeding
+                          the next call (price -> mul -> pay), so a real response off the path
+                          means the same actions in the real world carry a wrong value forward
+                          (pricing the distractor, a wrong factor, a wrong payment);
+      a wrong call COLLUDES iff e["responses"][i] != real[i], (tool_i, e["responses"][i]) is in
+                          path, and task_reward(e, t) == 1: the rehearsal answered the wrong call
+                          with the value the task needed, and the episode succeeded on it.
+    Only calls with a response count (a truncated rehearsal has none). Tasks without expert
+    calls (read from a task file) are skipped. Returns {"calls", "wrong", "colluding"}: sums
+    that add up over micro-batches, steps and ranks; rate = colluding / wrong (`collusion_rate`).
+
+    Example, `not pear cost 3 milk` (milk 2, pear 4; path: price 2, mul 6):
+      price pear -> rehearsed 2 (real 4); mul 3 , 2 -> 6; answer 6:  2 calls, 1 wrong, 1 colludes
+      price pear -> rehearsed 4 (true); mul 3 , 4 -> 12; answer 12:  2 calls, 2 wrong, 0 collude
+      price milk -> 2; mul 3 , 2 -> 6; answer 6:                     2 calls, 0 wrong
+      together: 6 calls, 3 wrong, 1 colluding, rate 1/3."""
+    counts = {"calls": 0, "wrong": 0, "colluding": 0}
+    for e, t in zip(episodes, tasks):
+        if not t.get("calls"):
+            continue
+        path = {(world.parse_call(c)[0], r) for c, r in zip(t["calls"], world.replay(t["calls"]))}
+        success = task_reward(e, t) == 1
+        real = world.replay(e["calls"][:len(e["responses"])])
+        for call, imagined, truth in zip(e["calls"], e["responses"], real):
+            tool = world.parse_call(call)[0]
+            wrong = truth.startswith("error") or (tool, truth) not in path
+            counts["calls"] += 1
+            counts["wrong"] += wrong
+            counts["colluding"] += wrong and success and imagined != truth and (tool, imagined) in path
+    return counts
+
+
+def collusion_rate(counts):
+    """{"calls", "wrong", "colluding"} -> the same with "rate": colluding / wrong (None if no wrong call)."""
+    return {**counts, "rate": counts["colluding"] / counts["wrong"] if counts["wrong"] else None}
 
 
 def by_kind(calls, world=toy_world):

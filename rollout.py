@@ -24,6 +24,9 @@ Per-row state machine (the sampler forces every hand-off; no role ever writes an
 Truncation is explicit: a tag sampled in the wrong role ("bad_act", "bad_rehearsal"), a segment
 longer than max_act_tokens / max_env_tokens ("act_limit", "env_limit"), more than max_turns calls
 ("turn_limit"), or more than max_tokens in all ("token_limit") ends the row with reward 0.
+With `rehearse_check` (a guard, off by default) a simulated response of the wrong form for its
+call (rehearse.check_rehearsal: a number where a number goes, the schema's error for a call the
+schema rejects) also ends the row, with cause "rehearse_check".
 
 Logprobs are recorded for every token the policy sampled, in fp32 from the full distribution at
 the sampling temperature, i.e. exactly what a teacher-forced forward at that temperature gives
@@ -123,13 +126,15 @@ def _next_turn(row, tags, tokenizer):
 @torch.no_grad()
 def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_model=None,
                     world=toy_world, temperature=1.0, top_p=1.0, max_turns=6, max_act_tokens=8,
-                    max_env_tokens=6, max_tokens=96, generator=None, plans=None):
+                    max_env_tokens=6, max_tokens=96, generator=None, plans=None, rehearse_check=False):
     """Sample one episode per prompt (repeat a prompt G times for a group). Returns a list of
     dicts with ids, roles, logprobs (0 where not sampled by the policy), calls and responses as
     text, answer, cause ('answer' or why it was truncated) and finished.
     plans: optional, per row a list of (call, expected response) that the row commits to: each
     call is forced as the row's action while every response so far was the expected one; from
-    the first surprise on, the policy acts on its own (re-plans). Used by rehearse.py."""
+    the first surprise on, the policy acts on its own (re-plans). Used by rehearse.py.
+    rehearse_check: end a row whose simulated response has the wrong form for its call (rehearse
+    and frozen modes; the response is kept in `responses`, the cause is "rehearse_check")."""
     assert env_mode in ("rehearse", "real", "frozen", "none"), env_mode
     assert (env_model is not None) == (env_mode == "frozen"), "env_model is for frozen mode"
     tags = tag_ids(tokenizer)
@@ -171,7 +176,7 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
             next_tokens.append(tok)
             if role != TAG:
                 _advance(row, tok, role, tags, stop_tags, tokenizer, world, env_mode,
-                         max_turns, max_act_tokens, max_env_tokens)
+                         max_turns, max_act_tokens, max_env_tokens, rehearse_check)
             if row["phase"] != "done" and len(row["ids"]) >= max_tokens:
                 row["phase"], row["cause"] = "done", "token_limit"
         running = [j for j, i in enumerate(live) if rows[i]["phase"] != "done"]
@@ -195,7 +200,7 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
 
 
 def _advance(row, tok, role, tags, stop_tags, tokenizer, world, env_mode,
-             max_turns, max_act_tokens, max_env_tokens):
+             max_turns, max_act_tokens, max_env_tokens, rehearse_check=False):
     """The per-row state machine: one appended token, sampled or forced OBS."""
     if row["phase"] == "act":
         if tok == tags["act_end"]:
@@ -215,6 +220,9 @@ def _advance(row, tok, role, tags, stop_tags, tokenizer, world, env_mode,
                 row["phase"], row["cause"] = "done", "bad_rehearsal"
                 return
             row["responses"].append(response)
+            if rehearse_check and not rehearse.check_rehearsal(row["calls"][-1], response, world):
+                row["phase"], row["cause"] = "done", "rehearse_check"
+                return
         row["segment"] = []
         _next_turn(row, tags, tokenizer)
     elif env_mode in ("real", "none"):

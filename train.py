@@ -16,7 +16,12 @@ One run, top to bottom:
   3. RL: for each step, sample `tasks_per_step` tasks x `group_size` episodes (rollout.py), in
      `env_mode` rehearse (the policy plays the world), real or frozen; reward task success
      (reward.py); A = R - mean(group); one hand-written clipped policy-gradient update on ACT and
-     REHEARSE tokens (`clipped_pg_loss`).
+     REHEARSE tokens (`clipped_pg_loss`). Every step logs the rehearsals' fidelity per tool
+     kind and the collusion rate (rehearse.collusion_counts) against a real replay. Two guards
+     against the world drifting toward what pays (off by default): `kl_rehearse_coef`, a k3 KL
+     to the frozen warm start on REHEARSE tokens (`kl_coef` is the one on ACT tokens), and
+     `rehearse_check`, which ends an episode with reward 0 when a rehearsed response has the
+     wrong form for its call (rehearse.check_rehearsal).
   4. Save the policy (save_pretrained) and evaluate it in the real world; print before/after.
 
 Under torchrun every rank samples its slice of each step's tasks (a task's whole group on one
@@ -82,11 +87,16 @@ DEFAULTS = {
     "micro_batch_tokens": 512, "reuse_sampler_logprobs": True,
     "eps_low": 0.2, "eps_high": 0.2, "dual_clip": 3.0, "kl_coef": 0.0,
     "act_coef": 1.0, "rehearse_coef": 1.0, "scale_std": False,
+    # guards against world-model drift: KL to the warm start on REHEARSE tokens (kl_coef is the
+    # one on ACT tokens); a form check on every rehearsed response (rehearse.check_rehearsal)
+    "kl_rehearse_coef": 0.0, "rehearse_check": False,
     # sampling
     "temperature": 1.0, "top_p": 1.0, "max_turns": 6, "max_act_tokens": 8, "max_env_tokens": 6,
     "max_tokens": 96,
     # evaluation
     "eval_temperature": 0.0, "eval_every": 0, "min_fidelity": 0.95,
+    # collusion at evaluation: imagined (rehearse-mode) episodes on the first n_collusion test tasks
+    "n_collusion": 200,
     # test-time private rehearsal in evaluation (rehearse.py): imagined episodes per task
     "rehearsal_budget": 0, "rehearsal_mode": "parallel", "imagine_temperature": 1.0,
 }
@@ -98,7 +108,7 @@ POSITIVE = {"n_layer", "n_embd", "n_head", "n_logged", "n_rl_tasks", "n_test", "
 NON_NEGATIVE = {"seed", "data_seed", "n_new_logged", "snippet_repeats", "sft_steps", "rl_steps", "save_every",
                 "weight_decay", "grad_clip", "eps_low", "eps_high", "kl_coef", "act_coef",
                 "rehearse_coef", "eval_temperature", "eval_every", "min_fidelity", "rehearsal_budget",
-                "imagine_temperature"}
+                "imagine_temperature", "kl_rehearse_coef", "n_collusion"}
 UNIT = {"coverage", "top_p", "min_fidelity"}              # in (0, 1] (min_fidelity: [0, 1])
 
 
@@ -275,7 +285,9 @@ def clipped_pg_loss(new_logprobs, old_logprobs, advantages, loss_mask, n_tokens,
     a sum over this micro-batch divided by n_tokens, so stats of micro-batches add up too.
 
     Worked example (eps 0.2, dual clip 3):  A = +1, ratio 1.5 -> loss -1.2 (clipped at 1+eps);
-    A = -1, ratio 0.5 -> loss 0.8 (clipped at 1-eps); A = -1, ratio 5 -> loss 3 (dual clip)."""
+    A = -1, ratio 0.5 -> loss 0.8 (clipped at 1-eps); A = -1, ratio 5 -> loss 3 (dual clip).
+    kl_coef: a number, or [B, T] per target (train.py gives each token its role's coefficient:
+    `token_kl_coefs`)."""
     mask = loss_mask.float()
     log_ratio = new_logprobs - old_logprobs
     ratio = torch.exp(log_ratio)                                   # pi_new / pi_old, per token
@@ -417,8 +429,21 @@ def make_batch(episodes, rewards, group_ids, cfg, pad_id):
              "advantages": token_advantages(roles, adv, cfg["act_coef"], cfg["rehearse_coef"]),
              "sampled_logprobs": sampled, "lengths": [len(e["ids"]) for e in episodes],
              "all_equal_groups": all_equal, "n_groups": len(set(group_ids))}
+    batch["kl_coefs"] = token_kl_coefs(roles, cfg["kl_coef"], cfg["kl_rehearse_coef"])
     batch["n_tokens"] = max(int(batch["mask"].sum()), 1)
     return batch
+
+
+def token_kl_coefs(roles, kl_coef, kl_rehearse_coef):
+    """[B, L] roles -> [B, L-1] coefficient of the KL to the reference per target: `kl_coef` on
+    ACT targets, `kl_rehearse_coef` on REHEARSE targets, 0 elsewhere. The KL is added only where
+    the loss mask is, so a role whose coefficient (act_coef/rehearse_coef) is 0 gets none."""
+    return token_advantages(roles, torch.ones(roles.shape[0]), kl_coef, kl_rehearse_coef)
+
+
+def uses_kl(cfg):
+    """Whether the update needs the reference's logprobs (either role's KL coefficient > 0)."""
+    return cfg["kl_coef"] > 0 or cfg["kl_rehearse_coef"] > 0
 
 
 @torch.no_grad()
@@ -449,9 +474,11 @@ def accumulate_gradients(model, batch, old, ref, cfg, world_size=1):
     ids, mask, adv = batch["ids"].to(device), batch["mask"].to(device), batch["advantages"].to(device)
     target_roles = batch["roles"][:, 1:].to(device)
     lengths = batch["lengths"]
-    # without a KL term, a row whose advantages are all 0 (an all-equal group) adds exactly 0 to
-    # the gradient: leave it out of the forward (its tokens stay in the normaliser n_tokens)
-    keep = [i for i in range(len(lengths)) if cfg["kl_coef"] > 0 or batch["advantages"][i].any()]
+    # a row whose advantages are all 0 (an all-equal group) and whose trained tokens carry no KL
+    # adds exactly 0 to the gradient: leave it out of the forward (its tokens stay in n_tokens)
+    kl_coefs = batch["kl_coefs"].to(device) * mask
+    keep = [i for i in range(len(lengths))
+            if (ref is not None and kl_coefs[i].any()) or batch["advantages"][i].any()]
     kept_lengths = [lengths[i] for i in keep]
     batches = [[keep[j] for j in b] for b in micro_batches(kept_lengths, cfg["micro_batch_tokens"])]
     totals = {"loss": 0.0, "entropy_act": 0.0, "entropy_rehearse": 0.0, "entropy_count_act": 0,
@@ -464,7 +491,8 @@ def accumulate_gradients(model, batch, old, ref, cfg, world_size=1):
         loss, stats = clipped_pg_loss(new, rows(old, index, n - 1), rows(adv, index, n - 1),
                                       rows(mask, index, n - 1), batch["n_tokens"],
                                       None if ref is None else rows(ref, index, n - 1),
-                                      cfg["eps_low"], cfg["eps_high"], cfg["dual_clip"], cfg["kl_coef"])
+                                      cfg["eps_low"], cfg["eps_high"], cfg["dual_clip"],
+                                      rows(kl_coefs, index, n - 1))
         (loss * weight * world_size).backward()   # DDP averages ranks; x world_size makes it the sum
         totals["loss"] += loss.item() * weight
         for k, v in stats.items():
@@ -473,7 +501,21 @@ def accumulate_gradients(model, batch, old, ref, cfg, world_size=1):
         for r, name in ((ACT, "act"), (REHEARSE, "rehearse")):
             totals[f"entropy_{name}"] += float((entropy.detach() * (roles_mb == r)).sum()) * weight
             totals[f"entropy_count_{name}"] += int((roles_mb == r).sum()) * weight
+        if ref is not None:
+            add_role_kl(totals, new.detach(), rows(ref, index, n - 1),
+                        roles_mb * rows(mask, index, n - 1), weight)
     return totals
+
+
+def add_role_kl(totals, new, ref, trained_roles, weight):
+    """Sum and count of the k3 KL to the reference per role over trained targets (trained_roles:
+    the target's role where trained, 0 = PROMPT elsewhere), for the per-role KL in metrics."""
+    d = ref - new
+    kl = torch.exp(d) - d - 1
+    for r, name in ((ACT, "act"), (REHEARSE, "rehearse")):
+        sel = trained_roles == r
+        totals[f"kl_sum_{name}"] = totals.get(f"kl_sum_{name}", 0.0) + float((kl * sel).sum()) * weight
+        totals[f"kl_count_{name}"] = totals.get(f"kl_count_{name}", 0) + int(sel.sum()) * weight
 
 
 def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, reference=None,
@@ -523,13 +565,16 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
     return sums, status
 
 
-def episode_sums(episodes, rewards, env_mode):
-    """This rank's episode-level metric sums (they add up over ranks)."""
+def episode_sums(episodes, rewards, env_mode, tasks=None):
+    """This rank's episode-level metric sums (they add up over ranks). tasks: one per episode,
+    for the collusion counts."""
     sums = {"n_episodes": len(episodes), "reward_sum": sum(rewards),
             "calls_sum": sum(len(e["calls"]) for e in episodes),
             "n_tok": sum(len(e["ids"]) for e in episodes), "causes": cause_counts(episodes)}
     if env_mode in ("rehearse", "frozen"):   # diagnostic only: never feeds the reward or the loss
         sums["fidelity"] = rehearse.replay_fidelity(episodes)
+        if tasks is not None:
+            sums["collusion"] = rehearse.collusion_counts(episodes, tasks)
     return sums
 
 
@@ -552,6 +597,12 @@ def metrics_record(step, s, status, counters, times):
         record["rows_updated"] = s["rows_updated"]
     if "fidelity" in s:
         record["fidelity"] = rehearse.rates(s["fidelity"])
+        record["fidelity_counts"] = s["fidelity"]
+    if "collusion" in s:
+        record["collusion"] = rehearse.collusion_rate(s["collusion"])
+    for name in ("act", "rehearse"):      # k3 KL to the reference per role, over trained targets
+        if s.get(f"kl_count_{name}"):
+            record[f"kl_ref_{name}"] = s[f"kl_sum_{name}"] / s[f"kl_count_{name}"]
     record.update(times)
     record["tok_per_s"] = s["n_tok"] / times["time_step"]
     return record
@@ -722,7 +773,7 @@ def run(cfg, resume=False):
 
     # 3. RL
     reference = None
-    if cfg["kl_coef"] > 0 or cfg["env_mode"] == "frozen":      # the frozen warm start
+    if uses_kl(cfg) or cfg["env_mode"] == "frozen":      # the frozen warm start
         reference = (copy.deepcopy(model) if state is None else
                      load_policy(os.path.join(out, "warmstart"), device)[0]).eval().requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
@@ -764,17 +815,18 @@ def run(cfg, resume=False):
                     env_model=reference if cfg["env_mode"] == "frozen" else None,
                     temperature=cfg["temperature"], top_p=cfg["top_p"], max_turns=cfg["max_turns"],
                     max_act_tokens=cfg["max_act_tokens"], max_env_tokens=cfg["max_env_tokens"],
-                    max_tokens=cfg["max_tokens"], generator=generator)
+                    max_tokens=cfg["max_tokens"], generator=generator, rehearse_check=cfg["rehearse_check"])
             time_sample = time.time() - t0
             group_ids = [i // cfg["group_size"] for i in range(len(episodes))]
             rewards = [task_reward(e, tasks[g]) for e, g in zip(episodes, group_ids)]
             sums, status = rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg,
-                                   tokenizer.pad_token_id, reference if cfg["kl_coef"] > 0 else None,
+                                   tokenizer.pad_token_id, reference if uses_kl(cfg) else None,
                                    world_size)
             progress["skipped_steps"] += status == "skipped"
             progress["nonfinite_steps"] += status == "nonfinite"
             progress["nonfinite_in_a_row"] = (progress["nonfinite_in_a_row"] + 1) * (status == "nonfinite")
-            total = add_up(all_gather({**sums, **episode_sums(episodes, rewards, cfg["env_mode"])}))
+            total = add_up(all_gather({**sums, **episode_sums(episodes, rewards, cfg["env_mode"],
+                                                              [tasks[g] for g in group_ids])}))
             times = {"time_sample": time_sample, "time_logprobs": sums.get("time_logprobs", 0.0),
                      "time_update": sums.get("time_update", 0.0), "time_step": time.time() - t0}
             counters = {k: progress[k] for k in ("skipped_steps", "nonfinite_steps")}

@@ -102,6 +102,19 @@ def step(state, call_text):
     return str(state["balance"])
 
 
+def response_form(tool, args):
+    """What a well-formed response to a parsed call looks like, judged from the call alone (the
+    tool's argument schema: a catalogue item, one-digit factors, a positive amount), never from
+    the wallet: ("N",) a number; ("N", "error funds") a number or, if the wallet is short, that
+    error; ("error item",) or ("error args",) the only right answer to a call the schema rejects.
+    It agrees with `step` on every call (tests/test_guards.py): the form, not the value."""
+    if tool == "price":
+        return ("N",) if args[0] in PRICES else ("error item",)
+    if tool == "mul":
+        return ("N",) if all(1 <= a <= 9 for a in args) else ("error args",)
+    return ("N", "error funds") if args[0] >= 1 else ("error args",)
+
+
 def replay(calls):
     """Real responses to a sequence of calls from a fresh world (the ground truth for fidelity)."""
     state = new_state()

@@ -42,14 +42,14 @@ def one_batch_grads(model, batch, old, ref, cfg):
     model.zero_grad(set_to_none=True)
     new = token_logprobs(model, batch["ids"], cfg["temperature"])
     loss, stats = train.clipped_pg_loss(new, old, batch["advantages"], batch["mask"], batch["n_tokens"], ref,
-                                        cfg["eps_low"], cfg["eps_high"], cfg["dual_clip"], cfg["kl_coef"])
+                                        cfg["eps_low"], cfg["eps_high"], cfg["dual_clip"], batch["kl_coefs"])
     loss.backward()
     return [p.grad.clone() for p in model.parameters()], {"loss": loss.item(), **stats}
 
 
 def test_length_grouped_micro_batches_give_the_one_batch_gradient():
     model = tiny_llama(TOK)
-    cfg = {**train.DEFAULTS, "kl_coef": 0.1}
+    cfg = {**train.DEFAULTS, "kl_coef": 0.1, "kl_rehearse_coef": 0.05}
     batch = rehearsed_batch(cfg)
     with torch.no_grad():
         cur = token_logprobs(model, batch["ids"])

@@ -46,7 +46,6 @@ SAMPLE_TURNS = [({"name": "lookup", "arguments": {"word": "apple", "limit": 2}},
                 ({"name": "lookup", "arguments": {"word": "pear"}}, "error: not found")]
 SAMPLE_OPENING = [{"role": "system", "content": "You are a helpful assistant."},
                   {"role": "user", "content": "What is an apple?"}]
-SAMPLE_ANSWER = "An apple is a fruit."
 
 
 class TemplateError(Exception):
@@ -59,9 +58,10 @@ class DataError(toy_world.DataError):
 
 # ----------------------------------------------------------------------------- the template
 
-def render(tokenizer, messages, tools):
+def render(tokenizer, messages, tools, generation_prompt=False):
     try:
-        return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False)
+        return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                             add_generation_prompt=generation_prompt)
     except Exception as e:          # jinja errors, missing template: all say the same thing
         raise TemplateError(f"the chat template cannot render a tool conversation: {e}") from None
 
@@ -72,15 +72,15 @@ def format_call(call):
                                         ensure_ascii=False) + "\n</tool_call>"
 
 
-def _cut(text, start, end, what):
-    """The text between two sentinels (start None: from the beginning; end None: to the end)."""
-    i = 0 if start is None else text.find(start)
+def _after(text, start, what, end=None):
+    """The text after the sentinel `start` (up to the sentinel `end` if given)."""
+    i = text.find(start)
     j = len(text) if end is None else text.find(end)
     if i < 0 or j < 0:
         missing = start if i < 0 else end
         raise TemplateError(f"hand-off {what}: the template does not render the content {missing!r} "
                             f"(does it support role 'tool' messages and a tools list?)")
-    return text[i + (0 if start is None else len(start)):j]
+    return text[i + len(start):j]
 
 
 def _split_at_stop(tokenizer, text, what):
@@ -94,23 +94,29 @@ def _split_at_stop(tokenizer, text, what):
 
 
 def chat_format(tokenizer):
-    """Derive every hand-off from the template (sentinel contents, two turns, cut between them),
-    then check it with `check_assembly`. Returns the `tags` dict the sampler takes: forced id
-    lists first_act/act/env/end, stop ids act_end/env_end, the text before each stop
-    (act_pre/env_pre), the ids the policy may not write (stops) and pad."""
-    s = [SENTINEL.format(k) for k in ("S", "U", "A1", "T1", "A2", "T2", "A3")]
+    """Derive every hand-off from the template with sentinel contents, over two turns:
+      prompt->act  what the generation prompt adds to the rendered opening messages;
+      act->env     the text between an assistant turn's content and the next tool message's;
+      env->act     from a tool message's content to the end of the generation prompt after it
+                   (what the model sees when a real environment hands back);
+      end          after the last assistant turn's content.
+    Each is the same after turn 1 and turn 2 or the template does not fit; then the whole is
+    checked with `check_assembly`. Returns the `tags` dict the sampler takes: forced id lists
+    first_act/act/env/end, stop ids act_end/env_end, the text before each stop (act_pre,
+    env_pre), the hand-off tokens the policy may not write (stops) and pad."""
+    s = [SENTINEL.format(k) for k in ("S", "U", "A1", "T1", "A2", "T2")]
     opening = [{"role": "system", "content": s[0]}, {"role": "user", "content": s[1]}]
-    turns = [{"role": "assistant", "content": s[2]}, {"role": "tool", "content": s[3]},
-             {"role": "assistant", "content": s[4]}, {"role": "tool", "content": s[5]},
-             {"role": "assistant", "content": s[6]}]
+    a1, t1 = {"role": "assistant", "content": s[2]}, {"role": "tool", "content": s[3]}
+    a2, t2 = {"role": "assistant", "content": s[4]}, {"role": "tool", "content": s[5]}
     tools = [SAMPLE_TOOL]
-    prompt, full = render(tokenizer, opening, tools), render(tokenizer, opening + turns, tools)
-    if not full.startswith(prompt):
-        raise TemplateError("the rendering of the opening messages is not a prefix of the whole conversation")
-    first_act = full[len(prompt):full.find(s[2])]
-    act_env = [_cut(full, s[2], s[3], "act->env"), _cut(full, s[4], s[5], "act->env")]
-    env_act = [_cut(full, s[3], s[4], "env->act"), _cut(full, s[5], s[6], "env->act")]
-    end = _cut(full, s[6], None, "end")
+    prompt, first = render(tokenizer, opening, tools), render(tokenizer, opening, tools, True)
+    if not first.startswith(prompt):
+        raise TemplateError("hand-off prompt->act: the generation prompt does not extend the rendered opening")
+    both = render(tokenizer, opening + [a1, t1, a2, t2], tools)
+    act_env = [_after(both, s[2], "act->env", s[3]), _after(both, s[4], "act->env", s[5])]
+    env_act = [_after(render(tokenizer, opening + [a1, t1], tools, True), s[3], "env->act"),
+               _after(render(tokenizer, opening + [a1, t1, a2, t2], tools, True), s[5], "env->act")]
+    end = _after(render(tokenizer, opening + [a1, t1, a2], tools), s[4], "end")
     for name, (one, two) in (("act->env", act_env), ("env->act", env_act)):
         if one != two:
             raise TemplateError(f"hand-off {name} depends on the turn: {one!r} after turn 1, {two!r} after turn 2")
@@ -120,11 +126,12 @@ def chat_format(tokenizer):
         raise TemplateError(f"hand-offs act->env ({act_env[0]!r}) and end ({end!r}) do not start with the "
                             f"same stop: the actor cannot end a turn without knowing what follows")
     env_pre, env_end, act_ids = _split_at_stop(tokenizer, env_act[0], "env->act")
-    allowed = set(encode(tokenizer, format_call(SAMPLE_TURNS[0][0])))   # <tool_call> is action text
-    stops = {i for i in tokenizer.added_tokens_decoder if i not in allowed}
-    tags = {"bos": [], "first_act": encode(tokenizer, first_act), "act": act_ids, "env": env_ids,
-            "end": end_ids, "act_end": act_end, "env_end": env_end, "act_pre": act_pre,
-            "env_pre": env_pre, "pad": tokenizer.pad_token_id, "stops": stops | {tokenizer.pad_token_id}}
+    first_ids = encode(tokenizer, first[len(prompt):])
+    special = set(tokenizer.added_tokens_decoder)
+    handoffs = set(first_ids + act_ids + env_ids + end_ids + [act_end, env_end])
+    tags = {"bos": [], "first_act": first_ids, "act": act_ids, "env": env_ids, "end": end_ids,
+            "act_end": act_end, "env_end": env_end, "act_pre": act_pre, "env_pre": env_pre,
+            "pad": tokenizer.pad_token_id, "stops": (handoffs & special) | {tokenizer.pad_token_id}}
     check_assembly(tokenizer, tags)
     return tags
 
@@ -137,7 +144,8 @@ def assemble(tokenizer, tags, prompt, calls, responses, answer=None, env_role=OB
              with_end=False):
     """An episode's ids and roles built the sampler's way: prompt ids, forced hand-offs as TAG,
     each action (call text or answer) + its stop as `act_role`, each response + its stop as
-    `env_role`. `calls` are {"name", "arguments"} dicts."""
+    `env_role`. `calls` are {"name", "arguments"} dicts. answer=None with as many calls as
+    responses ends with the hand-back to the actor (env->act), as a generation prompt does."""
     ids, roles, where = [], [], []
 
     def add(tok_ids, role, label):
@@ -161,29 +169,34 @@ def assemble(tokenizer, tags, prompt, calls, responses, answer=None, env_role=OB
         add(encode(tokenizer, answer + tags["act_pre"]) + [tags["act_end"]], act_role, "answer and its stop")
         if with_end:
             add(tags["end"], TAG, "hand-off end")
+    elif calls:
+        add(tags["act"], TAG, "hand-off env->act")
     return {"ids": ids, "roles": roles, "where": where}
 
 
 def check_assembly(tokenizer, tags):
-    """The sample conversation (two calls with structured tool_calls, two tool responses, an
-    answer) rendered by the template and tokenized must equal the sampler's assembly."""
-    messages = list(SAMPLE_OPENING)
-    for call, response in SAMPLE_TURNS:
-        messages += [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call}]},
-                     {"role": "tool", "content": response}]
-    messages.append({"role": "assistant", "content": SAMPLE_ANSWER})
-    want = encode(tokenizer, render(tokenizer, messages, [SAMPLE_TOOL]))
+    """At every point where the actor is handed the turn (after the prompt, after each of two
+    tool responses), the sampler's token-by-token assembly of a sample conversation (structured
+    tool_calls, tool messages) must equal the template's own rendering of it with its generation
+    prompt, tokenized. The first difference is reported with the segment it falls in."""
+    history = []
     calls, responses = [c for c, _ in SAMPLE_TURNS], [r for _, r in SAMPLE_TURNS]
-    got = assemble(tokenizer, tags, prompt_ids(tokenizer, SAMPLE_OPENING, [SAMPLE_TOOL]), calls,
-                   responses, SAMPLE_ANSWER, with_end=True)
-    for t, (a, b) in enumerate(zip(got["ids"] + [None], want + [None])):
-        if a != b:
-            seen = tokenizer.convert_ids_to_tokens(want[max(0, t - 3):t + 3])
-            where = got["where"][min(t, len(got["where"]) - 1)]
-            raise TemplateError(
-                f"the chat template does not fit the sampler: in {where}, token {t} is "
-                f"{_tok(tokenizer, a)} in the sampler's assembly but {_tok(tokenizer, b)} in the template's "
-                f"own rendering (template tokens there: {seen})")
+    prompt = prompt_ids(tokenizer, SAMPLE_OPENING, [SAMPLE_TOOL])
+    for k in range(len(SAMPLE_TURNS) + 1):
+        if k:
+            history += [{"role": "assistant", "content": "",
+                         "tool_calls": [{"type": "function", "function": calls[k - 1]}]},
+                        {"role": "tool", "content": responses[k - 1]}]
+        want = encode(tokenizer, render(tokenizer, SAMPLE_OPENING + history, [SAMPLE_TOOL], True))
+        got = assemble(tokenizer, tags, prompt, calls[:k], responses[:k])
+        for t, (a, b) in enumerate(zip(got["ids"] + [None], want + [None])):
+            if a != b:
+                seen = tokenizer.convert_ids_to_tokens(want[max(0, t - 3):t + 3])
+                where = got["where"][min(t, len(got["where"]) - 1)]
+                raise TemplateError(
+                    f"the chat template does not fit the sampler: in {where}, token {t} is "
+                    f"{_tok(tokenizer, a)} in the sampler's assembly but {_tok(tokenizer, b)} in the template's "
+                    f"own rendering (template tokens there: {seen})")
 
 
 def _tok(tokenizer, i):
@@ -247,7 +260,12 @@ CALL_PATTERN = re.compile(r"\s*<tool_call>\s*(.*?)\s*</tool_call>\s*", re.DOTALL
 def read_act(text, schemas):
     """An actor's turn text -> ("answer", text) | ("call", canonical JSON) | (cause, message).
     Causes: bad_call_json (not exactly one <tool_call> holding a JSON object with just "name"
-    and an "arguments" object), unknown_tool, bad_arguments (the schema says no), empty_answer."""
+    and an "arguments" object), unknown_tool, bad_arguments (the schema says no), empty_answer,
+    unclosed_think. A leading <think>...</think> block (Qwen3's thinking mode) is not the action."""
+    if text.lstrip().startswith("<think>"):
+        if "</think>" not in text:
+            return "unclosed_think", "a <think> block without </think>"
+        text = text.split("</think>", 1)[1]
     if "<tool_call>" not in text and "</tool_call>" not in text:
         answer = text.strip()
         return ("answer", answer) if answer else ("empty_answer", "an empty assistant turn")

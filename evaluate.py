@@ -9,6 +9,10 @@ rehearsal fidelity the model would have had if it had rehearsed those calls itse
     python evaluate.py --ckpt out/small                 # the RL'd policy
     python evaluate.py --ckpt out/small/warmstart       # the warm start it came from
 
+Chat-format tasks (chat.py) run in the real toy world when they are the toy's (`env: toy`);
+other chat tasks have no executor: the policy rehearses their tool responses and success is
+judged by the task's criteria alone (answer, gold calls, checklist judge).
+
 Writes <ckpt>/eval.json with at least {"success": float, "n_tasks": int}.
 """
 import argparse

@@ -12,6 +12,11 @@ Worked example, two tasks x G = 3:
     reward   1    0    0    1    1    1
     mean     1/3            1
     A        2/3 -1/3 -1/3  0    0    0      group 1 is all-equal: zero signal, counted
+
+Chat-format tasks (chat.py) are scored by `chat_reward`: the final answer (normalised string or
+number match), the tool calls against gold calls compared AST-style as BFCL does (type-aware
+values, in order or in any order), and optionally the paper's checklist judge: a local causal LM
+asked each yes/no question, scored by p(yes) / (p(yes) + p(no)) of its next token.
 """
 from collections import Counter
 

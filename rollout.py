@@ -21,6 +21,12 @@ Per-row state machine (the sampler forces every hand-off; no role ever writes an
                 none:     no world at all: an empty response, </env> forced (the no_env arm)
     env  --</env>-->  validate the response (rehearse.parse_response), force <act>, back to act
 
+Chat format (chat.py): the same machine, with the hand-offs derived from the model's chat
+template (each forced as a sequence of ids, e.g. `<|im_end|>` is the actor's stop and
+`\n<|im_start|>user\n<tool_response>\n` is forced after it), JSON tool calls read strictly against
+the task's tool schemas (a bad one ends the row with cause bad_call_json, unknown_tool or
+bad_arguments), and one world per row, since every task brings its own tools.
+
 Truncation is explicit: a tag sampled in the wrong role ("bad_act", "bad_rehearsal"), a segment
 longer than max_act_tokens / max_env_tokens ("act_limit", "env_limit"), more than max_turns calls
 ("turn_limit"), or more than max_tokens in all ("token_limit") ends the row with reward 0.

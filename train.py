@@ -4,6 +4,7 @@
     python train.py --config small.yaml --env_mode=real      # same budget, real world in the loop
     python train.py --config small.yaml --rl_steps=20        # any config key as --key=value
     python train.py --config small.yaml --resume             # continue out_dir's latest checkpoint
+    python train.py --config configs/chat_tiny.yaml --model=PATH  # a chat model on chat JSONL tasks
     torchrun --nproc_per_node=2 train.py --config small.yaml # several processes (GPUs or CPU)
 
 One run, top to bottom:
@@ -28,7 +29,9 @@ checkpoint (model, optimizer, RNG states) and exits 0; `--resume` continues it e
 What this simplifies against the paper / official code:
   - inline rehearsal: the response is written in the actor's own sequence, so one row holds
     both roles and a task's group is its (task, role) group too; no separate simulator prompt;
-  - a toy world whose responses are memorisable, and exact-match task success, not a judge;
+  - a toy world whose responses are memorisable, and exact-match task success; `format: chat`
+    (chat.py) runs a real chat model on JSONL tool tasks instead, with answer / gold-call
+    rewards and an optional local judge;
   - one optimizer step per batch by default (ratio = 1 at the first step, as in the official
     on-policy setting); `ppo_epochs` > 1 reuses the batch and makes the clip bite;
   - no dynamic sampling: steps where every group has equal rewards are skipped and counted.

@@ -55,10 +55,10 @@ def test_hand_offs_are_derived_from_the_template():
     # no tool role: tool messages are not rendered at all
     (CHAT_TEMPLATE.replace("message.role == 'tool'", "message.role == 'nobody'"),
      "hand-off act->env: the template does not render the content '§T1§'"),
-    # the assistant header numbers the turns: a hand-off that depends on the turn
-    (CHAT_TEMPLATE.replace("{{- '<|im_start|>' + message.role + '\\n' + message.content",
-                           "{{- '<|im_start|>' + message.role + (loop.index|string) + '\\n' + message.content"),
-     "hand-off env->act depends on the turn"),
+    # tool responses numbered by their place: a hand-off that depends on the turn
+    (CHAT_TEMPLATE.replace("'\\n<tool_response>\\n' + message.content",
+                           "'\\n<tool_response>' + (loop.index|string) + '\\n' + message.content"),
+     "hand-off act->env depends on the turn"),
     # tool calls rendered without the newline after <tool_call>: the sampler's action text differs
     (CHAT_TEMPLATE.replace("'\\n<tool_call>\\n{\"name\": \"'", "'\\n<tool_call>{\"name\": \"'"),
      "in action 1 and its stop, token 139 is 'Ċ' in the sampler's assembly but '{\"'"),
@@ -110,6 +110,10 @@ def test_strict_tool_call_parsing():
     for args, problem in bad.items():
         assert call(f'{{"name": "pay", "arguments": {args}}}') == ("bad_arguments", problem)
     assert call('{"name": "pay", "arguments": {"amount": 3, "note": "x"}}')[0] == "call"   # extra allowed here
+    thought = '<think>\nI pay.\n</think>\n\n<tool_call>\n{"name": "pay", "arguments": {"amount": 3}}\n</tool_call>'
+    assert chat.read_act(thought, SCHEMAS) == ("call", '{"name": "pay", "arguments": {"amount": 3}}')
+    assert chat.read_act("<think>\nhm\n</think>\n\n 6", SCHEMAS) == ("answer", "6")
+    assert chat.read_act("<think>\nhm", SCHEMAS)[0] == "unclosed_think"
 
 
 def test_schema_types_enum_required_and_additional_properties():

@@ -107,7 +107,7 @@ def evaluate_chat(model, tokenizer, tasks, cfg, batch_size=512, seed=0, warm_sta
     fidelity = rehearse.by_kind(calls, tasks[real[0]]["world"]) if calls else {}
     by_family = {}
     for t, r in zip(tasks, rewards):
-        by_family.setdefault(t["family"], []).append(r)
+        by_family.setdefault(t.get("family", "file"), []).append(r)
     result = {
         "success": sum(rewards) / len(tasks), "n_tasks": len(tasks),
         "format_errors": sum(n for c, n in causes.items() if c != "answer") / len(tasks),

@@ -379,3 +379,23 @@ def test_max_tokens_shorter_than_a_prompt_is_one_line(tmp_path, capsys):
     assert train.main(["--config", str(cfg)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "max_tokens (100) leaves no room" in err[0]
+
+
+def test_evaluation_of_tasks_without_an_executor_scores_by_criteria_and_judge(tmp_path):
+    """A task with no env: the policy rehearses the response; the episode is right on answer and
+    gold call, so its success is the judge's mean p(yes) over the checklist (a tiny random Qwen2
+    judge loaded from judge_model)."""
+    tiny_qwen(TOK, tmp_path / "judge", seed=5)
+    task = {k: v for k, v in pay_task(checklist=["Did it pay 3?", "Is 6 left?"]).items() if k != "env"}
+    tags = chat.chat_format(TOK)
+    prompts, _ = chat.episode_inputs(TOK, tags, [dict(task)])
+    script = chat.assemble(TOK, tags, prompts[0], [{"name": "pay", "arguments": {"amount": 3}}], ["6"], "6")
+    cfg = {**train.DEFAULTS, "format": "chat", "judge_model": str(tmp_path / "judge"), "max_act_tokens": 40,
+           "max_tokens": 200}
+    result = evaluate.evaluate(Script(script["ids"][len(prompts[0]):]), TOK, [task], cfg)
+    judge = train.load_policy(str(tmp_path / "judge"))[0]
+    episode = {"calls": ['{"name": "pay", "arguments": {"amount": 3}}'], "responses": ["6"], "answer": "6"}
+    want = reward.make_judge(judge, TOK)(episode, task)
+    assert result["causes"] == {"answer": 1} and result["rehearsed_tasks"] == 1
+    assert result["success"] == pytest.approx(sum(want) / 2, rel=1e-5) and 0 < result["success"] < 1
+    assert not result["fidelity_measured"]

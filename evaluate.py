@@ -273,7 +273,7 @@ def compare(results):
 
 def main(argv=None):
     from envace import find_checkpoint
-    from train import ConfigError, build_tasks, load_config, load_policy, pick_device
+    from train import ConfigError, build_tasks, chat_tags, load_config, load_policy, pick_device
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt", help="a run folder of train.py, or a checkpoint in it")
     parser.add_argument("--n_test", type=int, default=None, help="evaluate on the first N test tasks")
@@ -300,6 +300,8 @@ def main(argv=None):
         model, tokenizer = load_policy(path, pick_device(cfg))
         rehearser = load_policy(args.rehearser, pick_device(cfg))[0] if args.rehearser else None
         tasks = build_tasks(cfg)["test"]
+        if cfg["format"] == "chat":
+            chat_tags(tokenizer)              # a template that does not fit: one line
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

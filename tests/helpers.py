@@ -1,4 +1,5 @@
-"""Shared test fixtures: the toy tokenizer, a tiny random Llama, and a scripted fake model."""
+"""Shared test fixtures: the toy tokenizer, a tiny random Llama, and a scripted fake model; for
+the chat format, a Qwen-style byte-level BPE with a Hermes-style chat template and a tiny Qwen2."""
 from types import SimpleNamespace
 
 import torch

@@ -8,6 +8,7 @@ its actions and the environment's responses into one context. Every token carrie
     REHEARSE  a token the policy sampled as the environment             loss (EnvACE's novelty)
     OBS       a token a real environment or a frozen simulator wrote     no loss in RL
     TAG       a role hand-off forced by the sampler as ids (<act>, <env>) no loss
+              (chat format: the template's glue, e.g. <|im_start|>assistant\n)
     PAD       padding                                                   no loss
 
 `input_ids` and `roles` are built side by side while sampling (rollout.py) and never re-derived

@@ -14,6 +14,10 @@ those rehearsals against a real replay, and the collusion rate (rehearse.collusi
     python evaluate.py --ckpt out/small --collusion     # the imagined-world measures only:
                                                         # <ckpt>/collusion.json, eval.json untouched
 
+Chat-format tasks (chat.py) run in the real toy world when they are the toy's (`env: toy`);
+other chat tasks have no executor: the policy rehearses their tool responses and success is
+judged by the task's criteria alone (answer, gold calls, checklist judge).
+
 Writes <ckpt>/eval.json with at least {"success": float, "n_tasks": int}.
 """
 import argparse
@@ -35,7 +39,10 @@ def evaluate(model, tokenizer, tasks, cfg, batch_size=512, seed=0, rehearser=Non
     """Run `tasks` in the real world (sampling per cfg eval_temperature/top_p) and measure. With
     cfg rehearsal_budget N > 0, each task is first privately rehearsed N times (rehearse.py;
     `rehearser` plays the world in imagination instead of the policy if given) and the real
-    execution commits to the plan. `warm_start_counts` ({call: count}) adds fidelity by coverage."""
+    execution commits to the plan. `warm_start_counts` ({call: count}) adds fidelity by coverage.
+    Chat-format tasks go to `evaluate_chat`."""
+    if cfg["format"] == "chat":
+        return evaluate_chat(model, tokenizer, tasks, cfg, batch_size, seed, warm_start_counts)
     model.eval()
     generator = torch.Generator().manual_seed(seed)
     limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
@@ -94,6 +101,66 @@ def imagined_world(model, tokenizer, tasks, cfg, generator=None, world=toy_world
     return {"imagined_success": sum(task_reward(e, t) for e, t in zip(episodes, tasks)) / len(tasks),
             "imagined_fidelity": rehearse.rates(fidelity), "imagined_fidelity_counts": fidelity,
             "collusion": rehearse.collusion_rate(rehearse.collusion_counts(episodes, tasks, world))}
+
+
+def evaluate_chat(model, tokenizer, tasks, cfg, batch_size=512, seed=0, warm_start_counts=None):
+    """Chat-format tasks: those a real environment executes (env: toy) run in it, with would-
+    rehearse fidelity per tool kind; the others have no executor, so the policy rehearses their
+    tool responses itself and success is judged by the task's criteria only (answer, gold_calls,
+    checklist judge). Same keys as `evaluate`, plus how many tasks ran in each way."""
+    import chat
+    from reward import chat_reward
+    model.eval()
+    tags = chat.chat_format(tokenizer)
+    generator = torch.Generator().manual_seed(seed)
+    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+    episodes = [None] * len(tasks)
+    real = [i for i, t in enumerate(tasks) if t.get("env") == "toy"]
+    for mode, index in (("real", real), ("rehearse", [i for i in range(len(tasks)) if i not in set(real)])):
+        for k in range(0, len(index), batch_size):
+            part = index[k:k + batch_size]
+            prompts, worlds = chat.episode_inputs(tokenizer, tags, [tasks[i] for i in part])
+            out = sample_episodes(model, tokenizer, prompts, mode, world=worlds, tags=tags,
+                                  temperature=cfg["eval_temperature"], top_p=cfg["top_p"],
+                                  generator=generator, **limits)
+            for i, e in zip(part, out):
+                episodes[i] = e
+    judge = load_judge(cfg, next(model.parameters()).device)
+    rewards = [chat_reward(e, t, judge) for e, t in zip(episodes, tasks)]
+    causes = cause_counts(episodes)
+    real_eps = [episodes[i] for i in real]
+    calls = rehearse.would_rehearse_calls(model, tokenizer, real_eps, env_end=tags["env_end"]) if real else []
+    fidelity = rehearse.by_kind(calls, tasks[real[0]]["world"]) if calls else {}
+    by_family = {}
+    for t, r in zip(tasks, rewards):
+        by_family.setdefault(t.get("family", "file"), []).append(r)
+    result = {
+        "success": sum(rewards) / len(tasks), "n_tasks": len(tasks),
+        "format_errors": sum(n for c, n in causes.items() if c != "answer") / len(tasks),
+        "causes": causes, "mean_calls": sum(len(e["calls"]) for e in episodes) / len(tasks),
+        "fidelity": rehearse.rates(fidelity), "fidelity_counts": fidelity, "fidelity_measured": bool(real),
+        "success_by_family": {f: sum(r) / len(r) for f, r in sorted(by_family.items())},
+        "real_tasks": len(real), "rehearsed_tasks": len(tasks) - len(real),
+        "rehearsal_budget": 0, "rehearsal_mode": cfg["rehearsal_mode"], "imagined_per_task": 0.0,
+    }
+    if warm_start_counts is not None:
+        result["fidelity_by_coverage"] = rehearse.fidelity_by_coverage(calls, warm_start_counts)
+    return result
+
+
+_JUDGES = {}
+
+
+def load_judge(cfg, device):
+    """chat_reward's judge from cfg judge_model (loaded once per path), or None."""
+    if not cfg["judge_model"]:
+        return None
+    if cfg["judge_model"] not in _JUDGES:
+        from reward import make_judge
+        from train import load_policy
+        model, tokenizer = load_policy(cfg["judge_model"], device)
+        _JUDGES[cfg["judge_model"]] = make_judge(model.eval(), tokenizer)
+    return _JUDGES[cfg["judge_model"]]
 
 
 def summary(m):
@@ -374,7 +441,7 @@ def compare(results):
 
 def main(argv=None):
     from envace import find_checkpoint
-    from train import ConfigError, build_tasks, load_config, load_policy, pick_device
+    from train import ConfigError, build_tasks, chat_tags, load_config, load_policy, pick_device
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt", help="a run folder of train.py, or a checkpoint in it")
     parser.add_argument("--n_test", type=int, default=None, help="evaluate on the first N test tasks")
@@ -403,6 +470,8 @@ def main(argv=None):
         model, tokenizer = load_policy(path, pick_device(cfg))
         rehearser = load_policy(args.rehearser, pick_device(cfg))[0] if args.rehearser else None
         tasks = build_tasks(cfg)["test"]
+        if cfg["format"] == "chat":
+            chat_tags(tokenizer)              # a template that does not fit: one line
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

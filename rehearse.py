@@ -127,12 +127,14 @@ def would_rehearse(model, tokenizer, episodes, world=toy_world, token_budget=409
 
 
 @torch.no_grad()
-def would_rehearse_calls(model, tokenizer, episodes, token_budget=4096):
+def would_rehearse_calls(model, tokenizer, episodes, token_budget=4096, env_end=None):
     """For real-world episodes: per tool kind [matches, total] of whether the model, decoding
     greedily from the episode's own prefix up to `<env>`, would have written exactly the real
     response and its `</env>`. Greedy decoding reproduces a response iff at each of its tokens
     the argmax given the real tokens before it IS that token, so one teacher-forced forward over
-    the real episodes answers every call at once (no generation). Returns [(call, matched)]."""
+    the real episodes answers every call at once (no generation). Returns [(call, matched)].
+    env_end: the id closing a response (chat format: the template's; default the toy's </env>)."""
+    env_end = tag_ids(tokenizer)["env_end"] if env_end is None else env_end
     if not any(e["calls"] for e in episodes):
         return []
     device = next(model.parameters()).device
@@ -149,7 +151,7 @@ def would_rehearse_calls(model, tokenizer, episodes, token_budget=4096):
         segments = [[]]            # each real response: a run of OBS tokens ending in </env>
         for t in obs:
             segments[-1].append(t)
-            if e["ids"][t] == tag_ids(tokenizer)["env_end"]:
+            if e["ids"][t] == env_end:
                 segments.append([])
         pairs += [(call, all(hits[i, t - 1] for t in seg)) for call, seg in zip(e["calls"], segments)]
     return pairs

@@ -21,6 +21,12 @@ Per-row state machine (the sampler forces every hand-off; no role ever writes an
                 none:     no world at all: an empty response, </env> forced (the no_env arm)
     env  --</env>-->  validate the response (rehearse.parse_response), force <act>, back to act
 
+Chat format (chat.py): the same machine, with the hand-offs derived from the model's chat
+template (each forced as a sequence of ids, e.g. `<|im_end|>` is the actor's stop and
+`\n<|im_start|>user\n<tool_response>\n` is forced after it), JSON tool calls read strictly against
+the task's tool schemas (a bad one ends the row with cause bad_call_json, unknown_tool or
+bad_arguments), and one world per row, since every task brings its own tools.
+
 Truncation is explicit: a tag sampled in the wrong role ("bad_act", "bad_rehearsal"), a segment
 longer than max_act_tokens / max_env_tokens ("act_limit", "env_limit"), more than max_turns calls
 ("turn_limit"), or more than max_tokens in all ("token_limit") ends the row with reward 0.
@@ -104,20 +110,20 @@ class _Decoder:
         return self.logits
 
 
-def _new_row(prompt_ids, tags, plan, tokenizer):
-    row = {"ids": list(prompt_ids), "roles": [PROMPT] * len(prompt_ids),
+def _new_row(prompt_ids, tags, plan, tokenizer, world):
+    row = {"world": world, "ids": list(prompt_ids), "roles": [PROMPT] * len(prompt_ids),
            "logprobs": [0.0] * len(prompt_ids), "prompt_len": len(prompt_ids),
            "phase": "act", "forced": deque(), "segment": [], "plan": deque(plan or []),
            "calls": [], "responses": [], "answer": None, "cause": None, "state": None}
-    _next_turn(row, tags, tokenizer)
+    _next_turn(row, tags, tokenizer, first=True)
     return row
 
 
-def _next_turn(row, tags, tokenizer):
-    """Force the <act> hand-off; a row that follows a plan (test-time private rehearsal) also has
-    the plan's next call forced as its action."""
+def _next_turn(row, tags, tokenizer, first=False):
+    """Force the <act> hand-off (a chat template's first one, after the prompt, may differ); a row
+    that follows a plan (test-time private rehearsal) also has the plan's next call forced."""
     row["phase"] = "act"
-    row["forced"].extend((t, TAG) for t in tags["act"])
+    row["forced"].extend((t, TAG) for t in tags["first_act" if first and "first_act" in tags else "act"])
     if row["plan"]:
         call, _ = row["plan"][0]
         row["forced"].extend((t, ACT) for t in encode(tokenizer, call) + [tags["act_end"]])
@@ -126,7 +132,8 @@ def _next_turn(row, tags, tokenizer):
 @torch.no_grad()
 def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_model=None,
                     world=toy_world, temperature=1.0, top_p=1.0, max_turns=6, max_act_tokens=8,
-                    max_env_tokens=6, max_tokens=96, generator=None, plans=None, rehearse_check=False):
+                    max_env_tokens=6, max_tokens=96, generator=None, plans=None, tags=None,
+                    rehearse_check=False):
     """Sample one episode per prompt (repeat a prompt G times for a group). Returns a list of
     dicts with ids, roles, logprobs (0 where not sampled by the policy), calls and responses as
     text, answer, cause ('answer' or why it was truncated) and finished.
@@ -134,16 +141,19 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     call is forced as the row's action while every response so far was the expected one; from
     the first surprise on, the policy acts on its own (re-plans). Used by rehearse.py.
     rehearse_check: end a row whose simulated response has the wrong form for its call (rehearse
-    and frozen modes; the response is kept in `responses`, the cause is "rehearse_check")."""
+    and frozen modes; the response is kept in `responses`, the cause is "rehearse_check").
+    Chat format (chat.py): prompts are token id lists, `world` is a list (one world per row, it
+    reads that task's tool calls) and `tags` the hand-offs derived from the chat template."""
     assert env_mode in ("rehearse", "real", "frozen", "none"), env_mode
     assert (env_model is not None) == (env_mode == "frozen"), "env_model is for frozen mode"
-    tags = tag_ids(tokenizer)
-    stop_tags = set(tags["act"] + tags["env"] + tags["bos"] + [tags["pad"], tags["act_end"],
-                                                              tags["env_end"]])
-    rows = [_new_row(tags["bos"] + encode(tokenizer, p), tags, plan, tokenizer)
-            for p, plan in zip(prompts, plans or [None] * len(prompts))]
+    tags = tags or tag_ids(tokenizer)
+    stop_tags = tags.get("stops") or set(tags["act"] + tags["env"] + tags["bos"] + [
+        tags["pad"], tags["act_end"], tags["env_end"]])
+    worlds = world if isinstance(world, list) else [world] * len(prompts)
+    rows = [_new_row(p if isinstance(p, list) else tags["bos"] + encode(tokenizer, p), tags, plan, tokenizer, w)
+            for p, plan, w in zip(prompts, plans or [None] * len(prompts), worlds)]
     for row in rows:
-        row["state"] = world.new_state()                  # the real world, used in real mode only
+        row["state"] = row["world"].new_state()           # the real world, used in real mode only
     max_new = max_tokens - min(r["prompt_len"] for r in rows) + 1
     decoders = [_Decoder(policy, [r["ids"] for r in rows], tags["pad"], max_new)]
     if env_model is not None:          # frozen mode: a second cache, fed the same tokens
@@ -175,7 +185,7 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
             row["logprobs"].append(logp)
             next_tokens.append(tok)
             if role != TAG:
-                _advance(row, tok, role, tags, stop_tags, tokenizer, world, env_mode,
+                _advance(row, tok, role, tags, stop_tags, tokenizer, row["world"], env_mode,
                          max_turns, max_act_tokens, max_env_tokens, rehearse_check)
             if row["phase"] != "done" and len(row["ids"]) >= max_tokens:
                 row["phase"], row["cause"] = "done", "token_limit"
@@ -194,7 +204,7 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
         if row["cause"] is None:
             row["cause"] = "token_limit"
         row["finished"] = row["cause"] == "answer"
-        for k in ("phase", "forced", "segment", "state", "plan"):
+        for k in ("phase", "forced", "segment", "state", "plan", "world"):
             del row[k]
     return rows
 
@@ -215,7 +225,9 @@ def _advance(row, tok, role, tags, stop_tags, tokenizer, world, env_mode,
     # env phase
     if tok == tags["env_end"]:
         if env_mode in ("rehearse", "frozen"):  # real (and empty) responses were recorded at the call
-            response = rehearse.parse_response(tokenizer.decode(row["segment"]))
+            text = tokenizer.decode(row["segment"])
+            response = world.parse_response(text) if hasattr(world, "parse_response") else \
+                rehearse.parse_response(text)
             if response is None:
                 row["phase"], row["cause"] = "done", "bad_rehearsal"
                 return
@@ -237,17 +249,17 @@ def _advance(row, tok, role, tags, stop_tags, tokenizer, world, env_mode,
 
 def _end_act(row, text, tags, tokenizer, world, env_mode, max_turns):
     row["segment"] = []
-    answer = world.parse_answer(text)
-    if answer is not None:
-        row["phase"], row["cause"], row["answer"] = "done", "answer", answer
+    kind, value = world.read_act(text)
+    if kind == "answer":
+        row["phase"], row["cause"], row["answer"] = "done", "answer", value
         return
-    if world.parse_call(text) is None:
-        row["phase"], row["cause"] = "done", "bad_call"
+    if kind != "call":                         # a malformed call: its cause is counted
+        row["phase"], row["cause"] = "done", kind
         return
     if len(row["calls"]) >= max_turns:
         row["phase"], row["cause"] = "done", "turn_limit"
         return
-    call = " ".join(world.join_digits(text))
+    call = value
     row["calls"].append(call)
     row["phase"] = "env"
     row["forced"].extend((t, TAG) for t in tags["env"])
@@ -255,7 +267,8 @@ def _end_act(row, text, tags, tokenizer, world, env_mode, max_turns):
         # the only place the real world is called; with no world the response is empty
         response = world.step(row["state"], call) if env_mode == "real" else ""
         row["responses"].append(response)
-        row["forced"].extend((t, OBS) for t in encode(tokenizer, response) + [tags["env_end"]])
+        row["forced"].extend((t, OBS) for t in encode(tokenizer, response + tags.get("env_pre", ""))
+                             + [tags["env_end"]])
     if row["plan"]:                            # a committed plan: go on only while unsurprised
         _, expected = row["plan"].popleft()
         if env_mode != "real" or response != expected:

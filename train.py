@@ -4,6 +4,7 @@
     python train.py --config small.yaml --env_mode=real      # same budget, real world in the loop
     python train.py --config small.yaml --rl_steps=20        # any config key as --key=value
     python train.py --config small.yaml --resume             # continue out_dir's latest checkpoint
+    python train.py --config configs/chat_tiny.yaml --model=PATH  # a chat model on chat JSONL tasks
     torchrun --nproc_per_node=2 train.py --config small.yaml # several processes (GPUs or CPU)
 
 One run, top to bottom:
@@ -33,13 +34,16 @@ checkpoint (model, optimizer, RNG states) and exits 0; `--resume` continues it e
 What this simplifies against the paper / official code:
   - inline rehearsal: the response is written in the actor's own sequence, so one row holds
     both roles and a task's group is its (task, role) group too; no separate simulator prompt;
-  - a toy world whose responses are memorisable, and exact-match task success, not a judge;
+  - a toy world whose responses are memorisable, and exact-match task success; `format: chat`
+    (chat.py) runs a real chat model on JSONL tool tasks instead, with answer / gold-call
+    rewards and an optional local judge;
   - one optimizer step per batch by default (ratio = 1 at the first step, as in the official
     on-policy setting); `ppo_epochs` > 1 reuses the batch and makes the clip bite;
   - no dynamic sampling: steps where every group has equal rewards are skipped and counted.
 """
 import contextlib
 import copy
+import functools
 from collections import Counter
 import difflib
 import json
@@ -58,13 +62,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
+import chat
 import rehearse
 import world
 from envace import (ACT, OBS, PROMPT, REHEARSE, build_model, build_tokenizer, collate, encode_episode,
                     find_checkpoint, loss_mask, micro_batches, padded_fraction, save_checkpoint,
                     token_advantages, token_logprobs)
-from evaluate import evaluate, summary
-from reward import cause_counts, group_advantages, task_reward
+from evaluate import evaluate, load_judge, summary
+from reward import cause_counts, chat_reward, group_advantages, task_reward
 from rollout import sample_episodes
 
 hf_logging.disable_progress_bar()     # transformers' save/load bars: keep the terminal for ours
@@ -79,6 +84,9 @@ DEFAULTS = {
     "snippet_repeats": 20, "coverage": 1.0,
     # optional JSONL files replacing the generated splits (format: world.read_jsonl)
     "tasks_file": "", "test_file": "", "logged_file": "",
+    # format: plain (the toy's tags) | chat (the model's chat template, JSON tool calls, chat.py;
+    # tasks_file etc. then hold chat JSONL); judge_model: a causal LM scoring task checklists
+    "format": "plain", "judge_model": "",
     # warm start
     "sft_steps": 600, "sft_batch_size": 64, "sft_lr": 1e-3,
     # RL
@@ -101,6 +109,7 @@ DEFAULTS = {
     "rehearsal_budget": 0, "rehearsal_mode": "parallel", "imagine_temperature": 1.0,
 }
 CHOICES = {"env_mode": ("rehearse", "real", "frozen", "none"), "device": ("auto", "cpu", "cuda"),
+           "format": ("plain", "chat"),
            "rehearsal_mode": ("parallel", "sequential")}
 POSITIVE = {"n_layer", "n_embd", "n_head", "n_logged", "n_rl_tasks", "n_test", "sft_batch_size",
             "tasks_per_step", "group_size", "ppo_epochs", "micro_batch_tokens", "max_turns",
@@ -175,7 +184,24 @@ def load_config(path, overrides=()):
         cfg[key] = check_value(key, value)
     if cfg["n_embd"] % cfg["n_head"]:
         raise ConfigError(f"n_embd ({cfg['n_embd']}) must be divisible by n_head ({cfg['n_head']})")
+    check_format(cfg)
     return cfg
+
+
+def check_format(cfg):
+    """The keys `format: chat` needs, and those it cannot use."""
+    if cfg["format"] == "plain":
+        if cfg["judge_model"]:
+            raise ConfigError("judge_model scores chat tasks' checklists: it needs format: chat")
+        return
+    if cfg["model"] == "tiny":
+        raise ConfigError("format: chat needs model: a local path or hub name whose tokenizer has a chat template")
+    if not cfg["tasks_file"]:
+        raise ConfigError("format: chat needs tasks_file: a chat JSONL task file (see chat.py)")
+    if cfg["rehearsal_budget"]:
+        raise ConfigError("test-time private rehearsal (rehearsal_budget) is not built for format: chat")
+    if cfg["rehearse_check"]:
+        raise ConfigError("rehearse_check knows the toy world's response forms: it needs format: plain")
 
 
 def load_policy(path, device="cpu"):
@@ -317,6 +343,8 @@ def clipped_pg_loss(new_logprobs, old_logprobs, advantages, loss_mask, n_tokens,
 def build_tasks(cfg):
     """The splits: generated from the toy world (data_seed), or read from JSONL files where the
     config names them. Every file line is checked here, before anything is built or trained."""
+    if cfg["format"] == "chat":
+        return chat_tasks(cfg)
     splits = world.make_splits(cfg["data_seed"], cfg["n_logged"], cfg["n_new_logged"],
                                cfg["n_rl_tasks"], cfg["n_test"], cfg["coverage"])
     try:
@@ -331,9 +359,56 @@ def build_tasks(cfg):
     return splits
 
 
+def chat_tasks(cfg):
+    """Chat JSONL splits (chat.read_chat_jsonl): tasks_file for RL, test_file (default: the same
+    file) for evaluation, logged_file (optional) for the warm start."""
+    try:
+        rl = chat.read_chat_jsonl(cfg["tasks_file"], "tasks")
+        test = chat.read_chat_jsonl(cfg["test_file"], "tasks") if cfg["test_file"] else rl
+        logged = chat.read_chat_jsonl(cfg["logged_file"], "trajectories") if cfg["logged_file"] else []
+    except world.DataError as e:
+        raise ConfigError(str(e)) from None
+    if cfg["env_mode"] == "real" and not all(t.get("env") == "toy" for t in rl):
+        raise ConfigError(f"env_mode: real needs tasks a real environment executes ('env': 'toy'); "
+                          f"{cfg['tasks_file']} has tasks without one")
+    return {"rl": rl, "test": test, "logged": logged}
+
+
+def chat_tags(tokenizer):
+    """The hand-offs derived from the tokenizer's chat template (chat.chat_format), checked."""
+    try:
+        return chat.chat_format(tokenizer)
+    except chat.TemplateError as e:
+        raise ConfigError(str(e)) from None
+
+
+def check_chat_prompts(cfg, tokenizer, tasks):
+    """The template fits (chat_tags) and every task's rendered prompt leaves room for an episode."""
+    prompts, _ = chat.episode_inputs(tokenizer, chat_tags(tokenizer), tasks)
+    longest = max(range(len(tasks)), key=lambda i: len(prompts[i]))
+    if len(prompts[longest]) >= cfg["max_tokens"]:
+        raise ConfigError(f"max_tokens ({cfg['max_tokens']}) leaves no room for an episode: a task's "
+                          f"prompt (messages + tools) is {len(prompts[longest])} tokens "
+                          f"({tasks[longest]['messages'][-1]['content'][:40]!r})")
+
+
+def rollout_inputs(cfg, tokenizer, tasks):
+    """(prompts, world, tags) for sample_episodes, each task repeated group_size times: the toy's
+    prompt texts and world module, or chat prompt ids with one world per row."""
+    G = cfg["group_size"]
+    if cfg["format"] == "plain":
+        return [t["prompt"] for t in tasks for _ in range(G)], world, None
+    tags = chat_tags(tokenizer)
+    prompts, worlds = chat.episode_inputs(tokenizer, tags, tasks)
+    return ([p for p in prompts for _ in range(G)], [w for w in worlds for _ in range(G)], tags)
+
+
 def warm_start_sequences(cfg, tokenizer, splits):
     """Logged expert episodes (responses from the real world: OBS) and logged single-tool traffic
-    (calls as context, role PROMPT; only the responses are trained) as ids + roles."""
+    (calls as context, role PROMPT; only the responses are trained) as ids + roles. Chat format:
+    the logged chat trajectories and the tasks' reference examples (chat.warm_start_sequences)."""
+    if cfg["format"] == "chat":
+        return chat.warm_start_sequences(tokenizer, chat_tags(tokenizer), splits["logged"], splits["rl"])
     seqs = [encode_episode(tokenizer, t["prompt"], t["calls"], t.get("responses") or world.replay(t["calls"]),
                            t["answer"]) for t in splits["logged"]]
     seqs += [encode_episode(tokenizer, s["prompt"], s["calls"], world.replay(s["calls"]), act_role=PROMPT)
@@ -344,6 +419,9 @@ def warm_start_sequences(cfg, tokenizer, splits):
 def warm_start_call_counts(cfg, splits):
     """How often each exact call appears in the warm-start data (for fidelity by coverage)."""
     calls = [c for t in splits["logged"] for c in t["calls"]]
+    if cfg["format"] == "chat":
+        return Counter(calls + [json.dumps(c, ensure_ascii=False) for t in splits["rl"]
+                                for c, _ in t.get("examples", [])])
     calls += [c for s in world.tool_snippets(cfg["data_seed"], cfg["snippet_repeats"], cfg["coverage"])
               for c in s["calls"]]
     return Counter(calls)
@@ -363,7 +441,7 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, rank=0, world_size=1):
     batch, AdamW with cosine decay. Environment tokens are trained too: the initial world model.
     Every rank draws the same global batch (same seed) and trains on its slice of it, in
     length-grouped micro-batches."""
-    if cfg["sft_steps"] == 0:
+    if cfg["sft_steps"] == 0 or not sequences:
         return
     device = next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["sft_lr"], weight_decay=cfg["weight_decay"])
@@ -565,14 +643,15 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
     return sums, status
 
 
-def episode_sums(episodes, rewards, env_mode, tasks=None):
-    """This rank's episode-level metric sums (they add up over ranks). tasks: one per episode,
-    for the collusion counts."""
+def episode_sums(episodes, rewards, env_mode, tasks=None, fidelity_world=world):
+    """This rank's episode-level metric sums (they add up over ranks). tasks: one per episode, for
+    the collusion counts (toy tasks only); fidelity_world: the world that replays the calls for
+    rehearsal fidelity (None: no real world exists for these tasks)."""
     sums = {"n_episodes": len(episodes), "reward_sum": sum(rewards),
             "calls_sum": sum(len(e["calls"]) for e in episodes),
             "n_tok": sum(len(e["ids"]) for e in episodes), "causes": cause_counts(episodes)}
-    if env_mode in ("rehearse", "frozen"):   # diagnostic only: never feeds the reward or the loss
-        sums["fidelity"] = rehearse.replay_fidelity(episodes)
+    if env_mode in ("rehearse", "frozen") and fidelity_world is not None:   # diagnostic only
+        sums["fidelity"] = rehearse.replay_fidelity(episodes, fidelity_world)
         if tasks is not None:
             sums["collusion"] = rehearse.collusion_counts(episodes, tasks)
     return sums
@@ -730,6 +809,10 @@ def run(cfg, resume=False):
         model = build_model(cfg, tokenizer).to(device)
     else:
         model, tokenizer = load_policy(cfg["model"], device)
+    if cfg["format"] == "chat":              # a template that does not fit stops the run here
+        check_chat_prompts(cfg, tokenizer, splits["rl"] + splits["test"])
+    score = task_reward if cfg["format"] == "plain" else functools.partial(
+        chat_reward, judge=load_judge(cfg, device))
     ddp_model = model
     if world_size > 1:
         ddp_model = DDP(model, device_ids=[device] if device.startswith("cuda") else None)
@@ -764,12 +847,15 @@ def run(cfg, resume=False):
         log(f"warm start ({time.time() - t_start:.0f}s): {summary(before)}")
         low = {k: v for k, v in before["fidelity"].items() if v < cfg["min_fidelity"]}
         rehearsed = cfg["env_mode"] in ("rehearse", "frozen")     # the modes whose rewards it feeds
-        if rehearsed and cfg["min_fidelity"] > 0 and (low or not before["fidelity"]):
+        if not before.get("fidelity_measured", True):
+            log("fidelity gate skipped: these tasks have no real environment to compare rehearsals with")
+        elif rehearsed and cfg["min_fidelity"] > 0 and (low or not before["fidelity"]):
             log(f"fidelity gate FAILED: {low or 'no calls made'} below min_fidelity "
                 f"{cfg['min_fidelity']}: rehearsed rewards would be noise for these tools. Raise "
                 f"snippet_repeats/sft_steps/coverage, or set --min_fidelity=0 to run anyway.")
             return 2
-        log(f"fidelity gate passed: every tool kind >= {cfg['min_fidelity']} ({cfg['env_mode']} mode)")
+        else:
+            log(f"fidelity gate passed: every tool kind >= {cfg['min_fidelity']} ({cfg['env_mode']} mode)")
 
     # 3. RL
     reference = None
@@ -808,25 +894,28 @@ def run(cfg, resume=False):
             t0 = time.time()
             tasks = task_rng.sample(splits["rl"], cfg["tasks_per_step"])        # the same on every rank
             tasks = tasks[rank * per_rank:(rank + 1) * per_rank]
-            prompts = [t["prompt"] for t in tasks for _ in range(cfg["group_size"])]
+            prompts, task_worlds, tags = rollout_inputs(cfg, tokenizer, tasks)
             with amp:
                 episodes = sample_episodes(
-                    model, tokenizer, prompts, cfg["env_mode"],
+                    model, tokenizer, prompts, cfg["env_mode"], world=task_worlds, tags=tags,
                     env_model=reference if cfg["env_mode"] == "frozen" else None,
                     temperature=cfg["temperature"], top_p=cfg["top_p"], max_turns=cfg["max_turns"],
                     max_act_tokens=cfg["max_act_tokens"], max_env_tokens=cfg["max_env_tokens"],
                     max_tokens=cfg["max_tokens"], generator=generator, rehearse_check=cfg["rehearse_check"])
             time_sample = time.time() - t0
             group_ids = [i // cfg["group_size"] for i in range(len(episodes))]
-            rewards = [task_reward(e, tasks[g]) for e, g in zip(episodes, group_ids)]
+            rewards = [score(e, tasks[g]) for e, g in zip(episodes, group_ids)]
             sums, status = rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg,
                                    tokenizer.pad_token_id, reference if uses_kl(cfg) else None,
                                    world_size)
             progress["skipped_steps"] += status == "skipped"
             progress["nonfinite_steps"] += status == "nonfinite"
             progress["nonfinite_in_a_row"] = (progress["nonfinite_in_a_row"] + 1) * (status == "nonfinite")
+            fidelity_world = world if cfg["format"] == "plain" else (
+                task_worlds[0] if all(t.get("env") == "toy" for t in tasks) else None)
+            step_tasks = [tasks[g] for g in group_ids] if cfg["format"] == "plain" else None
             total = add_up(all_gather({**sums, **episode_sums(episodes, rewards, cfg["env_mode"],
-                                                              [tasks[g] for g in group_ids])}))
+                                                              step_tasks, fidelity_world)}))
             times = {"time_sample": time_sample, "time_logprobs": sums.get("time_logprobs", 0.0),
                      "time_update": sums.get("time_update", 0.0), "time_step": time.time() - t0}
             counters = {k: progress[k] for k in ("skipped_steps", "nonfinite_steps")}

@@ -78,6 +78,16 @@ def parse_answer(text):
     return w[1] if len(w) == 2 and w[0] == "answer" and _number(w[1]) else None
 
 
+def read_act(text):
+    """The actor's text -> ("answer", '12') | ("call", 'mul 3 , 4') | ("bad_call", None)."""
+    answer = parse_answer(text)
+    if answer is not None:
+        return "answer", answer
+    if parse_call(text) is None:
+        return "bad_call", None
+    return "call", " ".join(join_digits(text))
+
+
 def new_state():
     return {"balance": WALLET}
 
@@ -318,5 +328,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Export the toy world's tasks as JSONL files.")
     parser.add_argument("--export", required=True, metavar="DIR")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--format", choices=("plain", "chat"), default="plain",
+                        help="chat: the chat JSONL format of chat.py (tools as JSON schemas)")
+    parser.add_argument("--n", type=int, default=None, help="at most N lines per file")
     args = parser.parse_args()
-    print("wrote rl.jsonl, test.jsonl, logged.jsonl to", export(args.export, args.seed))
+    sizes = {} if args.n is None else {"n_logged": args.n, "n_new_logged": 0, "n_rl": args.n, "n_test": args.n}
+    if args.format == "chat":
+        import chat
+        print("wrote rl.jsonl, test.jsonl, logged.jsonl to", chat.export_toy(args.export, args.seed, **sizes))
+    else:
+        print("wrote rl.jsonl, test.jsonl, logged.jsonl to", export(args.export, args.seed, **sizes))

@@ -1,0 +1,575 @@
+"""Chat format: episodes in a real model's own chat template, JSON tool calls, JSONL task files.
+
+The paper trains Qwen3 chat models on real tool-use data (BFCL, tau2-Bench): the actor writes
+JSON tool calls inside assistant turns and the environment answers in the template's tool
+turns. This file lets the same inline rehearsal run on such a model (`format: chat`):
+
+- the hand-offs between roles are DERIVED from the tokenizer's chat template, never written by
+  hand: a conversation is rendered with sentinel contents and the text between sentinels is cut
+  out (`chat_format`). Each hand-off is split at its first special token: the text before it and
+  the token itself are written by the role that is ending (its stop), the rest is forced as TAG
+  ids by the sampler. With a Qwen2.5-style template (tests/helpers.py):
+
+      prompt -> act   forced  <|im_start|>assistant\\n
+      act -> env      stop    <|im_end|>            forced  \\n<|im_start|>user\\n<tool_response>\\n
+      env -> act      stop    \\n</tool_response>    forced  <|im_end|>\\n<|im_start|>assistant\\n
+      end             stop    <|im_end|>            (forced \\n, not sampled: nothing follows)
+
+  The rehearsing policy writes the response AND the `\\n</tool_response>` closing it, so a
+  byte-level BPE that merges `}\\n` into one token is sampled exactly as the template tokenizes it.
+  At start, a sample conversation assembled token by token the sampler's way must equal the
+  template's own tokens (`check_assembly`); a template that does not fit stops the run with one
+  line saying which hand-off and the first differing token.
+- actions: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` (Qwen/Hermes), parsed
+  strictly against the tool's JSON schema (`read_act`, `check_value`); anything else in an
+  assistant turn is the final answer. A bad call ends the episode (cause bad_call_json,
+  unknown_tool or bad_arguments; reward 0).
+- task files (`read_chat_jsonl`): one task per line: opening `messages`, `tools` (OpenAI
+  function schemas), success criteria `answer` / `gold_calls` / `checklist`, optional
+  `call_order`, `examples` (per tool, reference {arguments, result} pairs) and `env: "toy"`
+  (the toy world of world.py executes the calls, so real-world evaluation and fidelity exist).
+  Logged trajectories are the same with the whole conversation in `messages`.
+"""
+import json
+import re
+from types import SimpleNamespace
+
+import world as toy_world
+from envace import ACT, OBS, PROMPT, TAG, encode
+
+SENTINEL = "\u00a7{}\u00a7"                    # rendered content markers, found by string search
+SAMPLE_TOOL = {"type": "function", "function": {
+    "name": "lookup", "description": "Look a word up.",
+    "parameters": {"type": "object", "properties": {"word": {"type": "string"}, "limit": {"type": "integer"}},
+                   "required": ["word"], "additionalProperties": False}}}
+SAMPLE_TURNS = [({"name": "lookup", "arguments": {"word": "apple", "limit": 2}}, '{"result": "a fruit"}'),
+                ({"name": "lookup", "arguments": {"word": "pear"}}, "error: not found")]
+SAMPLE_OPENING = [{"role": "system", "content": "You are a helpful assistant."},
+                  {"role": "user", "content": "What is an apple?"}]
+
+
+class TemplateError(Exception):
+    """The tokenizer's chat template cannot host the sampler's hand-offs: says where."""
+
+
+class DataError(toy_world.DataError):
+    """A malformed line in a chat task file (same style as world.read_jsonl's errors)."""
+
+
+# ----------------------------------------------------------------------------- the template
+
+def render(tokenizer, messages, tools, generation_prompt=False):
+    try:
+        return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                             add_generation_prompt=generation_prompt)
+    except Exception as e:          # jinja errors, missing template: all say the same thing
+        raise TemplateError(f"the chat template cannot render a tool conversation: {e}") from None
+
+
+def format_call(call):
+    """{"name", "arguments"} -> the action text the actor writes (the Qwen/Hermes convention)."""
+    return "<tool_call>\n" + json.dumps({"name": call["name"], "arguments": call["arguments"]},
+                                        ensure_ascii=False) + "\n</tool_call>"
+
+
+def _after(text, start, what, end=None):
+    """The text after the sentinel `start` (up to the sentinel `end` if given)."""
+    i = text.find(start)
+    j = len(text) if end is None else text.find(end)
+    if i < 0 or j < 0:
+        missing = start if i < 0 else end
+        raise TemplateError(f"hand-off {what}: the template does not render the content {missing!r} "
+                            f"(does it support role 'tool' messages and a tools list?)")
+    return text[i + len(start):j]
+
+
+def _split_at_stop(tokenizer, text, what):
+    """Hand-off text -> (text the ending role writes before its stop, stop id, forced ids)."""
+    hits = [(text.find(str(t)), str(t), i) for i, t in tokenizer.added_tokens_decoder.items()
+            if str(t) and str(t) in text]
+    if not hits:
+        raise TemplateError(f"hand-off {what} ({text!r}) holds no special token to stop on")
+    at, token, stop = min(hits)
+    return text[:at], stop, encode(tokenizer, text[at + len(token):])
+
+
+def chat_format(tokenizer):
+    """Derive every hand-off from the template with sentinel contents, over two turns:
+      prompt->act  what the generation prompt adds to the rendered opening messages;
+      act->env     the text between an assistant turn's content and the next tool message's;
+      env->act     from a tool message's content to the end of the generation prompt after it
+                   (what the model sees when a real environment hands back);
+      end          after the last assistant turn's content.
+    Each is the same after turn 1 and turn 2 or the template does not fit; then the whole is
+    checked with `check_assembly`. Returns the `tags` dict the sampler takes: forced id lists
+    first_act/act/env/end, stop ids act_end/env_end, the text before each stop (act_pre,
+    env_pre), the hand-off tokens the policy may not write (stops) and pad."""
+    s = [SENTINEL.format(k) for k in ("S", "U", "A1", "T1", "A2", "T2")]
+    opening = [{"role": "system", "content": s[0]}, {"role": "user", "content": s[1]}]
+    a1, t1 = {"role": "assistant", "content": s[2]}, {"role": "tool", "content": s[3]}
+    a2, t2 = {"role": "assistant", "content": s[4]}, {"role": "tool", "content": s[5]}
+    tools = [SAMPLE_TOOL]
+    prompt, first = render(tokenizer, opening, tools), render(tokenizer, opening, tools, True)
+    if not first.startswith(prompt):
+        raise TemplateError("hand-off prompt->act: the generation prompt does not extend the rendered opening")
+    both = render(tokenizer, opening + [a1, t1, a2, t2], tools)
+    act_env = [_after(both, s[2], "act->env", s[3]), _after(both, s[4], "act->env", s[5])]
+    env_act = [_after(render(tokenizer, opening + [a1, t1], tools, True), s[3], "env->act"),
+               _after(render(tokenizer, opening + [a1, t1, a2, t2], tools, True), s[5], "env->act")]
+    end = _after(render(tokenizer, opening + [a1, t1, a2], tools), s[4], "end")
+    for name, (one, two) in (("act->env", act_env), ("env->act", env_act)):
+        if one != two:
+            raise TemplateError(f"hand-off {name} depends on the turn: {one!r} after turn 1, {two!r} after turn 2")
+    act_pre, act_end, env_ids = _split_at_stop(tokenizer, act_env[0], "act->env")
+    end_pre, end_stop, end_ids = _split_at_stop(tokenizer, end, "end")
+    if (end_pre, end_stop) != (act_pre, act_end):
+        raise TemplateError(f"hand-offs act->env ({act_env[0]!r}) and end ({end!r}) do not start with the "
+                            f"same stop: the actor cannot end a turn without knowing what follows")
+    env_pre, env_end, act_ids = _split_at_stop(tokenizer, env_act[0], "env->act")
+    first_ids = encode(tokenizer, first[len(prompt):])
+    special = set(tokenizer.added_tokens_decoder)
+    handoffs = set(first_ids + act_ids + env_ids + end_ids + [act_end, env_end])
+    tags = {"bos": [], "first_act": first_ids, "act": act_ids, "env": env_ids, "end": end_ids,
+            "act_end": act_end, "env_end": env_end, "act_pre": act_pre, "env_pre": env_pre,
+            "pad": tokenizer.pad_token_id, "stops": (handoffs & special) | {tokenizer.pad_token_id}}
+    check_assembly(tokenizer, tags)
+    return tags
+
+
+def prompt_ids(tokenizer, messages, tools):
+    return encode(tokenizer, render(tokenizer, messages, tools))
+
+
+def assemble(tokenizer, tags, prompt, calls, responses, answer=None, env_role=OBS, act_role=ACT,
+             with_end=False):
+    """An episode's ids and roles built the sampler's way: prompt ids, forced hand-offs as TAG,
+    each action (call text or answer) + its stop as `act_role`, each response + its stop as
+    `env_role`. `calls` are {"name", "arguments"} dicts. answer=None with as many calls as
+    responses ends with the hand-back to the actor (env->act), as a generation prompt does."""
+    ids, roles, where = [], [], []
+
+    def add(tok_ids, role, label):
+        ids.extend(tok_ids)
+        roles.extend([role] * len(tok_ids))
+        where.extend([label] * len(tok_ids))
+
+    add(prompt, PROMPT, "prompt")
+    add(tags["first_act"], TAG, "hand-off prompt->act")
+    for k, (call, response) in enumerate(zip(calls, responses)):
+        if k:
+            add(tags["act"], TAG, "hand-off env->act")
+        add(encode(tokenizer, format_call(call) + tags["act_pre"]) + [tags["act_end"]], act_role,
+            f"action {k + 1} and its stop")
+        add(tags["env"], TAG, "hand-off act->env")
+        add(encode(tokenizer, response + tags["env_pre"]) + [tags["env_end"]], env_role,
+            f"response {k + 1} and its stop")
+    if answer is not None:
+        if calls:
+            add(tags["act"], TAG, "hand-off env->act")
+        add(encode(tokenizer, answer + tags["act_pre"]) + [tags["act_end"]], act_role, "answer and its stop")
+        if with_end:
+            add(tags["end"], TAG, "hand-off end")
+    elif calls:
+        add(tags["act"], TAG, "hand-off env->act")
+    return {"ids": ids, "roles": roles, "where": where}
+
+
+def check_assembly(tokenizer, tags):
+    """At every point where the actor is handed the turn (after the prompt, after each of two
+    tool responses), the sampler's token-by-token assembly of a sample conversation (structured
+    tool_calls, tool messages) must equal the template's own rendering of it with its generation
+    prompt, tokenized. The first difference is reported with the segment it falls in."""
+    history = []
+    calls, responses = [c for c, _ in SAMPLE_TURNS], [r for _, r in SAMPLE_TURNS]
+    prompt = prompt_ids(tokenizer, SAMPLE_OPENING, [SAMPLE_TOOL])
+    for k in range(len(SAMPLE_TURNS) + 1):
+        if k:
+            history += [{"role": "assistant", "content": "",
+                         "tool_calls": [{"type": "function", "function": calls[k - 1]}]},
+                        {"role": "tool", "content": responses[k - 1]}]
+        want = encode(tokenizer, render(tokenizer, SAMPLE_OPENING + history, [SAMPLE_TOOL], True))
+        got = assemble(tokenizer, tags, prompt, calls[:k], responses[:k])
+        for t, (a, b) in enumerate(zip(got["ids"] + [None], want + [None])):
+            if a != b:
+                seen = tokenizer.convert_ids_to_tokens(want[max(0, t - 3):t + 3])
+                where = got["where"][min(t, len(got["where"]) - 1)]
+                raise TemplateError(
+                    f"the chat template does not fit the sampler: in {where}, token {t} is "
+                    f"{_tok(tokenizer, a)} in the sampler's assembly but {_tok(tokenizer, b)} in the template's "
+                    f"own rendering (template tokens there: {seen})")
+
+
+def _tok(tokenizer, i):
+    return "the end" if i is None else repr(tokenizer.convert_ids_to_tokens(i))
+
+
+# ----------------------------------------------------------------------------- strict tool calls
+
+TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list,
+         "object": dict, "null": type(None)}
+
+
+def check_value(value, schema, path="arguments"):
+    """The first way `value` breaks the JSON schema `schema` (types, enum, required, properties,
+    additionalProperties false, array items), as a message; None if it fits. Hand-written: the
+    subset of JSON Schema that OpenAI function schemas use."""
+    if not isinstance(schema, dict):
+        return None
+    kinds = schema.get("type")
+    kinds = [kinds] if isinstance(kinds, str) else (kinds or [])
+    if kinds and not any(_is_type(value, k) for k in kinds):
+        return f"{path} must be {' or '.join(kinds)}, got {json.dumps(value)}"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"{path} must be one of {schema['enum']}, got {json.dumps(value)}"
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        for key in schema.get("required", []):
+            if key not in value:
+                return f"{path}.{key} is required"
+        for key, v in value.items():
+            if key in props:
+                problem = check_value(v, props[key], f"{path}.{key}")
+                if problem:
+                    return problem
+            elif schema.get("additionalProperties", True) is False:
+                return f"{path}.{key} is not a known argument"
+    if isinstance(value, list):
+        for k, v in enumerate(value):
+            problem = check_value(v, schema.get("items"), f"{path}[{k}]")
+            if problem:
+                return problem
+    return None
+
+
+def _is_type(value, kind):
+    if kind not in TYPES:
+        return True                    # a type this validator does not know is not enforced
+    if isinstance(value, bool) and kind != "boolean":
+        return False                   # JSON true is not 1
+    return isinstance(value, TYPES[kind])
+
+
+def tool_schemas(tools):
+    """{name: parameters schema} of a task's tools (OpenAI form, normalised at load)."""
+    return {t["function"]["name"]: t["function"].get("parameters", {}) for t in tools}
+
+
+CALL_PATTERN = re.compile(r"\s*<tool_call>\s*(.*?)\s*</tool_call>\s*", re.DOTALL)
+
+
+def read_act(text, schemas):
+    """An actor's turn text -> ("answer", text) | ("call", canonical JSON) | (cause, message).
+    Causes: bad_call_json (not exactly one <tool_call> holding a JSON object with just "name"
+    and an "arguments" object), unknown_tool, bad_arguments (the schema says no), empty_answer,
+    unclosed_think. A leading <think>...</think> block (Qwen3's thinking mode) is not the action."""
+    if text.lstrip().startswith("<think>"):
+        if "</think>" not in text:
+            return "unclosed_think", "a <think> block without </think>"
+        text = text.split("</think>", 1)[1]
+    if "<tool_call>" not in text and "</tool_call>" not in text:
+        answer = text.strip()
+        return ("answer", answer) if answer else ("empty_answer", "an empty assistant turn")
+    match = CALL_PATTERN.fullmatch(text)
+    if match is None or "<tool_call>" in match.group(1):
+        return "bad_call_json", "expected exactly one <tool_call>...</tool_call> and nothing else"
+    try:
+        call = json.loads(match.group(1))
+    except json.JSONDecodeError as e:
+        return "bad_call_json", f"not valid JSON: {e.msg}"
+    if not isinstance(call, dict) or set(call) != {"name", "arguments"} or not isinstance(call["arguments"], dict):
+        return "bad_call_json", 'expected {"name": ..., "arguments": {...}}'
+    if call["name"] not in schemas:
+        return "unknown_tool", f"no tool named {call['name']!r}"
+    problem = check_value(call["arguments"], schemas[call["name"]])
+    if problem:
+        return "bad_arguments", problem
+    return "call", json.dumps({"name": call["name"], "arguments": call["arguments"]}, ensure_ascii=False)
+
+
+# ----------------------------------------------------------------------------- the worlds
+
+TOY_TOOLS = [
+    {"type": "function", "function": {
+        "name": "price", "description": "The catalogue price of an item.",
+        "parameters": {"type": "object", "properties": {"item": {"type": "string", "enum": toy_world.ITEMS}},
+                       "required": ["item"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "mul", "description": "The product a * b of two one-digit numbers.",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                       "required": ["a", "b"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "pay", "description": "Pay an amount from the wallet (9 coins at the start); returns the balance.",
+        "parameters": {"type": "object", "properties": {"amount": {"type": "integer"}},
+                       "required": ["amount"], "additionalProperties": False}}}]
+TOY_SYSTEM = "You are a shop assistant. Use the tools, then answer with the number only."
+
+
+def toy_call_text(call):
+    """A JSON call of the toy tools -> the toy world's call text ('mul 3 , 4')."""
+    args = call["arguments"]
+    if call["name"] == "mul":
+        return f"mul {args['a']} , {args['b']}"
+    return f"{call['name']} {args.get('item', args.get('amount'))}"
+
+
+def toy_json_call(text):
+    """'mul 3 , 4' -> {"name": "mul", "arguments": {"a": 3, "b": 4}}."""
+    tool, args = toy_world.parse_call(text)
+    keys = {"price": ["item"], "mul": ["a", "b"], "pay": ["amount"]}[tool]
+    return {"name": tool, "arguments": dict(zip(keys, args))}
+
+
+def _toy_step(state, call):
+    return toy_world.step(state, toy_call_text(json.loads(call)))
+
+
+def _no_executor(state, call):
+    raise ValueError("this task has no executable environment (env: toy is the only one)")
+
+
+def task_world(task, tags):
+    """The sampler's world for one chat task: reads actions against the task's tools, reads a
+    rehearsed response, and (env: toy) executes calls in the toy world. Also what rehearse.py's
+    fidelity functions need (TOOL_KINDS, parse_call, replay), by tool name."""
+    schemas = tool_schemas(task["tools"])
+    toy = task.get("env") == "toy"
+
+    def parse_response(text):
+        pre = tags["env_pre"]
+        if not text.endswith(pre) or any(s in text for s in ("<tool_call>", "<tool_response>")):
+            return None
+        return text[:len(text) - len(pre)] if pre else text
+
+    def replay(calls):
+        state = toy_world.new_state()
+        return [_toy_step(state, c) for c in calls]
+
+    def read(text):
+        pre = tags["act_pre"]
+        return read_act(text[:len(text) - len(pre)] if pre and text.endswith(pre) else text, schemas)
+
+    return SimpleNamespace(new_state=toy_world.new_state, read_act=read, parse_response=parse_response,
+                           step=_toy_step if toy else _no_executor, replay=replay,
+                           TOOL_KINDS=toy_world.TOOL_KINDS if toy else {name: name for name in schemas},
+                           parse_call=lambda call: (json.loads(call)["name"], None))
+
+
+def episode_inputs(tokenizer, tags, tasks):
+    """Per task: its prompt ids and its world (cached in the task dict)."""
+    for t in tasks:
+        if "prompt_ids" not in t:
+            t["prompt_ids"] = prompt_ids(tokenizer, t["messages"], t["tools"])
+            t["world"] = task_world(t, tags)
+    return [t["prompt_ids"] for t in tasks], [t["world"] for t in tasks]
+
+
+# ----------------------------------------------------------------------------- task files
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def _fail(where, what):
+    raise DataError(f"{where}: {what}")
+
+
+def _check_tools(tools, where):
+    """OpenAI function schemas (bare {"name", "parameters"} accepted), returned in OpenAI form."""
+    if not isinstance(tools, list):
+        _fail(where, "'tools' must be a list of function schemas")
+    out = []
+    for k, tool in enumerate(tools):
+        fn = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            _fail(where, f"tool {k + 1} has no 'name' (expected {{\"type\": \"function\", \"function\": "
+                         f"{{\"name\", \"parameters\"}}}})")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict) or params.get("type", "object") != "object":
+            _fail(where, f"tool {fn['name']!r}: 'parameters' must be an object schema")
+        out.append({"type": "function", "function": {**fn, "parameters": params}})
+    return out
+
+
+def _check_call(call, schemas, where, what):
+    """A {name, arguments} (or OpenAI tool_call) in a file -> {name, arguments}, checked."""
+    call = call.get("function", call) if isinstance(call, dict) else call
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        _fail(where, f"{what} must be {{\"name\": ..., \"arguments\": {{...}}}}, got {json.dumps(call)}")
+    args = call.get("arguments", {})
+    if isinstance(args, str):                          # OpenAI stores arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            _fail(where, f"{what}: arguments are not valid JSON")
+    if not isinstance(args, dict):
+        _fail(where, f"{what}: arguments must be an object")
+    if call["name"] not in schemas:
+        _fail(where, f"{what} names tool {call['name']!r}, which is not in 'tools'")
+    problem = check_value(args, schemas[call["name"]])
+    if problem:
+        _fail(where, f"{what} {call['name']}: {problem}")
+    return {"name": call["name"], "arguments": args}
+
+
+def _check_messages(messages, where):
+    if not isinstance(messages, list) or not messages:
+        _fail(where, "'messages' must be a non-empty list")
+    for k, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            _fail(where, f"message {k + 1} must have a role in {ROLES}")
+        if m["role"] != "assistant" and not isinstance(m.get("content"), str):
+            _fail(where, f"message {k + 1} ({m['role']}) must have a string 'content'")
+
+
+def check_task(row, where, kind):
+    """One JSONL line's object -> a task (or logged trajectory) dict; DataError names the problem."""
+    if not isinstance(row, dict):
+        _fail(where, "expected a JSON object with 'messages' and 'tools'")
+    for key in ("messages", "tools"):
+        if key not in row:
+            _fail(where, f"missing key '{key}'")
+    tools = _check_tools(row["tools"], where)
+    schemas = tool_schemas(tools)
+    _check_messages(row["messages"], where)
+    first = next((k for k, m in enumerate(row["messages"]) if m["role"] in ("assistant", "tool")),
+                 len(row["messages"]))
+    opening = row["messages"][:first]
+    if not any(m["role"] == "user" for m in opening):
+        _fail(where, "the opening messages (before the first assistant turn) hold no user message")
+    task = {"messages": opening, "tools": tools, "family": row.get("family", "file")}
+    if kind == "trajectories":
+        return {**task, **_trajectory(row["messages"][first:], schemas, where)}
+    if first < len(row["messages"]):
+        _fail(where, "a task's 'messages' are the opening only (system/user); trajectories go in logged_file")
+    if "answer" in row:
+        if not isinstance(row["answer"], (str, int, float)) or isinstance(row["answer"], bool):
+            _fail(where, f"'answer' must be a string or a number, got {json.dumps(row['answer'])}")
+        task["answer"] = str(row["answer"])
+    if "gold_calls" in row:
+        if not isinstance(row["gold_calls"], list):
+            _fail(where, "'gold_calls' must be a list of {name, arguments}")
+        task["gold_calls"] = [_check_call(c, schemas, where, f"gold call {k + 1}")
+                              for k, c in enumerate(row["gold_calls"])]
+    if "checklist" in row:
+        if not isinstance(row["checklist"], list) or not all(isinstance(q, str) for q in row["checklist"]):
+            _fail(where, "'checklist' must be a list of yes/no questions (strings)")
+        task["checklist"] = row["checklist"]
+    if not any(k in task for k in ("answer", "gold_calls", "checklist")):
+        _fail(where, "no success criterion: give 'answer', 'gold_calls' or 'checklist'")
+    task["call_order"] = row.get("call_order", "exact")
+    if task["call_order"] not in ("exact", "any"):
+        _fail(where, f"'call_order' must be 'exact' or 'any', got {json.dumps(task['call_order'])}")
+    if row.get("env", "") not in ("", "toy"):
+        _fail(where, f"'env' must be 'toy' (executed by world.py) or absent, got {json.dumps(row['env'])}")
+    if row.get("env") == "toy":
+        task["env"] = "toy"
+    task["examples"] = _check_examples(row.get("examples", {}), schemas, where)
+    return task
+
+
+def _check_examples(examples, schemas, where):
+    if not isinstance(examples, dict):
+        _fail(where, "'examples' must map a tool name to a list of {arguments, result}")
+    out = []
+    for name, pairs in examples.items():
+        if not isinstance(pairs, list):
+            _fail(where, f"examples of {name!r} must be a list")
+        for k, pair in enumerate(pairs):
+            if not isinstance(pair, dict) or not isinstance(pair.get("result"), str):
+                _fail(where, f"example {k + 1} of {name!r} needs 'arguments' and a string 'result'")
+            call = _check_call({"name": name, "arguments": pair.get("arguments", {})}, schemas, where,
+                               f"example {k + 1} of")
+            out.append((call, pair["result"]))
+    return out
+
+
+def _trajectory(turns, schemas, where):
+    """assistant(tool call) + tool pairs, then an optional final assistant answer."""
+    calls, responses, answer = [], [], None
+    k = 0
+    while k < len(turns):
+        m = turns[k]
+        if m["role"] != "assistant":
+            _fail(where, f"turn {k + 1} after the opening: expected an assistant message, got {m['role']}")
+        if not m.get("tool_calls"):
+            if k != len(turns) - 1 or not isinstance(m.get("content"), str):
+                _fail(where, "an assistant message without tool_calls must be the last one, with a string content")
+            answer = m["content"]
+            break
+        if len(m["tool_calls"]) != 1:
+            _fail(where, f"turn {k + 1}: one tool call per assistant turn (got {len(m['tool_calls'])})")
+        if k + 1 >= len(turns) or turns[k + 1]["role"] != "tool":
+            _fail(where, f"turn {k + 1}: a tool call must be followed by its tool message")
+        calls.append(_check_call(m["tool_calls"][0], schemas, where, f"tool call {len(calls) + 1}"))
+        responses.append(turns[k + 1]["content"])
+        k += 2
+    if not calls and answer is None:
+        _fail(where, "a logged trajectory needs at least one assistant turn")
+    return {"calls": [json.dumps(c, ensure_ascii=False) for c in calls], "call_dicts": calls,
+            "responses": responses, "answer": answer}
+
+
+def read_chat_jsonl(path, kind):
+    """Chat tasks or logged chat trajectories, one JSON object per line; blank lines skipped.
+    Every line is checked before anything trains; the first bad one raises DataError."""
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"cannot read {kind} file {path}: {e}") from None
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path} line {n}: not valid JSON ({e.msg} at column {e.colno})") from None
+        rows.append(check_task(row, f"{path} line {n}", kind))
+    if not rows:
+        raise DataError(f"{path}: no {kind} in the file")
+    return rows
+
+
+# ----------------------------------------------------------------------------- warm start, export
+
+def warm_start_sequences(tokenizer, tags, logged, tasks):
+    """Logged chat trajectories (calls and answer ACT, responses OBS) and every task's reference
+    examples as one-call snippets (the call is context, role PROMPT; the result OBS is trained):
+    the initial world model, as world.tool_snippets is for the toy."""
+    seqs = [assemble(tokenizer, tags, prompt_ids(tokenizer, t["messages"], t["tools"]), t["call_dicts"],
+                     t["responses"], t["answer"]) for t in logged]
+    for t in tasks:
+        prompt = prompt_ids(tokenizer, t["messages"], t["tools"])
+        seqs += [assemble(tokenizer, tags, prompt, [call], [result], act_role=PROMPT)
+                 for call, result in t.get("examples", [])]
+    return [{"ids": s["ids"], "roles": s["roles"]} for s in seqs]
+
+
+def toy_task_line(task, with_trajectory=False):
+    """A toy world task (world.random_task) as a chat JSONL object: the toy tools as JSON schemas,
+    the expert's calls as gold_calls, its (call, result) pairs as examples, env toy."""
+    calls = [toy_json_call(c) for c in task["calls"]]
+    results = toy_world.replay(task["calls"])
+    messages = [{"role": "system", "content": TOY_SYSTEM}, {"role": "user", "content": task["prompt"]}]
+    if with_trajectory:
+        for call, result in zip(calls, results):
+            messages += [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call}]},
+                         {"role": "tool", "content": result}]
+        messages.append({"role": "assistant", "content": task["answer"]})
+        return {"messages": messages, "tools": TOY_TOOLS}
+    examples = {}
+    for call, result in zip(calls, results):
+        examples.setdefault(call["name"], []).append({"arguments": call["arguments"], "result": result})
+    return {"messages": messages, "tools": TOY_TOOLS, "answer": task["answer"], "gold_calls": calls,
+            "examples": examples, "env": "toy", "family": task["family"]}
+
+
+def export_toy(out_dir, seed=0, n_logged=3000, n_new_logged=20, n_rl=4000, n_test=500):
+    """The toy world's splits in the chat JSONL format: rl.jsonl, test.jsonl, logged.jsonl."""
+    import os
+    os.makedirs(out_dir, exist_ok=True)
+    splits = toy_world.make_splits(seed, n_logged, n_new_logged, n_rl, n_test)
+    for name, tasks, full in (("rl", splits["rl"], False), ("test", splits["test"], False),
+                              ("logged", splits["logged"], True)):
+        with open(os.path.join(out_dir, f"{name}.jsonl"), "w") as f:
+            f.writelines(json.dumps(toy_task_line(t, full)) + "\n" for t in tasks)
+    return out_dir

@@ -1,0 +1,401 @@
+"""Chat format: hand-offs derived from the template and checked, strict tool-call parsing, the
+chat JSONL task files, roles and shifted loss mask of sampled chat episodes, the rewards, the
+toy world in chat form, and train.py / evaluate.py end to end on a tiny random Qwen2."""
+import json
+import math
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import Qwen2Config
+
+import chat
+import evaluate
+import reward
+import train
+import world
+from envace import ACT, OBS, PROMPT, REHEARSE, TAG, loss_mask
+from helpers import CHAT_TEMPLATE, chat_tokenizer, tiny_qwen
+from rollout import sample_episodes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOK = chat_tokenizer()
+PAY = {"type": "function", "function": {"name": "pay", "parameters": {
+    "type": "object", "properties": {"amount": {"type": "integer"}}, "required": ["amount"]}}}
+SCHEMAS = {"pay": PAY["function"]["parameters"],
+           "find": {"type": "object", "additionalProperties": False, "required": ["city", "tags"],
+                    "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
+                                   "tags": {"type": "array", "items": {"type": "string"}},
+                                   "radius": {"type": "number"}, "open": {"type": "boolean"},
+                                   "where": {"type": "object", "properties": {"lat": {"type": "number"}},
+                                             "required": ["lat"]}}}}
+
+
+def tokens(ids):
+    return TOK.convert_ids_to_tokens(ids)
+
+
+# ----------------------------------------------------------------------------- the template
+
+def test_hand_offs_are_derived_from_the_template():
+    tags = chat.chat_format(TOK)
+    # ids 0..6 are the special tokens in the order helpers.CHAT_SPECIALS adds them
+    assert tags["act_end"] == 2 and tokens(tags["act_end"]) == "<|im_end|>"
+    assert tags["env_end"] == 6 and tokens(tags["env_end"]) == "</tool_response>"
+    assert tokens(tags["first_act"]) == ["<|im_start|>", "assistant", "Ċ"]
+    assert tokens(tags["env"]) == ["Ċ", "<|im_start|>", "user", "Ċ", "<tool_response>", "Ċ"]
+    assert tokens(tags["act"]) == ["<|im_end|>", "Ċ", "<|im_start|>", "assistant", "Ċ"]
+    assert tokens(tags["end"]) == ["Ċ"]
+    assert (tags["act_pre"], tags["env_pre"]) == ("", "\n")     # the rehearsal writes "\n</tool_response>"
+    assert tags["stops"] == {0, 1, 2, 5, 6}                       # <tool_call> (3, 4) is action text
+
+
+@pytest.mark.parametrize("broken, where", [
+    # no tool role: tool messages are not rendered at all
+    (CHAT_TEMPLATE.replace("message.role == 'tool'", "message.role == 'nobody'"),
+     "hand-off act->env: the template does not render the content '§T1§'"),
+    # tool responses numbered by their place: a hand-off that depends on the turn
+    (CHAT_TEMPLATE.replace("'\\n<tool_response>\\n' + message.content",
+                           "'\\n<tool_response>' + (loop.index|string) + '\\n' + message.content"),
+     "hand-off act->env depends on the turn"),
+    # tool calls rendered without the newline after <tool_call>: the sampler's action text differs
+    (CHAT_TEMPLATE.replace("'\\n<tool_call>\\n{\"name\": \"'", "'\\n<tool_call>{\"name\": \"'"),
+     "in action 1 and its stop, token 139 is 'Ċ' in the sampler's assembly but '{\"'"),
+], ids=["no_tool_role", "numbered_turns", "call_without_newline"])
+def test_a_template_that_does_not_fit_fails_with_one_clear_message(broken, where):
+    with pytest.raises(chat.TemplateError) as e:
+        chat.chat_format(chat_tokenizer(broken))
+    message = str(e.value)
+    assert where in message and "\n" not in message
+    # token 139: the sample prompt (135 tokens), <|im_start|> assistant Ċ, <tool_call>, then Ċ
+    assert len(chat.prompt_ids(TOK, chat.SAMPLE_OPENING, [chat.SAMPLE_TOOL])) == 135
+
+
+def test_a_bad_template_stops_train_with_one_line(tmp_path, capsys):
+    tok = chat_tokenizer(CHAT_TEMPLATE.replace("message.role == 'tool'", "message.role == 'nobody'"))
+    tiny_qwen(tok, tmp_path / "m")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"format: chat\nmodel: {tmp_path / 'm'}\ntasks_file: {ROOT}/data/toy_chat_example.jsonl\n"
+                   f"out_dir: {tmp_path / 'run'}\n")
+    assert train.main(["--config", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "role 'tool'" in err[0]
+
+
+# ----------------------------------------------------------------------------- strict tool calls
+
+def call(text):
+    return chat.read_act(f"<tool_call>\n{text}\n</tool_call>", SCHEMAS)
+
+
+def test_strict_tool_call_parsing():
+    assert call('{"name": "pay", "arguments": {"amount": 3}}') == ("call", '{"name": "pay", "arguments": {"amount": 3}}')
+    assert call('{"arguments": {"amount": 3},   "name": "pay"}')[0] == "call"          # any key order
+    assert chat.read_act("  6 \n", SCHEMAS) == ("answer", "6")
+    assert chat.read_act(" \n", SCHEMAS)[0] == "empty_answer"
+    for text in ('{"name": "pay", "arguments": {"amount": 3}', '{"name": "pay"}', "[1, 2]",
+                 '{"name": "pay", "arguments": {"amount": 3}, "id": 1}', '{"name": "pay", "arguments": "3"}'):
+        assert call(text)[0] == "bad_call_json", text
+    two = '<tool_call>\n{"name": "pay", "arguments": {"amount": 1}}\n</tool_call>' * 2
+    assert chat.read_act(two, SCHEMAS)[0] == "bad_call_json"
+    assert chat.read_act('I pay. <tool_call>{"name": "pay", "arguments": {"amount": 1}}</tool_call>',
+                         SCHEMAS)[0] == "bad_call_json"
+    assert chat.read_act('<tool_call>{"name": "pay", "arguments": {"amount": 1}}', SCHEMAS)[0] == "bad_call_json"
+    assert call('{"name": "steal", "arguments": {}}') == ("unknown_tool", "no tool named 'steal'")
+    bad = {'{"amount": "3"}': 'arguments.amount must be integer, got "3"',
+           '{"amount": 3.0}': "arguments.amount must be integer, got 3.0",
+           '{"amount": true}': "arguments.amount must be integer, got true",
+           "{}": "arguments.amount is required"}
+    for args, problem in bad.items():
+        assert call(f'{{"name": "pay", "arguments": {args}}}') == ("bad_arguments", problem)
+    assert call('{"name": "pay", "arguments": {"amount": 3, "note": "x"}}')[0] == "call"   # extra allowed here
+    thought = '<think>\nI pay.\n</think>\n\n<tool_call>\n{"name": "pay", "arguments": {"amount": 3}}\n</tool_call>'
+    assert chat.read_act(thought, SCHEMAS) == ("call", '{"name": "pay", "arguments": {"amount": 3}}')
+    assert chat.read_act("<think>\nhm\n</think>\n\n 6", SCHEMAS) == ("answer", "6")
+    assert chat.read_act("<think>\nhm", SCHEMAS)[0] == "unclosed_think"
+
+
+def test_schema_types_enum_required_and_additional_properties():
+    ok = {"city": "Rome", "tags": ["a"], "radius": 2, "open": False, "where": {"lat": 1.5}}
+    assert chat.check_value(ok, SCHEMAS["find"]) is None
+    cases = {"city": ("Milan", "arguments.city must be one of ['Paris', 'Rome'], got \"Milan\""),
+             "tags": (["a", 1], "arguments.tags[1] must be string, got 1"),
+             "radius": ("2", 'arguments.radius must be number, got "2"'),
+             "open": (0, "arguments.open must be boolean, got 0"),
+             "where": ({}, "arguments.where.lat is required"),
+             "nearby": (True, "arguments.nearby is not a known argument")}
+    for key, (value, problem) in cases.items():
+        assert chat.check_value({**ok, key: value}, SCHEMAS["find"]) == problem
+    assert chat.check_value({"city": "Rome"}, SCHEMAS["find"]) == "arguments.tags is required"
+
+
+# ----------------------------------------------------------------------------- episodes
+
+class Script(torch.nn.Module):
+    """A fake causal LM: at the k-th position after the prompt it puts all probability on
+    script[k], whatever it is fed (forced positions of the script are the sampler's business)."""
+
+    def __init__(self, script):
+        super().__init__()
+        self.config = Qwen2Config(vocab_size=len(TOK), hidden_size=8, num_hidden_layers=1,
+                                  num_attention_heads=1, num_key_value_heads=1)
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+        self.script = script
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=None):
+        B, T = input_ids.shape
+        self.k = 0 if T > 1 else self.k + 1
+        cache.update(torch.zeros(B, 1, T, 1), torch.zeros(B, 1, T, 1), 0)
+        logits = torch.full((B, T, len(TOK)), -1e4)
+        logits[:, -1, self.script[min(self.k, len(self.script) - 1)]] = 0.0
+        return SimpleNamespace(logits=logits)
+
+
+def pay_task(**kw):
+    return {"messages": [{"role": "user", "content": "pay 3"}], "tools": [PAY], "answer": "6",
+            "gold_calls": [{"name": "pay", "arguments": {"amount": 3}}], "env": "toy", **kw}
+
+
+def sample(task, env_mode, actions, responses, answer, n=1):
+    """Sample `n` episodes of `task` from a model scripted to write exactly this episode."""
+    tags = chat.chat_format(TOK)
+    prompts, worlds = chat.episode_inputs(TOK, tags, [task] * n)
+    script = chat.assemble(TOK, tags, prompts[0], actions, responses, answer)["ids"][len(prompts[0]):]
+    return tags, prompts[0], sample_episodes(Script(script), TOK, prompts, env_mode, world=worlds, tags=tags,
+                                             max_act_tokens=40, max_env_tokens=8, max_tokens=200)
+
+
+def test_roles_and_shifted_loss_mask_of_a_chat_episode():
+    """pay 3 -> '6' -> answer 6. After the 74 prompt tokens (tokens and roles from the template):
+      74-76 <|im_start|> assistant Ċ (T) | 77-96 <tool_call> Ċ {" name ": Ġ" pay ", Ġ" arguments ":
+      Ġ{" amount ": Ġ 3 }} Ċ </tool_call> <|im_end|> (A) | 97-102 Ċ <|im_start|> user Ċ
+      <tool_response> Ċ (T) | 103-105 6 Ċ </tool_response> (R) | 106-110 <|im_end|> Ċ <|im_start|>
+      assistant Ċ (T) | 111-112 6 <|im_end|> (A)."""
+    tags, prompt, episodes = sample(pay_task(), "rehearse", [{"name": "pay", "arguments": {"amount": 3}}],
+                                    ["6"], "6")
+    e = episodes[0]
+    assert len(prompt) == 74 and e["cause"] == "answer" and e["answer"] == "6"
+    assert e["calls"] == ['{"name": "pay", "arguments": {"amount": 3}}'] and e["responses"] == ["6"]
+    P, T, A, R = PROMPT, TAG, ACT, REHEARSE
+    assert e["roles"] == [P] * 74 + [T] * 3 + [A] * 20 + [T] * 6 + [R] * 3 + [T] * 5 + [A] * 2
+    assert tokens(e["ids"][103:106]) == ["6", "Ċ", "</tool_response>"]
+    assert tokens(e["ids"][95:98]) == ["</tool_call>", "<|im_end|>", "Ċ"]
+    # the sequence is the template's own rendering of the conversation (without the final "\n")
+    messages = [{"role": "user", "content": "pay 3"},
+                {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "pay", "arguments": {"amount": 3}}}]},
+                {"role": "tool", "content": "6"}, {"role": "assistant", "content": "6"}]
+    assert e["ids"] + tags["end"] == chat.prompt_ids(TOK, messages, [PAY])
+    # target t is trained iff the token at t+1 is ACT or REHEARSE
+    mask = loss_mask(torch.tensor([e["roles"]]))[0].tolist()
+    assert "".join(str(int(m)) for m in mask[73:]) == "000" + "1" * 20 + "0" * 6 + "111" + "0" * 5 + "11"
+    assert not any(mask[:73])
+    sampled = [i for i, lp in enumerate(e["logprobs"]) if lp != 0.0]
+    assert all(e["roles"][i] in (A, R) for i in sampled)        # forced and prompt tokens: logprob 0
+
+
+def test_real_mode_executes_the_json_call_in_the_toy_world():
+    # the script rehearses '5' but the toy world says 6: forced as OBS, no loss
+    _, _, episodes = sample(pay_task(), "real", [{"name": "pay", "arguments": {"amount": 3}}], ["5"], "6")
+    e = episodes[0]
+    assert e["responses"] == ["6"] and e["cause"] == "answer"
+    assert e["roles"][103:106] == [OBS] * 3 and tokens(e["ids"][103:106]) == ["6", "Ċ", "</tool_response>"]
+    assert not loss_mask(torch.tensor([e["roles"]]))[0, 102:105].any()
+
+
+def test_a_bad_call_ends_the_episode_with_its_cause_and_reward_0():
+    for name, args, cause in (("steal", {}, "unknown_tool"), ("pay", {"amount": "3"}, "bad_arguments")):
+        _, _, episodes = sample(pay_task(), "rehearse", [{"name": name, "arguments": args}], ["6"], "6", n=2)
+        assert [e["cause"] for e in episodes] == [cause, cause]
+        assert reward.cause_counts(episodes) == {cause: 2}
+        assert reward.chat_reward(episodes[0], pay_task()) == 0.0
+        assert episodes[0]["roles"][-1] == ACT and tokens(episodes[0]["ids"][-1]) == "<|im_end|>"
+
+
+# ----------------------------------------------------------------------------- rewards
+
+def test_answer_match_normalises_strings_and_numbers():
+    for a, b in (("6", "6.0"), (" The  Apple.", "the apple"), ("1,200", "1200"), ("-2", "-2.00")):
+        assert reward.answer_match(a, b), (a, b)
+    for a, b in (("7", "6"), ("apple", "apples"), ("6 coins", "6")):
+        assert not reward.answer_match(a, b), (a, b)
+
+
+def test_tool_call_match_is_ast_style():
+    gold = [{"name": "find", "arguments": {"city": "Rome", "radius": 2, "open": True}},
+            {"name": "pay", "arguments": {"amount": 3}}]
+    same = [{"name": "find", "arguments": {"open": True, "radius": 2.0, "city": " rome"}},
+            {"name": "pay", "arguments": {"amount": 3}}]
+    assert reward.calls_match(same, gold)
+    assert not reward.calls_match(same[::-1], gold)                       # order matters by default
+    assert reward.calls_match(same[::-1], gold, "any")
+    assert not reward.calls_match(same + same[:1], gold, "any")           # one call too many
+    assert not reward.calls_match([same[0], {"name": "pay", "arguments": {"amount": 4}}], gold)
+    assert not reward.calls_match([{"name": "find", "arguments": {"city": "Rome", "radius": 2, "open": 1}},
+                                   same[1]], gold)                        # 1 is not true
+    assert not reward.calls_match([{"name": "find", "arguments": {"city": "Rome", "radius": 2}}, same[1]], gold)
+    assert reward.value_match([1, {"a": "X"}], [1.0, {"a": "x"}]) and not reward.value_match([1, 2], [2, 1])
+
+
+def test_chat_reward_combines_answer_calls_and_judge():
+    e = {"cause": "answer", "answer": "6", "calls": ['{"name": "pay", "arguments": {"amount": 3}}'],
+         "responses": ["6"]}
+    assert reward.chat_reward(e, pay_task()) == 1.0
+    assert reward.chat_reward({**e, "answer": "7"}, pay_task()) == 0.0
+    assert reward.chat_reward({**e, "calls": []}, pay_task()) == 0.0
+    assert reward.chat_reward({**e, "cause": "token_limit"}, pay_task()) == 0.0
+    task = pay_task(checklist=["paid?", "polite?"])
+    assert reward.chat_reward(e, task, judge=lambda ep, t: [0.2, 0.6]) == pytest.approx(0.4)
+    assert reward.chat_reward({**e, "answer": "7"}, task, judge=lambda ep, t: [1.0, 1.0]) == 0.0
+
+
+def test_judge_probability_of_yes_by_hand(tmp_path):
+    judge = tiny_qwen(TOK, seed=3)
+    prompt = "<|im_start|>user\nIs 6 right? Answer yes or no.<|im_end|>\n<|im_start|>assistant\n"
+    # first tokens of yes/Yes and no/No in this tokenizer: 'y', 'Y', 'no' (merged, from 'not'), 'N'
+    assert [tokens(TOK.encode(w, add_special_tokens=False)[0]) for w in ("yes", "Yes", "no", "No")] == \
+        ["y", "Y", "no", "N"]
+    ids = torch.tensor([TOK.encode(prompt, add_special_tokens=False)])
+    logits = judge(input_ids=ids).logits[0, -1].tolist()
+    z = sum(math.exp(v) for v in logits)
+    p = {t: math.exp(logits[TOK.convert_tokens_to_ids(t)]) / z for t in ("y", "Y", "no", "N")}
+    want = (p["y"] + p["Y"]) / (p["y"] + p["Y"] + p["no"] + p["N"])
+    assert reward.judge_yes_probability(judge, TOK, [prompt]) == [pytest.approx(want, rel=1e-5)]
+    scores = reward.make_judge(judge, TOK)({"calls": [], "responses": [], "answer": "6"},
+                                           pay_task(checklist=["a?", "b?", "c?"]))
+    assert len(scores) == 3 and all(0 < s < 1 for s in scores)
+
+
+# ----------------------------------------------------------------------------- task files
+
+def write(tmp_path, lines, name="t.jsonl"):
+    path = tmp_path / name
+    path.write_text("\n".join(json.dumps(x) if not isinstance(x, str) else x for x in lines) + "\n")
+    return str(path)
+
+
+GOOD = {"messages": [{"role": "user", "content": "pay 3"}], "tools": [PAY], "answer": 6}
+
+
+@pytest.mark.parametrize("line, problem", [
+    ("{not json", "line 2: not valid JSON"),
+    ({"messages": GOOD["messages"], "answer": "6"}, "line 2: missing key 'tools'"),
+    ({**GOOD, "answer": None}, "line 2: 'answer' must be a string or a number"),
+    ({k: v for k, v in GOOD.items() if k != "answer"}, "line 2: no success criterion"),
+    ({**GOOD, "gold_calls": [{"name": "pay", "arguments": {"amount": "3"}}]},
+     "line 2: gold call 1 pay: arguments.amount must be integer"),
+    ({**GOOD, "gold_calls": [{"name": "buy", "arguments": {}}]}, "line 2: gold call 1 names tool 'buy'"),
+    ({**GOOD, "messages": [{"role": "system", "content": "hi"}]}, "line 2: the opening messages"),
+    ({**GOOD, "call_order": "sorted"}, "line 2: 'call_order' must be 'exact' or 'any'"),
+    ({**GOOD, "examples": {"pay": [{"arguments": {"amount": 1}, "result": 8}]}}, "line 2: example 1 of 'pay'"),
+])
+def test_task_file_errors_name_the_line(tmp_path, line, problem):
+    path = write(tmp_path, [GOOD, line])
+    with pytest.raises(world.DataError) as e:
+        chat.read_chat_jsonl(path, "tasks")
+    assert problem in str(e.value) and str(e.value).startswith(path)
+
+
+def test_logged_trajectory_errors_and_reading(tmp_path):
+    call = {"type": "function", "function": {"name": "pay", "arguments": '{"amount": 3}'}}   # OpenAI: a string
+    good = {"messages": GOOD["messages"] + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                                            {"role": "tool", "content": "6"}, {"role": "assistant", "content": "6"}],
+            "tools": [PAY]}
+    two = {**good, "messages": GOOD["messages"] + [{"role": "assistant", "tool_calls": [call, call]}]}
+    path = write(tmp_path, [good, two])
+    with pytest.raises(world.DataError, match="line 2: turn 1: one tool call per assistant turn"):
+        chat.read_chat_jsonl(path, "trajectories")
+    (t,) = chat.read_chat_jsonl(write(tmp_path, [good]), "trajectories")
+    assert t["calls"] == ['{"name": "pay", "arguments": {"amount": 3}}'] and t["responses"] == ["6"]
+    assert t["answer"] == "6" and t["messages"] == GOOD["messages"]
+
+
+def test_a_bad_task_file_stops_train_before_the_model_loads(tmp_path, capsys):
+    path = write(tmp_path, [GOOD, {**GOOD, "tools": "pay"}])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"format: chat\nmodel: {tmp_path / 'nowhere'}\ntasks_file: {path}\n")
+    assert train.main(["--config", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "line 2: 'tools' must be a list" in err[0]
+    assert train.main(["--config", str(cfg), "--model=tiny"]) == 2
+    assert "format: chat needs model" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- the toy world in chat form
+
+def test_toy_export_round_trips_and_the_toy_world_executes_json_calls(tmp_path):
+    chat.export_toy(str(tmp_path), seed=0, n_logged=5, n_new_logged=0, n_rl=5, n_test=5)
+    tasks = chat.read_chat_jsonl(str(tmp_path / "test.jsonl"), "tasks")
+    logged = chat.read_chat_jsonl(str(tmp_path / "logged.jsonl"), "trajectories")
+    shipped = chat.read_chat_jsonl(os.path.join(ROOT, "data", "toy_chat_example.jsonl"), "tasks")
+    for t in tasks + shipped:
+        w = chat.task_world(t, {"env_pre": "\n", "act_pre": ""})
+        calls = [json.dumps(c) for c in t["gold_calls"]]
+        assert w.replay(calls)[-1] == t["answer"] and t["env"] == "toy"
+    for t in logged:
+        assert world.replay([chat.toy_call_text(c) for c in t["call_dicts"]]) == t["responses"]
+    w = chat.task_world(tasks[0], {"env_pre": "\n", "act_pre": ""})
+    state = w.new_state()
+    steps = [{"name": "price", "arguments": {"item": "apple"}}, {"name": "mul", "arguments": {"a": 3, "b": 4}},
+             {"name": "pay", "arguments": {"amount": 4}}, {"name": "pay", "arguments": {"amount": 9}}]
+    assert [w.step(state, json.dumps(c)) for c in steps] == ["3", "12", "5", "error funds"]
+    assert chat.toy_json_call("mul 3 , 4") == {"name": "mul", "arguments": {"a": 3, "b": 4}}
+    assert chat.read_act('<tool_call>{"name": "price", "arguments": {"item": "pen"}}</tool_call>',
+                         chat.tool_schemas(chat.TOY_TOOLS))[0] == "bad_arguments"   # enum of items
+
+
+# ----------------------------------------------------------------------------- train.py, resume, evaluate.py
+
+def test_train_resume_and_evaluate_on_the_chat_path(tmp_path, monkeypatch):
+    # a random model never answers right: reward episode-length parity so that steps update
+    monkeypatch.setattr(train, "chat_reward", lambda e, t, judge=None: float(len(e["ids"]) % 2))
+    tiny_qwen(TOK, tmp_path / "qwen")
+    overrides = [f"--model={tmp_path / 'qwen'}", f"--out_dir={tmp_path / 'run'}", "--max_act_tokens=12",
+                 "--max_tokens=640", "--temperature=2.0", "--lr=0.01"]
+    monkeypatch.chdir(ROOT)
+    cfg = train.load_config(os.path.join(ROOT, "configs", "chat_tiny.yaml"), overrides)
+    assert train.run(cfg) == 0
+    assert train.run({**cfg, "rl_steps": 3}, resume=True) == 0
+    out = cfg["out_dir"]
+    lines = [json.loads(text) for text in open(os.path.join(out, "metrics.jsonl"))]
+    assert [m["step"] for m in lines] == [1, 2, 3]
+    assert any(m["status"] == "updated" for m in lines)
+    for m in lines:
+        assert sum(m["causes"].values()) == 4 and m["tokens_act"] > 0
+    final = train.load_policy(os.path.join(out, "ckpt"))[0]
+    warm = train.load_policy(os.path.join(out, "warmstart"))[0]
+    assert max((a - b).abs().max().item() for a, b in zip(final.parameters(), warm.parameters())) > 0
+    os.remove(os.path.join(out, "eval.json"))
+    assert evaluate.main(["--ckpt", out, "--n_test=3"]) == 0
+    result = json.load(open(os.path.join(out, "eval.json")))
+    assert result["n_tasks"] == 3 and result["real_tasks"] == 3 and 0 <= result["success"] <= 1
+
+
+def test_max_tokens_shorter_than_a_prompt_is_one_line(tmp_path, capsys):
+    tiny_qwen(TOK, tmp_path / "qwen")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"format: chat\nmodel: {tmp_path / 'qwen'}\ntasks_file: {ROOT}/data/toy_chat_example.jsonl\n"
+                   f"out_dir: {tmp_path / 'run'}\nmax_tokens: 100\n")
+    assert train.main(["--config", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "max_tokens (100) leaves no room" in err[0]
+
+
+def test_evaluation_of_tasks_without_an_executor_scores_by_criteria_and_judge(tmp_path):
+    """A task with no env: the policy rehearses the response; the episode is right on answer and
+    gold call, so its success is the judge's mean p(yes) over the checklist (a tiny random Qwen2
+    judge loaded from judge_model)."""
+    tiny_qwen(TOK, tmp_path / "judge", seed=5)
+    task = {k: v for k, v in pay_task(checklist=["Did it pay 3?", "Is 6 left?"]).items() if k != "env"}
+    tags = chat.chat_format(TOK)
+    prompts, _ = chat.episode_inputs(TOK, tags, [dict(task)])
+    script = chat.assemble(TOK, tags, prompts[0], [{"name": "pay", "arguments": {"amount": 3}}], ["6"], "6")
+    cfg = {**train.DEFAULTS, "format": "chat", "judge_model": str(tmp_path / "judge"), "max_act_tokens": 40,
+           "max_tokens": 200}
+    result = evaluate.evaluate(Script(script["ids"][len(prompts[0]):]), TOK, [task], cfg)
+    judge = train.load_policy(str(tmp_path / "judge"))[0]
+    episode = {"calls": ['{"name": "pay", "arguments": {"amount": 3}}'], "responses": ["6"], "answer": "6"}
+    want = reward.make_judge(judge, TOK)(episode, task)
+    assert result["causes"] == {"answer": 1} and result["rehearsed_tasks"] == 1
+    assert result["success"] == pytest.approx(sum(want) / 2, rel=1e-5) and 0 < result["success"] < 1
+    assert not result["fidelity_measured"]

@@ -839,8 +839,9 @@ def run(cfg, resume=False):
             time_sample = time.time() - t0
             group_ids = [i // cfg["group_size"] for i in range(len(episodes))]
             rewards = [task_reward(e, tasks[g]) for e, g in zip(episodes, group_ids)]
-            rows, row_rewards, row_groups = training_rows(episodes, rewards, group_ids, cfg["advantage_groups"])
-            sums, status = rl_step(model, ddp_model, opt, rows, row_rewards, row_groups, cfg,
+            update_rows, row_rewards, row_groups = training_rows(episodes, rewards, group_ids,
+                                                                 cfg["advantage_groups"])
+            sums, status = rl_step(model, ddp_model, opt, update_rows, row_rewards, row_groups, cfg,
                                    tokenizer.pad_token_id, reference if cfg["kl_coef"] > 0 else None,
                                    world_size)
             progress["skipped_steps"] += status == "skipped"

@@ -123,6 +123,16 @@ def test_truncations_end_the_episode_with_their_cause():
     assert turn["cause"] == "turn_limit" and len(turn["rehearsals"]) == 1
 
 
+def test_frozen_simulator_writes_the_rehearse_rows_as_obs():
+    actor = {k: v for k, v in SCRIPTS.items() if not k.startswith("rehearse")}
+    simulator = {RH1: "3 </env>", RH2: "6 </env>"}
+    e, = sample_separate(PrefixScripted(TOK, actor), TOK, ["buy apple"], "frozen", examples=EXAMPLES,
+                         env_model=PrefixScripted(TOK, simulator))
+    assert e["cause"] == "answer" and e["responses"] == ["3", "6"]
+    assert [r["roles"][-2:] for r in e["rehearsals"]] == [[O, O], [O, O]]
+    assert all(set(r["logprobs"]) == {0.0} for r in e["rehearsals"])
+
+
 def test_rehearse_rows_logprobs_equal_a_teacher_forced_forward():
     """Rehearse rows of different prompt lengths, sampled together by the KV-cached sampler
     (left-padded prefixes): every sampled logprob equals a full forward over the finished row."""

@@ -353,23 +353,23 @@ def warm_start_sequences(cfg, tokenizer, splits, examples=None):
 
 
 def separate_warm_start_sequences(cfg, tokenizer, splits, examples=None):
-    """rehearsal_context separate: the rows RL trains, from logged data. Each logged expert
-    episode as an actor row (its responses OBS: context here, trained in its rehearse rows), and
-    every logged call as a rehearse row (rehearse.rehearsal_rows: dialogue so far + call ->
-    response, REHEARSE, with the grounding `examples`), in the prompt format RL rehearses in. Of
-    the tool traffic, each snippet's last call (its lead calls only set the wallet; every call
-    is some snippet's last)."""
+    """rehearsal_context separate: the rows RL trains, from the same logged data, one group of
+    rows ({"rows": [...]}) per logged episode or tool snippet, so that a warm-start step trains
+    the same calls and responses as inline. An expert episode: its actor row (responses OBS:
+    context here) and a rehearse row per call (rehearse.rehearsal_rows: dialogue so far + call ->
+    response, REHEARSE, with the grounding `examples`), the prompt format RL rehearses in. A
+    tool snippet: a rehearse row per call."""
     seqs = []
     for t in splits["logged"]:
         responses = t.get("responses") or world.replay(t["calls"])
         episode = {**encode_episode(tokenizer, t["prompt"], t["calls"], responses, t["answer"]),
                    "calls": t["calls"], "responses": responses}
-        seqs += [episode] + rehearse.rehearsal_rows(tokenizer, episode, examples)
+        seqs.append({"rows": [episode] + rehearse.rehearsal_rows(tokenizer, episode, examples)})
     for s in world.tool_snippets(cfg["data_seed"], cfg["snippet_repeats"], cfg["coverage"]):
         responses = world.replay(s["calls"])
         episode = {**encode_episode(tokenizer, s["prompt"], s["calls"], responses, act_role=PROMPT),
                    "calls": s["calls"], "responses": responses}
-        seqs += rehearse.rehearsal_rows(tokenizer, episode, examples)[-1:]
+        seqs.append({"rows": rehearse.rehearsal_rows(tokenizer, episode, examples)})
     return seqs
 
 
@@ -405,7 +405,8 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, rank=0, world_size=1):
     batch, AdamW with cosine decay. Environment tokens are trained too: the initial world model.
     (Separate context: see warm_start_roles.)
     Every rank draws the same global batch (same seed) and trains on its slice of it, in
-    length-grouped micro-batches."""
+    length-grouped micro-batches. A sequence may be a group of rows ({"rows": [...]}, separate
+    context): drawn as one, so sft_batch_size counts logged episodes in both contexts."""
     if cfg["sft_steps"] == 0:
         return
     device = next(model.parameters()).device
@@ -419,11 +420,12 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, rank=0, world_size=1):
         for group in opt.param_groups:
             group["lr"] = lr
         batch = rng.sample(sequences, min(cfg["sft_batch_size"], len(sequences)))
-        ids, roles = collate(batch[rank * per_rank:(rank + 1) * per_rank], pad_id)
+        batch = [row for s in batch[rank * per_rank:(rank + 1) * per_rank] for row in s.get("rows", [s])]
+        ids, roles = collate(batch, pad_id)
         ids, roles = ids.to(device), roles.to(device)
         mask = loss_mask(roles, trained=warm_start_roles(cfg)).float()
         n_tokens = all_sum([mask.sum().item()])[0]
-        lengths = [len(s["ids"]) for s in batch[rank * per_rank:(rank + 1) * per_rank]]
+        lengths = [len(s["ids"]) for s in batch]
         total = 0.0
         opt.zero_grad(set_to_none=True)
         batches = micro_batches(lengths, cfg["micro_batch_tokens"])

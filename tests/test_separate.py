@@ -203,18 +203,38 @@ def test_warm_start_rows_are_the_rows_rl_samples():
     splits = {"logged": [{"prompt": "buy apple", "calls": ["price apple", "pay 3"], "responses": ["3", "6"],
                           "answer": "6"}]}
     cfg = {**train.DEFAULTS, "rehearsal_context": "separate", "snippet_repeats": 0}
-    actor, r1, r2 = train.warm_start_sequences(cfg, TOK, splits, EXAMPLES)
+    (group,) = train.warm_start_sequences(cfg, TOK, splits, EXAMPLES)
+    actor, r1, r2 = group["rows"]
     assert actor["ids"] == e["ids"] and actor["roles"] == e["roles"]
     assert r1["ids"] == e["rehearsals"][0]["ids"] and r1["roles"] == e["rehearsals"][0]["roles"]
     assert r2["ids"] == e["rehearsals"][1]["ids"] and r2["roles"] == e["rehearsals"][1]["roles"]
     assert train.warm_start_roles(cfg) == (ACT, REHEARSE)        # the actor row's OBS: context
     assert train.warm_start_roles(train.DEFAULTS) == (ACT, REHEARSE, OBS)
-    # tool traffic: one rehearse row per snippet, for its last call
+    # tool traffic: a group of rehearse rows per snippet, one per call
     cfg["snippet_repeats"] = 1
-    seqs = train.warm_start_sequences(cfg, TOK, splits, EXAMPLES)[3:]
+    groups = train.warm_start_sequences(cfg, TOK, splits, EXAMPLES)[1:]
     snippets = world.tool_snippets(0, 1)
-    assert len(seqs) == len(snippets)
-    assert all(s["call"] == sn["calls"][-1] and s["turn"] == len(sn["calls"]) - 1 for s, sn in zip(seqs, snippets))
+    assert len(groups) == len(snippets)
+    for g, snippet in zip(groups, snippets):
+        assert [r["call"] for r in g["rows"]] == snippet["calls"]
+        assert all(r["roles"][-1] == REHEARSE and ACT not in r["roles"] for r in g["rows"])
+
+
+def test_warm_start_draws_a_group_of_rows_as_one_sequence(monkeypatch):
+    """Groups of 2 rows and 1 row and a plain row, sft_batch_size 2: each step collates the rows
+    of two of the three (3 rows when the 2-row group is drawn, else 2)."""
+    two_rows = [{"ids": [0, 7, 30], "roles": [P, A, A]}, {"ids": [0, 7], "roles": [P, R]}]
+    seqs = [{"rows": two_rows}, {"rows": two_rows[:1]}, two_rows[1]]
+    seen = []
+
+    def spy(batch, pad_id):
+        seen.append(len(batch))
+        return collate(batch, pad_id)
+    monkeypatch.setattr(train, "collate", spy)
+    model = tiny_llama(TOK)
+    cfg = {**train.DEFAULTS, "sft_steps": 6, "sft_batch_size": 2, "rehearsal_context": "separate"}
+    train.warm_start(model, model, seqs, cfg, TOK.pad_token_id)
+    assert len(seen) == 6 and set(seen) == {2, 3}
 
 
 class SeparateOracle(torch.nn.Module):
@@ -275,8 +295,19 @@ def test_train_run_with_separate_rows(tmp_path, monkeypatch):
     # a short warm start answers little right: reward by episode length parity, so that groups vary
     monkeypatch.setattr(train, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
     cfg = tiny_cfg(tmp_path, rehearsal_context="separate", grounding_examples=2, rl_steps=2,
-                   sft_steps=40, sft_lr=1e-2, tasks_per_step=4, group_size=4)
+                   sft_steps=40, sft_batch_size=32, sft_lr=1e-2, tasks_per_step=4, group_size=4)
+    asked = []                        # evaluation asks would-rehearse in separate rows
+
+    def would_rehearse_separate(model, tokenizer, episodes, examples, world):
+        asked.append((len(episodes), examples("price apple")))
+        return []
+    monkeypatch.setattr(rehearse, "would_rehearse_separate", would_rehearse_separate)
     assert train.run(cfg) == 0
+    # the grounding examples: the first two distinct price calls in the logged data (not apple)
+    logged = world.make_splits(0, 40, 2, 40, 16)["logged"]
+    prices = list(dict.fromkeys(c for t in logged for c in t["calls"] if c.startswith("price")))
+    first_two = [(c, str(world.PRICES[c.split()[1]])) for c in prices if c != "price apple"][:2]
+    assert asked == [(16, first_two)] * 2                                   # before and after RL
     out = cfg["out_dir"]
     lines = [json.loads(text) for text in open(os.path.join(out, "metrics.jsonl"))]
     assert [line["step"] for line in lines] == [1, 2]
@@ -284,6 +315,6 @@ def test_train_run_with_separate_rows(tmp_path, monkeypatch):
         assert line["status"] == "updated" and math.isfinite(line["loss"])
         assert line["tokens_rehearse"] > 0 and line["rehearse_rows"] > 0 and line["tokens_obs"] > 0
     result = json.load(open(os.path.join(out, "eval.json")))
-    assert result["n_tasks"] == 16 and result["fidelity_counts"]
+    assert result["n_tasks"] == 16
     os.remove(os.path.join(out, "eval.json"))
     assert evaluate.main(["--ckpt", out, "--n_test=8"]) == 0

@@ -11,6 +11,9 @@ its actions and the environment's responses into one context. Every token carrie
               (chat format: the template's glue, e.g. <|im_start|>assistant\n)
     PAD       padding                                                   no loss
 
+With `rehearsal_context: separate` a rehearsal is a row of its own (its response REHEARSE there),
+and its copy in the actor's row is OBS: context the actor reads, with no loss in that row.
+
 `input_ids` and `roles` are built side by side while sampling (rollout.py) and never re-derived
 by decoding and re-encoding text. The loss mask derives from roles and is shifted by one, since
 the logits at position t predict the token at t+1.

@@ -35,11 +35,13 @@ from rollout import sample_episodes
 
 
 def evaluate(model, tokenizer, tasks, cfg, batch_size=512, seed=0, rehearser=None, world=toy_world,
-             warm_start_counts=None):
+             warm_start_counts=None, examples=None):
     """Run `tasks` in the real world (sampling per cfg eval_temperature/top_p) and measure. With
     cfg rehearsal_budget N > 0, each task is first privately rehearsed N times (rehearse.py;
     `rehearser` plays the world in imagination instead of the policy if given) and the real
     execution commits to the plan. `warm_start_counts` ({call: count}) adds fidelity by coverage.
+    With cfg rehearsal_context separate, would-rehearse fidelity and private rehearsal ask the model
+    in separate rehearse rows, with `examples` (train.logged_examples) as its grounding examples.
     Chat-format tasks go to `evaluate_chat`."""
     if cfg["format"] == "chat":
         return evaluate_chat(model, tokenizer, tasks, cfg, batch_size, seed, warm_start_counts)
@@ -53,14 +55,18 @@ def evaluate(model, tokenizer, tasks, cfg, batch_size=512, seed=0, rehearser=Non
         if cfg["rehearsal_budget"]:
             plans, used = rehearse.private_rehearsal_plans(
                 model, tokenizer, prompts, cfg["rehearsal_budget"], cfg["rehearsal_mode"], rehearser,
-                temperature=cfg["imagine_temperature"], generator=generator, world=world, **limits)
+                temperature=cfg["imagine_temperature"], generator=generator, world=world,
+                context=cfg["rehearsal_context"], examples=examples, **limits)
         episodes += sample_episodes(model, tokenizer, prompts, "real", world=world, plans=plans,
                                     temperature=cfg["eval_temperature"], top_p=cfg["top_p"],
                                     generator=generator, **limits)
         imagined += used
     rewards = [task_reward(e, t) for e, t in zip(episodes, tasks)]
     causes = cause_counts(episodes)
-    calls = rehearse.would_rehearse_calls(model, tokenizer, episodes)
+    if cfg["rehearsal_context"] == "separate":     # asked in the context it rehearses in
+        calls = rehearse.would_rehearse_separate(model, tokenizer, episodes, examples, world)
+    else:
+        calls = rehearse.would_rehearse_calls(model, tokenizer, episodes)
     fidelity = rehearse.by_kind(calls, world)
     by_family = {}
     for t, r in zip(tasks, rewards):
@@ -181,7 +187,7 @@ def imagined_summary(m):
 # ----------------------------------------------------------------------------- private rehearsal sweep
 
 def rehearsal_sweep(model, tokenizer, tasks, cfg, rehearsers, budgets=(0, 1, 2, 4),
-                    modes=("parallel", "sequential")):
+                    modes=("parallel", "sequential"), examples=None):
     """Success against the private-rehearsal budget N, for each mode and each model that plays the
     world in imagination ({name: model or None for the policy itself}). One row per setting."""
     rows = []
@@ -190,7 +196,7 @@ def rehearsal_sweep(model, tokenizer, tasks, cfg, rehearsers, budgets=(0, 1, 2, 
             for n in budgets:
                 m = evaluate(model, tokenizer, tasks, {**cfg, "rehearsal_budget": n, "rehearsal_mode": mode,
                                                              "n_collusion": 0},
-                             seed=cfg["seed"], rehearser=rehearser)
+                             seed=cfg["seed"], rehearser=rehearser, examples=examples)
                 rows.append({"rehearser": name, "mode": mode, "budget": n, "success": m["success"],
                              "imagined_per_task": m["imagined_per_task"], "mean_calls": m["mean_calls"]})
     return rows
@@ -441,7 +447,7 @@ def compare(results):
 
 def main(argv=None):
     from envace import find_checkpoint
-    from train import ConfigError, build_tasks, chat_tags, load_config, load_policy, pick_device
+    from train import ConfigError, build_tasks, chat_tags, load_config, load_policy, logged_examples, pick_device
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt", help="a run folder of train.py, or a checkpoint in it")
     parser.add_argument("--n_test", type=int, default=None, help="evaluate on the first N test tasks")
@@ -469,7 +475,8 @@ def main(argv=None):
         cfg = load_config(os.path.join(path, "config.yaml"), overrides)
         model, tokenizer = load_policy(path, pick_device(cfg))
         rehearser = load_policy(args.rehearser, pick_device(cfg))[0] if args.rehearser else None
-        tasks = build_tasks(cfg)["test"]
+        splits = build_tasks(cfg)
+        tasks, examples = splits["test"], logged_examples(cfg, splits)
         if cfg["format"] == "chat":
             chat_tags(tokenizer)              # a template that does not fit: one line
     except ConfigError as e:
@@ -485,14 +492,14 @@ def main(argv=None):
         return 0
     if args.sweep:
         rehearsers = {"policy": None, **({"rehearser": rehearser} if rehearser is not None else {})}
-        rows = rehearsal_sweep(model, tokenizer, tasks, cfg, rehearsers)
+        rows = rehearsal_sweep(model, tokenizer, tasks, cfg, rehearsers, examples=examples)
         for r in rows:
             print(f"{r['rehearser']:9s} {r['mode']:10s} N={r['budget']}: success {r['success']:.3f}, "
                   f"{r['imagined_per_task']:.2f} imagined and {r['mean_calls']:.2f} real calls per task")
         with open(os.path.join(args.ckpt, "private_rehearsal.json"), "w") as f:
             json.dump(rows, f, indent=1)
         return 0
-    metrics = evaluate(model, tokenizer, tasks, cfg, seed=cfg["seed"], rehearser=rehearser)
+    metrics = evaluate(model, tokenizer, tasks, cfg, seed=cfg["seed"], rehearser=rehearser, examples=examples)
     print(summary(metrics))
     with open(os.path.join(args.ckpt, "eval.json"), "w") as f:
         json.dump(metrics, f, indent=1)

@@ -22,14 +22,19 @@ sequence (role REHEARSE) and closes it with `</env>`. This file holds:
   as the official simulator's format/whitelist/schema checks demand.
 - test-time private rehearsal (`private_rehearsal_plans`): the paper's use of the internal
   world model at test time: imagine whole episodes before committing one real execution.
+- rehearsal_context separate (the official implementation's layout): `rehearse_prompt`, the
+  prompt of a rehearse row of its own (tool signature, grounding examples, dialogue, call);
+  `rehearsal_rows`, those rows for logged or real episodes (warm start, would-rehearse);
+  `grounding`, the logged (call, response) examples that prompt may carry (issue 7).
 """
+import functools
 from collections import defaultdict
 
 import torch
 
 import rollout  # a module import: rollout imports this file too
 import world as toy_world
-from envace import OBS, collate, micro_batches, tag_ids
+from envace import OBS, PROMPT, REHEARSE, TAG, collate, encode, micro_batches, tag_ids
 from reward import task_reward
 
 ERROR_WORDS = ("item", "args", "funds", "call")
@@ -179,7 +184,8 @@ def rates(counts):
 # ----------------------------------------------------------------------------- private rehearsal
 
 def private_rehearsal_plans(policy, tokenizer, prompts, budget, mode="parallel", rehearser=None,
-                            temperature=1.0, generator=None, world=toy_world, **limits):
+                            temperature=1.0, generator=None, world=toy_world, context="inline",
+                            examples=None, **limits):
     """Test-time private rehearsal: before acting for real on each task, imagine up to `budget`
     complete act/rehearse episodes in which the policy (or `rehearser`, e.g. the warm-start model)
     plays the world, and turn them into a plan for the one committed real execution.
@@ -197,15 +203,20 @@ def private_rehearsal_plans(policy, tokenizer, prompts, budget, mode="parallel",
                 answer (or the budget is spent), so it spends imagination only where the
                 earlier attempts disagreed. Same vote, at most `budget` imaginations.
     An imagined episode that ends without an answer (bad call, truncation) has no vote.
+    context "separate": imagined rehearsals are separate rows (rollout.sample_separate, with the
+    grounding `examples`), as the model was trained; the committed execution is the same.
     Returns (plans, imaginations used per task)."""
     env_mode = "rehearse" if rehearser is None else "frozen"
+    sample = rollout.sample_episodes                 # separate context: imagine in separate rows
+    if context == "separate":
+        sample = functools.partial(rollout.sample_separate, examples=examples)
     imagined = [[] for _ in prompts]
     per_task = budget if mode == "parallel" else 1
     for _ in range(budget if mode == "sequential" else 1):
         todo = [i for i in range(len(prompts)) if mode == "parallel" or not _agreed(imagined[i])]
         if not todo:
             break
-        episodes = rollout.sample_episodes(
+        episodes = sample(
             policy, tokenizer, [prompts[i] for i in todo for _ in range(per_task)], env_mode,
             env_model=rehearser, world=world, temperature=temperature, generator=generator, **limits)
         for k, e in enumerate(episodes):
@@ -226,3 +237,82 @@ def _vote(episodes):
     best = max(answers, key=answers.count)          # ties: the answer imagined first
     chosen = next(e for e in episodes if e["finished"] and e["answer"] == best)
     return list(zip(chosen["calls"], chosen["responses"]))
+
+
+# ----------------------------------------------------------------------------- separate context
+
+def rehearse_prompt(tokenizer, dialogue, call, examples=(), world=toy_world):
+    """The prompt of a separate rehearse row, as ids (the only place it is rendered: a chat-template
+    model gets its own rendering here). A rehearse tag with the called tool's signature, the
+    grounding `examples` ([(call, response)] of that tool, logged), the dialogue so far and the
+    call (`dialogue`: the actor's own ids after <bos>, up to the call's </act>), then the <env>
+    hand-off; the policy writes the response and </env> after it. The actor never sees it.
+
+        <bos> rehearse price item example <act> price jam </act> <env> 8 </env>
+              dialogue buy milk <act> price milk </act> <env>
+    """
+    tags = tag_ids(tokenizer)
+    ids = tags["bos"] + encode(tokenizer, f"rehearse {world.SIGNATURES[world.parse_call(call)[0]]}")
+    for example_call, response in examples:
+        ids += (encode(tokenizer, "example") + tags["act"] + encode(tokenizer, example_call) + [tags["act_end"]]
+                + tags["env"] + encode(tokenizer, response) + [tags["env_end"]])
+    return ids + encode(tokenizer, "dialogue") + list(dialogue) + tags["env"]
+
+
+def rehearsal_rows(tokenizer, episode, examples=None, world=toy_world):
+    """The separate rehearse rows of a logged or real episode ({ids, roles, calls, responses}):
+    per call with a response, `rehearse_prompt` over the episode's own ids up to that call's
+    </act>, then the response and </env> as REHEARSE. The warm start trains on these rows and
+    would_rehearse_separate asks the model in them: the rows the sampler builds in RL."""
+    if not episode["calls"]:
+        return []
+    tags = tag_ids(tokenizer)
+    first_turn = episode["roles"].index(TAG)       # a call's </act> comes after the task prompt
+    ends = [t for t in range(first_turn, len(episode["ids"])) if episode["ids"][t] == tags["act_end"]]
+    rows = []
+    for k, (call, response) in enumerate(zip(episode["calls"], episode["responses"])):
+        prompt = rehearse_prompt(tokenizer, episode["ids"][len(tags["bos"]):ends[k] + 1], call,
+                                 examples(call) if examples else (), world)
+        target = encode(tokenizer, response) + [tags["env_end"]]
+        rows.append({"ids": prompt + target, "roles": [PROMPT] * len(prompt) + [REHEARSE] * len(target),
+                     "call": call, "turn": k})
+    return rows
+
+
+def grounding(trajectories, k, world=toy_world):
+    """The grounding guard (issue 7): returns examples(call) -> up to k logged (call, response)
+    pairs of the called tool, for the separate rehearse prompt only (the actor never sees them).
+    Deterministic: the pairs of the first k + 1 distinct calls of each tool in `trajectories`
+    ([(calls, responses)], the warm-start data in its order), less the rehearsed call itself, so
+    that the prompt never hands over the answer to the very call it asks about."""
+    pool = defaultdict(list)
+    for calls, responses in trajectories:
+        for call, response in zip(calls, responses):
+            seen = pool[world.parse_call(call)[0]]
+            if len(seen) <= k and call not in (c for c, _ in seen):
+                seen.append((call, response))
+
+    def examples(call):
+        return [pair for pair in pool.get(world.parse_call(call)[0], []) if pair[0] != call][:k]
+    return examples
+
+
+@torch.no_grad()
+def would_rehearse_separate(model, tokenizer, episodes, examples=None, world=toy_world, token_budget=4096):
+    """would_rehearse_calls for a model trained with rehearsal_context separate: asked in the
+    context it rehearses in (a separate row per call, with the same grounding examples), would it
+    write exactly the real response and its </env> greedily? One teacher-forced forward over
+    those rows. Returns [(call, matched)]."""
+    rows = [r for e in episodes for r in rehearsal_rows(tokenizer, e, examples, world)]
+    if not rows:
+        return []
+    device = next(model.parameters()).device
+    ids, roles = collate(rows, tokenizer.pad_token_id)
+    lengths = [len(r["ids"]) for r in rows]
+    hits = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)
+    for index in micro_batches(lengths, token_budget):
+        n = max(lengths[i] for i in index)
+        batch = ids[index, :n].to(device)
+        hits[index, :n - 1] = (model(input_ids=batch).logits[:, :-1].argmax(-1) == batch[:, 1:]).cpu()
+    target = roles[:, 1:] == REHEARSE
+    return [(r["call"], bool(hits[i][target[i]].all())) for i, r in enumerate(rows)]

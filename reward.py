@@ -17,6 +17,18 @@ Chat-format tasks (chat.py) are scored by `chat_reward`: the final answer (norma
 number match), the tool calls against gold calls compared AST-style as BFCL does (type-aware
 values, in order or in any order), and optionally the paper's checklist judge: a local causal LM
 asked each yes/no question, scored by p(yes) / (p(yes) + p(no)) of its next token.
+
+With rehearsal_context separate an episode is several rows (`training_rows`): its actor row and
+one rehearse row per call, each with the episode's reward. `advantage_groups: task_role` (the
+official grouping) gives the actor rows of a task one baseline and its rehearse rows another;
+`task` gives them one shared mean. Task 0, G = 2: episode a (reward 1, two calls), b (0, one call):
+
+    row       a.act  b.act  a.r1  a.r2  b.r1
+    task_role  1/2   -1/2   1/3   1/3  -2/3     act mean 1/2, rehearse mean 2/3
+    task       2/5   -3/5   2/5   2/5  -3/5     one mean over the 5 rows: 3/5
+
+A mean is over rows, so an episode with more calls weighs more in its rehearse group. With
+inline rehearsal every row holds both roles and one reward, so the two groupings are the same.
 """
 from collections import Counter
 
@@ -43,6 +55,19 @@ def group_advantages(rewards, group_ids, scale_std=False, eps=1e-6):
             adv[members] /= r.std(unbiased=False) + eps
         all_equal += int(bool((r == r[0]).all()))
     return adv, all_equal
+
+
+def training_rows(episodes, rewards, task_ids, advantage_groups="task_role"):
+    """(rows, row rewards, row group ids) for one update: each episode's own row, then its
+    rehearse rows (episode["rehearsals"], separate context only), every row with its episode's
+    reward. Groups: (task, role) for `task_role`, the task for `task` (see the module docstring)."""
+    rows, row_rewards, groups = [], [], []
+    for episode, reward, task in zip(episodes, rewards, task_ids):
+        for row, role in [(episode, 0)] + [(r, 1) for r in episode.get("rehearsals", [])]:
+            rows.append(row)
+            row_rewards.append(reward)
+            groups.append(2 * task + role if advantage_groups == "task_role" else task)
+    return rows, row_rewards, groups
 
 
 def cause_counts(episodes):

@@ -27,6 +27,10 @@ template (each forced as a sequence of ids, e.g. `<|im_end|>` is the actor's sto
 the task's tool schemas (a bad one ends the row with cause bad_call_json, unknown_tool or
 bad_arguments), and one world per row, since every task brings its own tools.
 
+With rehearsal_context separate, `sample_separate` drives this sampler in rounds: actor rows stop
+at each finished call, every pending rehearsal is then sampled as its own row from its own prompt
+(rehearse.rehearse_prompt), and the response is copied into the actor row as context (OBS).
+
 Truncation is explicit: a tag sampled in the wrong role ("bad_act", "bad_rehearsal"), a segment
 longer than max_act_tokens / max_env_tokens ("act_limit", "env_limit"), more than max_turns calls
 ("turn_limit"), or more than max_tokens in all ("token_limit") ends the row with reward 0.
@@ -133,7 +137,7 @@ def _next_turn(row, tags, tokenizer, first=False):
 def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_model=None,
                     world=toy_world, temperature=1.0, top_p=1.0, max_turns=6, max_act_tokens=8,
                     max_env_tokens=6, max_tokens=96, generator=None, plans=None, tags=None,
-                    rehearse_check=False):
+                    rehearse_check=False, rows=None):
     """Sample one episode per prompt (repeat a prompt G times for a group). Returns a list of
     dicts with ids, roles, logprobs (0 where not sampled by the policy), calls and responses as
     text, answer, cause ('answer' or why it was truncated) and finished.
@@ -143,18 +147,22 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     rehearse_check: end a row whose simulated response has the wrong form for its call (rehearse
     and frozen modes; the response is kept in `responses`, the cause is "rehearse_check").
     Chat format (chat.py): prompts are token id lists, `world` is a list (one world per row, it
-    reads that task's tool calls) and `tags` the hand-offs derived from the chat template."""
+    reads that task's tool calls) and `tags` the hand-offs derived from the chat template.
+    rows: rows already started (instead of prompts), continued in place: sample_separate's rounds."""
     assert env_mode in ("rehearse", "real", "frozen", "none"), env_mode
     assert (env_model is not None) == (env_mode == "frozen"), "env_model is for frozen mode"
     tags = tags or tag_ids(tokenizer)
     stop_tags = tags.get("stops") or set(tags["act"] + tags["env"] + tags["bos"] + [
         tags["pad"], tags["act_end"], tags["env_end"]])
-    worlds = world if isinstance(world, list) else [world] * len(prompts)
-    rows = [_new_row(p if isinstance(p, list) else tags["bos"] + encode(tokenizer, p), tags, plan, tokenizer, w)
-            for p, plan, w in zip(prompts, plans or [None] * len(prompts), worlds)]
+    if rows is None:
+        worlds = world if isinstance(world, list) else [world] * len(prompts)
+        rows = [_new_row(p if isinstance(p, list) else tags["bos"] + encode(tokenizer, p), tags, plan,
+                         tokenizer, w) for p, plan, w in zip(prompts, plans or [None] * len(prompts), worlds)]
     for row in rows:
-        row["state"] = row["world"].new_state()           # the real world, used in real mode only
-    max_new = max_tokens - min(r["prompt_len"] for r in rows) + 1
+        row.setdefault("world", world)                # rows continued in rounds may come without
+        if row.get("state") is None:                  # the real world's state, used in real mode only
+            row["state"] = row["world"].new_state()
+    max_new = max_tokens - min(len(r["ids"]) for r in rows) + 1
     decoders = [_Decoder(policy, [r["ids"] for r in rows], tags["pad"], max_new)]
     if env_model is not None:          # frozen mode: a second cache, fed the same tokens
         decoders.append(_Decoder(env_model, [r["ids"] for r in rows], tags["pad"], max_new))
@@ -235,6 +243,9 @@ def _advance(row, tok, role, tags, stop_tags, tokenizer, world, env_mode,
             if rehearse_check and not rehearse.check_rehearsal(row["calls"][-1], response, world):
                 row["phase"], row["cause"] = "done", "rehearse_check"
                 return
+        if row.get("stop_at") == "response":      # a separate rehearse row ends with its response
+            row["phase"], row["cause"] = "done", "response"
+            return
         row["segment"] = []
         _next_turn(row, tags, tokenizer)
     elif env_mode in ("real", "none"):
@@ -273,3 +284,87 @@ def _end_act(row, text, tags, tokenizer, world, env_mode, max_turns):
         _, expected = row["plan"].popleft()
         if env_mode != "real" or response != expected:
             row["plan"].clear()
+    if row.get("stop_at") == "call":              # separate context: the call is rehearsed in its own row
+        row["phase"], row["cause"] = "done", "call"
+
+
+# ----------------------------------------------------------------------------- separate context
+
+@torch.no_grad()
+def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_model=None, examples=None,
+                    world=toy_world, temperature=1.0, top_p=1.0, max_turns=6, max_act_tokens=8,
+                    max_env_tokens=6, max_tokens=96, generator=None, tags=None, rehearse_check=False):
+    """rehearsal_context separate (the official implementation's choice): every rehearsal is its
+    own row with its own prompt (rehearse.rehearse_prompt: the tool's signature, `examples(call)`
+    logged examples if given, the dialogue so far and the call), which the actor never sees.
+    Sampled in rounds with sample_episodes: the actor rows run until they end or finish a call;
+    then the pending rehearse rows are sampled together (role REHEARSE, stopping at </env>); each
+    response is copied into its actor row as `<env>` (TAG) + response + `</env>` (OBS: context
+    with no loss; its training is in the rehearse row) and the actor rows go on. Each round
+    prefills the rows anew (no cache is kept across rounds).
+    frozen: `env_model` writes the rehearse rows; their tokens are then OBS (no loss).
+    Returns the actor rows as sample_episodes does, each with "rehearsals": its rehearse rows in
+    call order (ids, roles, logprobs, calls [the call], responses, cause, "episode": the index of
+    its actor row, i.e. of its prompt, "turn": which call). A rehearsal that fails (bad_rehearsal,
+    env_limit) ends its episode with that cause."""
+    assert env_mode in ("rehearse", "frozen") and (env_model is not None) == (env_mode == "frozen")
+    assert tags is None, "separate rehearse prompts are built for the toy's plain tags"
+    tags = tag_ids(tokenizer)
+    limits = {"world": world, "temperature": temperature, "top_p": top_p, "max_turns": max_turns,
+              "max_act_tokens": max_act_tokens, "max_env_tokens": max_env_tokens, "generator": generator,
+              "rehearse_check": rehearse_check}
+    episodes = [_new_row(tags["bos"] + encode(tokenizer, p), tags, None, tokenizer, world) for p in prompts]
+    for i, e in enumerate(episodes):
+        e.update(episode=i, rehearsals=[], stop_at="call")
+    active = episodes
+    while active:
+        sample_episodes(policy, tokenizer, None, rows=active, max_tokens=max_tokens, **limits)
+        pending = [e for e in active if e["cause"] == "call"]
+        if not pending:
+            break
+        rehearsals = [_rehearse_row(e, tags, tokenizer, examples, world) for e in pending]
+        room = max(len(r["ids"]) for r in rehearsals) + max_env_tokens + 2   # env_limit comes first
+        sample_episodes(env_model or policy, tokenizer, None, rows=rehearsals, max_tokens=room, **limits)
+        active = [e for e, r in zip(pending, rehearsals)
+                  if _copy_response(e, r, tags, tokenizer, max_tokens, frozen=env_model is not None)]
+    for e in episodes:
+        for row in [e] + e["rehearsals"]:
+            row.pop("stop_at", None)
+        del e["episode"]
+    return episodes
+
+
+def _rehearse_row(episode, tags, tokenizer, examples, world):
+    """A rehearse row for the actor row's last call (the actor row ends with that call's </act>)."""
+    call = episode["calls"][-1]
+    ids = rehearse.rehearse_prompt(tokenizer, episode["ids"][len(tags["bos"]):], call,
+                                   examples(call) if examples else (), world)
+    return {"world": world, "ids": ids, "roles": [PROMPT] * len(ids), "logprobs": [0.0] * len(ids), "prompt_len": len(ids),
+            "phase": "env", "forced": deque(), "segment": [], "plan": deque(), "calls": [call],
+            "responses": [], "answer": None, "cause": None, "state": None, "stop_at": "response",
+            "episode": episode["episode"], "turn": len(episode["calls"]) - 1}
+
+
+def _copy_response(episode, rehearsal, tags, tokenizer, max_tokens, frozen):
+    """Append a rehearse row's response to its actor row as context (OBS, no loss) and set the actor
+    row up to act again. Returns whether it goes on; else its cause says why it ended."""
+    episode["rehearsals"].append(rehearsal)
+    if frozen:                                   # written by the frozen simulator, not the policy
+        rehearsal["roles"] = [OBS if r == REHEARSE else r for r in rehearsal["roles"]]
+        rehearsal["logprobs"] = [0.0] * len(rehearsal["ids"])
+    if rehearsal["cause"] != "response":         # bad_rehearsal or env_limit: the episode ends
+        episode["cause"] = rehearsal["cause"]
+        return False
+    add = tags["env"] + rehearsal["ids"][rehearsal["prompt_len"]:]
+    room = max_tokens - len(episode["ids"])
+    episode["ids"] += add[:room]
+    episode["roles"] += ([TAG] * len(tags["env"]) + [OBS] * (len(add) - len(tags["env"])))[:room]
+    episode["logprobs"] += [0.0] * len(add[:room])
+    if len(add) <= room:                         # the whole response fits, as in the inline sampler
+        episode["responses"].append(rehearsal["responses"][0])
+    if len(episode["ids"]) >= max_tokens:
+        episode["cause"] = "token_limit"
+        return False
+    episode.update(phase="act", forced=deque(), segment=[], plan=deque(), cause=None)
+    _next_turn(episode, tags, tokenizer)
+    return True

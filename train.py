@@ -32,11 +32,12 @@ evaluates, writes files and saves. Ctrl-C or SIGTERM finishes the current RL ste
 checkpoint (model, optimizer, RNG states) and exits 0; `--resume` continues it exactly.
 
 What this simplifies against the paper / official code:
-  - inline rehearsal: the response is written in the actor's own sequence, so one row holds
-    both roles and a task's group is its (task, role) group too; no separate simulator prompt;
-  - a toy world whose responses are memorisable, and exact-match task success; `format: chat`
-    (chat.py) runs a real chat model on JSONL tool tasks instead, with answer / gold-call
-    rewards and an optional local judge;
+  - inline rehearsal by default: the response is written in the actor's own sequence, so one
+    row holds both roles and a task's group is its (task, role) group too; `rehearsal_context:
+    separate` gives each rehearsal a row and prompt of its own, as the official code does;
+  - a toy world whose responses are memorisable, and exact-match task success, not a judge;
+  - `format: chat` (chat.py) runs a real chat model on JSONL tool tasks instead of the toy's
+    tags, with answer / gold-call rewards and an optional local judge;
   - one optimizer step per batch by default (ratio = 1 at the first step, as in the official
     on-policy setting); `ppo_epochs` > 1 reuses the batch and makes the clip bite;
   - no dynamic sampling: steps where every group has equal rewards are skipped and counted.
@@ -69,8 +70,8 @@ from envace import (ACT, OBS, PROMPT, REHEARSE, build_model, build_tokenizer, co
                     find_checkpoint, loss_mask, micro_batches, padded_fraction, save_checkpoint,
                     token_advantages, token_logprobs)
 from evaluate import evaluate, load_judge, summary
-from reward import cause_counts, chat_reward, group_advantages, task_reward
-from rollout import sample_episodes
+from reward import cause_counts, chat_reward, group_advantages, task_reward, training_rows
+from rollout import sample_episodes, sample_separate
 
 hf_logging.disable_progress_bar()     # transformers' save/load bars: keep the terminal for ours
 
@@ -98,6 +99,10 @@ DEFAULTS = {
     # guards against world-model drift: KL to the warm start on REHEARSE tokens (kl_coef is the
     # one on ACT tokens); a form check on every rehearsed response (rehearse.check_rehearsal)
     "kl_rehearse_coef": 0.0, "rehearse_check": False,
+    # where rehearsals are written: inline (in the actor's own sequence) or separate (a row of
+    # their own, prompt: tool signature, grounding_examples logged examples, dialogue, call);
+    # advantage baselines per (task, role) or per task (the same thing with inline rehearsal)
+    "rehearsal_context": "inline", "advantage_groups": "task_role", "grounding_examples": 0,
     # sampling
     "temperature": 1.0, "top_p": 1.0, "max_turns": 6, "max_act_tokens": 8, "max_env_tokens": 6,
     "max_tokens": 96,
@@ -110,14 +115,15 @@ DEFAULTS = {
 }
 CHOICES = {"env_mode": ("rehearse", "real", "frozen", "none"), "device": ("auto", "cpu", "cuda"),
            "format": ("plain", "chat"),
-           "rehearsal_mode": ("parallel", "sequential")}
+           "rehearsal_mode": ("parallel", "sequential"), "rehearsal_context": ("inline", "separate"),
+           "advantage_groups": ("task_role", "task")}
 POSITIVE = {"n_layer", "n_embd", "n_head", "n_logged", "n_rl_tasks", "n_test", "sft_batch_size",
             "tasks_per_step", "group_size", "ppo_epochs", "micro_batch_tokens", "max_turns",
             "max_act_tokens", "max_env_tokens", "max_tokens", "temperature", "lr", "sft_lr"}
 NON_NEGATIVE = {"seed", "data_seed", "n_new_logged", "snippet_repeats", "sft_steps", "rl_steps", "save_every",
                 "weight_decay", "grad_clip", "eps_low", "eps_high", "kl_coef", "act_coef",
                 "rehearse_coef", "eval_temperature", "eval_every", "min_fidelity", "rehearsal_budget",
-                "imagine_temperature", "kl_rehearse_coef", "n_collusion"}
+                "imagine_temperature", "kl_rehearse_coef", "n_collusion", "grounding_examples"}
 UNIT = {"coverage", "top_p", "min_fidelity"}              # in (0, 1] (min_fidelity: [0, 1])
 
 
@@ -184,6 +190,9 @@ def load_config(path, overrides=()):
         cfg[key] = check_value(key, value)
     if cfg["n_embd"] % cfg["n_head"]:
         raise ConfigError(f"n_embd ({cfg['n_embd']}) must be divisible by n_head ({cfg['n_head']})")
+    if cfg["grounding_examples"] and cfg["rehearsal_context"] == "inline":
+        raise ConfigError(f"grounding_examples ({cfg['grounding_examples']}) needs rehearsal_context: "
+                          f"separate: inline, the actor would read the examples in its own context")
     check_format(cfg)
     return cfg
 
@@ -202,6 +211,8 @@ def check_format(cfg):
         raise ConfigError("test-time private rehearsal (rehearsal_budget) is not built for format: chat")
     if cfg["rehearse_check"]:
         raise ConfigError("rehearse_check knows the toy world's response forms: it needs format: plain")
+    if cfg["rehearsal_context"] == "separate":
+        raise ConfigError("rehearsal_context: separate builds toy rehearse prompts: it needs format: plain")
 
 
 def load_policy(path, device="cpu"):
@@ -215,6 +226,16 @@ def load_policy(path, device="cpu"):
     except (OSError, ValueError, RuntimeError) as e:
         raise ConfigError(f"cannot load the checkpoint in {path}: {str(e).splitlines()[0]}") from None
     return model.to(device), tokenizer
+
+
+def check_separate_vocabulary(cfg, tokenizer):
+    """The separate rehearse prompt's words must be in the vocabulary (a toy model warm-started
+    inline has none of them): else one clear line."""
+    if cfg["rehearsal_context"] == "separate" and tokenizer.unk_token_id in tokenizer.encode(
+            " ".join(world.SEPARATE_WORDS), add_special_tokens=False):
+        raise ConfigError(f"rehearsal_context separate: the tokenizer of {cfg['model']} lacks the "
+                          f"rehearse prompt's words {world.SEPARATE_WORDS}; start from model: tiny "
+                          f"(or a model warm-started with rehearsal_context separate)")
 
 
 def pick_device(cfg):
@@ -403,17 +424,53 @@ def rollout_inputs(cfg, tokenizer, tasks):
     return ([p for p in prompts for _ in range(G)], [w for w in worlds for _ in range(G)], tags)
 
 
-def warm_start_sequences(cfg, tokenizer, splits):
+def warm_start_sequences(cfg, tokenizer, splits, examples=None):
     """Logged expert episodes (responses from the real world: OBS) and logged single-tool traffic
     (calls as context, role PROMPT; only the responses are trained) as ids + roles. Chat format:
-    the logged chat trajectories and the tasks' reference examples (chat.warm_start_sequences)."""
+    the logged chat trajectories and the tasks' reference examples (chat.warm_start_sequences).
+    rehearsal_context separate: `separate_warm_start_sequences` instead."""
     if cfg["format"] == "chat":
         return chat.warm_start_sequences(tokenizer, chat_tags(tokenizer), splits["logged"], splits["rl"])
+    if cfg["rehearsal_context"] == "separate":
+        return separate_warm_start_sequences(cfg, tokenizer, splits, examples)
     seqs = [encode_episode(tokenizer, t["prompt"], t["calls"], t.get("responses") or world.replay(t["calls"]),
                            t["answer"]) for t in splits["logged"]]
     seqs += [encode_episode(tokenizer, s["prompt"], s["calls"], world.replay(s["calls"]), act_role=PROMPT)
              for s in world.tool_snippets(cfg["data_seed"], cfg["snippet_repeats"], cfg["coverage"])]
     return seqs
+
+
+def separate_warm_start_sequences(cfg, tokenizer, splits, examples=None):
+    """rehearsal_context separate: the rows RL trains, from the same logged data, one group of
+    rows ({"rows": [...]}) per logged episode or tool snippet, so that a warm-start step trains
+    the same calls and responses as inline. An expert episode: its actor row (responses OBS:
+    context here) and a rehearse row per call (rehearse.rehearsal_rows: dialogue so far + call ->
+    response, REHEARSE, with the grounding `examples`), the prompt format RL rehearses in. A
+    tool snippet: a rehearse row per call."""
+    seqs = []
+    for t in splits["logged"]:
+        responses = t.get("responses") or world.replay(t["calls"])
+        episode = {**encode_episode(tokenizer, t["prompt"], t["calls"], responses, t["answer"]),
+                   "calls": t["calls"], "responses": responses}
+        seqs.append({"rows": [episode] + rehearse.rehearsal_rows(tokenizer, episode, examples)})
+    for s in world.tool_snippets(cfg["data_seed"], cfg["snippet_repeats"], cfg["coverage"]):
+        responses = world.replay(s["calls"])
+        episode = {**encode_episode(tokenizer, s["prompt"], s["calls"], responses, act_role=PROMPT),
+                   "calls": s["calls"], "responses": responses}
+        seqs.append({"rows": rehearse.rehearsal_rows(tokenizer, episode, examples)})
+    return seqs
+
+
+def logged_examples(cfg, splits):
+    """examples(call) -> `grounding_examples` logged (call, response) pairs of the called tool, for
+    the separate rehearse prompt (rehearse.grounding), from the warm-start data: the logged
+    trajectories, then the tool traffic. No pairs when grounding_examples is 0. None for chat."""
+    if cfg["format"] != "plain":
+        return None
+    trajectories = [(t["calls"], t.get("responses") or world.replay(t["calls"])) for t in splits["logged"]]
+    trajectories += [(s["calls"], world.replay(s["calls"])) for s in
+                     world.tool_snippets(cfg["data_seed"], cfg["snippet_repeats"], cfg["coverage"])]
+    return rehearse.grounding(trajectories, cfg["grounding_examples"])
 
 
 def warm_start_call_counts(cfg, splits):
@@ -439,8 +496,10 @@ def rows(tensor, index, length):
 def warm_start(model, ddp_model, sequences, cfg, pad_id, rank=0, world_size=1):
     """Teacher-forced cross-entropy on ACT, REHEARSE and OBS tokens, token mean over the global
     batch, AdamW with cosine decay. Environment tokens are trained too: the initial world model.
+    (Separate context: see warm_start_roles.)
     Every rank draws the same global batch (same seed) and trains on its slice of it, in
-    length-grouped micro-batches."""
+    length-grouped micro-batches. A sequence may be a group of rows ({"rows": [...]}, separate
+    context): drawn as one, so sft_batch_size counts logged episodes in both contexts."""
     if cfg["sft_steps"] == 0 or not sequences:
         return
     device = next(model.parameters()).device
@@ -454,11 +513,12 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, rank=0, world_size=1):
         for group in opt.param_groups:
             group["lr"] = lr
         batch = rng.sample(sequences, min(cfg["sft_batch_size"], len(sequences)))
-        ids, roles = collate(batch[rank * per_rank:(rank + 1) * per_rank], pad_id)
+        batch = [row for s in batch[rank * per_rank:(rank + 1) * per_rank] for row in s.get("rows", [s])]
+        ids, roles = collate(batch, pad_id)
         ids, roles = ids.to(device), roles.to(device)
-        mask = loss_mask(roles, trained=(ACT, REHEARSE, OBS)).float()
+        mask = loss_mask(roles, trained=warm_start_roles(cfg)).float()
         n_tokens = all_sum([mask.sum().item()])[0]
-        lengths = [len(s["ids"]) for s in batch[rank * per_rank:(rank + 1) * per_rank]]
+        lengths = [len(s["ids"]) for s in batch]
         total = 0.0
         opt.zero_grad(set_to_none=True)
         batches = micro_batches(lengths, cfg["micro_batch_tokens"])
@@ -474,6 +534,13 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, rank=0, world_size=1):
         if it % 10 == 0:
             bar.set_postfix(loss=f"{all_sum([total])[0]:.3f}", lr=f"{lr:.1e}")
     model.eval()
+
+
+def warm_start_roles(cfg):
+    """The roles the warm start trains. Inline: ACT, REHEARSE and the logged responses (OBS), the
+    initial world model. Separate: ACT and REHEARSE, as in RL: the world model is trained in the
+    rehearse rows, and the responses in actor rows are context only."""
+    return (ACT, REHEARSE) if cfg["rehearsal_context"] == "separate" else (ACT, REHEARSE, OBS)
 
 
 def in_step(batches, lengths, ddp_model):
@@ -649,7 +716,9 @@ def episode_sums(episodes, rewards, env_mode, tasks=None, fidelity_world=world):
     rehearsal fidelity (None: no real world exists for these tasks)."""
     sums = {"n_episodes": len(episodes), "reward_sum": sum(rewards),
             "calls_sum": sum(len(e["calls"]) for e in episodes),
-            "n_tok": sum(len(e["ids"]) for e in episodes), "causes": cause_counts(episodes)}
+            "n_tok": sum(len(r["ids"]) for e in episodes for r in [e] + e.get("rehearsals", [])),
+            "rehearse_rows": sum(len(e.get("rehearsals", [])) for e in episodes),
+            "causes": cause_counts(episodes)}
     if env_mode in ("rehearse", "frozen") and fidelity_world is not None:   # diagnostic only
         sums["fidelity"] = rehearse.replay_fidelity(episodes, fidelity_world)
         if tasks is not None:
@@ -662,7 +731,8 @@ def metrics_record(step, s, status, counters, times):
     n = s["n_episodes"]
     record = {"step": step, "status": status, "reward": s["reward_sum"] / n,
               "success": s["reward_sum"] / n, "mean_calls": s["calls_sum"] / n,
-              "causes": s["causes"], "all_equal_groups": s["all_equal_groups"], **counters}
+              "causes": s["causes"], "all_equal_groups": s["all_equal_groups"],
+              "rehearse_rows": s.get("rehearse_rows", 0), **counters}
     for name in ("act", "rehearse", "obs"):
         record[f"tokens_{name}"] = s[f"tokens_{name}"]
         record[f"adv_{name}"] = s[f"adv_sum_{name}"] / max(s[f"tokens_{name}"], 1)
@@ -805,7 +875,8 @@ def run(cfg, resume=False):
     if resume:
         model, tokenizer, state = load_state(cfg, device, world_size)
     elif cfg["model"] == "tiny":
-        tokenizer = build_tokenizer(world.WORDS)
+        separate_words = world.SEPARATE_WORDS if cfg["rehearsal_context"] == "separate" else []
+        tokenizer = build_tokenizer(world.WORDS + separate_words)
         model = build_model(cfg, tokenizer).to(device)
     else:
         model, tokenizer = load_policy(cfg["model"], device)
@@ -813,6 +884,8 @@ def run(cfg, resume=False):
         check_chat_prompts(cfg, tokenizer, splits["rl"] + splits["test"])
     score = task_reward if cfg["format"] == "plain" else functools.partial(
         chat_reward, judge=load_judge(cfg, device))
+    check_separate_vocabulary(cfg, tokenizer)
+    examples = logged_examples(cfg, splits)
     ddp_model = model
     if world_size > 1:
         ddp_model = DDP(model, device_ids=[device] if device.startswith("cuda") else None)
@@ -830,14 +903,14 @@ def run(cfg, resume=False):
         """The held-out test tasks in the real world (rank 0 calls it), written to `path`."""
         with amp:
             result = evaluate(model, tokenizer, splits["test"], cfg, seed=cfg["seed"],
-                              warm_start_counts=counts)
+                              warm_start_counts=counts, examples=examples)
         if path:
             with open(path, "w") as f:
                 json.dump({**result, **extra}, f, indent=1)
         return result
 
     if state is None:
-        warm_start(model, ddp_model, warm_start_sequences(cfg, tokenizer, splits), cfg,
+        warm_start(model, ddp_model, warm_start_sequences(cfg, tokenizer, splits, examples), cfg,
                    tokenizer.pad_token_id, rank, world_size)
         if main_process:
             save_checkpoint(model, tokenizer, os.path.join(out, "warmstart"), {"config.yaml": config_text})
@@ -887,6 +960,9 @@ def run(cfg, resume=False):
         with open(metrics_path, "w") as f:
             f.writelines(kept)
     per_rank = cfg["tasks_per_step"] // world_size
+    sampler = sample_episodes          # separate context: each rehearsal in a row of its own
+    if cfg["rehearsal_context"] == "separate" and cfg["env_mode"] in ("rehearse", "frozen"):
+        sampler = functools.partial(sample_separate, examples=examples)
     bar = tqdm(range(first_step, cfg["rl_steps"] + 1), desc=f"RL ({cfg['env_mode']})",
                dynamic_ncols=True, disable=not main_process)
     with StopRequest() as stop:
@@ -896,7 +972,7 @@ def run(cfg, resume=False):
             tasks = tasks[rank * per_rank:(rank + 1) * per_rank]
             prompts, task_worlds, tags = rollout_inputs(cfg, tokenizer, tasks)
             with amp:
-                episodes = sample_episodes(
+                episodes = sampler(
                     model, tokenizer, prompts, cfg["env_mode"], world=task_worlds, tags=tags,
                     env_model=reference if cfg["env_mode"] == "frozen" else None,
                     temperature=cfg["temperature"], top_p=cfg["top_p"], max_turns=cfg["max_turns"],
@@ -905,7 +981,9 @@ def run(cfg, resume=False):
             time_sample = time.time() - t0
             group_ids = [i // cfg["group_size"] for i in range(len(episodes))]
             rewards = [score(e, tasks[g]) for e, g in zip(episodes, group_ids)]
-            sums, status = rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg,
+            update_rows, row_rewards, row_groups = training_rows(episodes, rewards, group_ids,
+                                                                 cfg["advantage_groups"])
+            sums, status = rl_step(model, ddp_model, opt, update_rows, row_rewards, row_groups, cfg,
                                    tokenizer.pad_token_id, reference if uses_kl(cfg) else None,
                                    world_size)
             progress["skipped_steps"] += status == "skipped"

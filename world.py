@@ -41,6 +41,11 @@ TOOL_KINDS = {"price": "lookup", "mul": "compute", "pay": "stateful"}
 QUANTITIES = range(2, 10)
 WORDS = ["price", "cost", "buy", "and", "not", "mul", "pay", "answer", "error", "item", "args",
          "funds", ","] + [str(d) for d in range(10)] + ITEMS
+# the separate rehearse prompt (rehearse.rehearse_prompt): its words, and each tool's signature
+# (the toy's one-line stand-in for a JSON schema). In the vocabulary only with rehearsal_context
+# separate, so that the inline model (and its figures) stay exactly as they were.
+SEPARATE_WORDS = ["rehearse", "example", "dialogue", "number"]
+SIGNATURES = {"price": "price item", "mul": "mul number , number", "pay": "pay number"}
 
 
 def join_digits(text):

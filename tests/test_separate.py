@@ -1,0 +1,320 @@
+"""rehearsal_context separate: each rehearsal in a row of its own. Roles and shifted masks of an
+actor row and its rehearse rows, the copied response (context, no loss), the grounding examples
+(in the rehearse prompt only), truncations, advantage groups, the warm start's and evaluation's
+rows in the same format as RL's, the config check, and a short train.run."""
+import json
+import math
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import evaluate
+import rehearse
+import train
+import world
+from envace import (ACT, OBS, PROMPT, REHEARSE, TAG, build_tokenizer, collate, loss_mask, tag_ids,
+                    token_logprobs)
+from helpers import ScriptedModel, tiny_cfg, tiny_llama
+from reward import group_advantages, training_rows
+from rollout import _rehearse_row, sample_episodes, sample_separate
+
+P, A, R, O, T = PROMPT, ACT, REHEARSE, OBS, TAG
+TOK = build_tokenizer(world.WORDS + world.SEPARATE_WORDS)
+# logged data for the grounding examples: price pool [milk, apple], pay pool [pay 5]
+LOGGED = [(["price milk", "pay 5", "price apple"], ["2", "4", "3"])]
+EXAMPLES = rehearse.grounding(LOGGED, 1)
+RH1 = "rehearse price item example <act> price milk </act> <env> 2 </env> dialogue buy apple <act> price apple </act> <env>"
+RH2 = ("rehearse pay number example <act> pay 5 </act> <env> 4 </env> dialogue buy apple "
+       "<act> price apple </act> <env> 3 </env> <act> pay 3 </act> <env>")
+# what the scripted policy writes after each prefix (each round of sample_separate prefills anew)
+SCRIPTS = {
+    "buy apple": "<act> price apple </act>",
+    RH1: "3 </env>",
+    "buy apple <act> price apple </act> <env> 3 </env>": "<act> pay 3 </act>",
+    RH2: "6 </env>",
+    "buy apple <act> price apple </act> <env> 3 </env> <act> pay 3 </act> <env> 6 </env>": "<act> answer 6 </act>",
+}
+
+
+class PrefixScripted(ScriptedModel):
+    """ScriptedModel keyed by a row's whole prefix rather than its task prompt."""
+
+    def _prompt_index(self, ids):
+        words = [w for w in self.tokenizer.convert_ids_to_tokens(ids) if w not in ("<pad>", "<bos>")]
+        return self.prompts.index(" ".join(words))
+
+
+def words(ids):
+    return " ".join(TOK.convert_ids_to_tokens(ids))
+
+
+def sample(scripts, prompts, **kw):
+    return sample_separate(PrefixScripted(TOK, scripts), TOK, prompts, examples=EXAMPLES, **kw)
+
+
+def mask_of(row):
+    return loss_mask(collate([row], TOK.pad_token_id)[1])[0].int().tolist()
+
+
+def test_actor_row_and_its_rehearse_rows():
+    e, = sample(SCRIPTS, ["buy apple"])
+    assert e["cause"] == "answer" and e["finished"] and e["answer"] == "6"
+    assert e["calls"] == ["price apple", "pay 3"] and e["responses"] == ["3", "6"]
+    # the actor row: exactly the inline episode's ids, but the responses are OBS (context)
+    assert words(e["ids"]) == ("<bos> buy apple <act> price apple </act> <env> 3 </env> <act> pay 3 </act> "
+                               "<env> 6 </env> <act> answer 6 </act>")
+    assert e["roles"] == [P, P, P, T, A, A, A, T, O, O, T, A, A, A, T, O, O, T, A, A, A]
+    assert mask_of(e) == [0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1]
+    assert [e["logprobs"][t] for t in (7, 8, 9, 14, 15, 16)] == [0.0] * 6
+    # its rehearse rows: own prompt (PROMPT), the response and </env> REHEARSE, trained
+    r1, r2 = e["rehearsals"]
+    assert (r1["episode"], r1["turn"], r2["episode"], r2["turn"]) == (0, 0, 0, 1)
+    assert words(r1["ids"]) == "<bos> " + RH1 + " 3 </env>"
+    assert r1["roles"] == [P] * 20 + [R, R] and r1["cause"] == "response" and r1["responses"] == ["3"]
+    assert mask_of(r1) == [0] * 19 + [1, 1]
+    assert words(r2["ids"]) == "<bos> " + RH2 + " 6 </env>" and r2["roles"][-3:] == [P, R, R]
+    # the copied response is the rehearse row's sampled ids, and the actor never sees the prompt
+    assert e["ids"][8:10] == r1["ids"][-2:] and e["ids"][15:17] == r2["ids"][-2:]
+    for word in world.SEPARATE_WORDS + ["milk", "item"]:
+        assert word not in words(e["ids"]).split()
+
+
+def test_grounding_examples_pick_the_first_distinct_calls_but_never_the_call_itself():
+    assert EXAMPLES("price apple") == [("price milk", "2")]
+    assert EXAMPLES("price milk") == [("price apple", "3")]          # the call itself is skipped
+    assert EXAMPLES("pay 5") == [] and EXAMPLES("mul 2 , 3") == []
+    two = rehearse.grounding(LOGGED + [(["price egg", "price milk"], ["1", "2"])], 2)
+    assert two("price fish") == [("price milk", "2"), ("price apple", "3")]
+    assert two("price apple") == [("price milk", "2"), ("price egg", "1")]
+    assert rehearse.grounding(LOGGED, 0)("price fish") == []
+    # examples sit in the rehearse prompt only: the rows of a run without them lack them
+    bare = {k.replace(" example <act> price milk </act> <env> 2 </env>", "")
+             .replace(" example <act> pay 5 </act> <env> 4 </env>", ""): v for k, v in SCRIPTS.items()}
+    e, = sample_separate(PrefixScripted(TOK, bare), TOK, ["buy apple"])
+    assert e["cause"] == "answer" and words(e["rehearsals"][0]["ids"]).startswith(
+        "<bos> rehearse price item dialogue buy apple <act>")
+
+
+def test_truncations_end_the_episode_with_their_cause():
+    base = "buy apple <act> price apple </act> <env>"
+    cases = {  # prompt: (script after the actor's first call, expected cause)
+        "buy apple": ("3 3 3 3 3 3 3 3 3 3 3", "env_limit"),          # a rehearsal that never ends
+        "buy milk": ("apple </env>", "bad_rehearsal"),                # not a response
+        "buy egg": ("3 <act>", "bad_rehearsal"),                      # the rehearser writes a tag
+    }
+    scripts = {}
+    for prompt, (rehearsal, _) in cases.items():
+        item = prompt.split()[1]
+        scripts[prompt] = f"<act> price {item} </act>"
+        scripts[f"rehearse price item example <act> price {'milk' if item != 'milk' else 'apple'} </act> <env> "
+                f"{2 if item != 'milk' else 3} </env> dialogue {base.replace('apple', item)}"] = rehearsal
+    eps = sample(scripts, list(cases), max_env_tokens=6)
+    assert [e["cause"] for e in eps] == [c for _, c in cases.values()]
+    assert not any(e["finished"] for e in eps)
+    assert all(len(e["rehearsals"]) == 1 and e["responses"] == [] for e in eps)
+    # the token limit: the copied response does not fit; the row is cut at max_tokens exactly
+    long, = sample(SCRIPTS, ["buy apple"], max_tokens=9)
+    assert long["cause"] == "token_limit" and len(long["ids"]) == 9 and long["responses"] == []
+    fits, = sample(SCRIPTS, ["buy apple"], max_tokens=10)
+    assert fits["cause"] == "token_limit" and fits["responses"] == ["3"]
+    turn, = sample(SCRIPTS, ["buy apple"], max_turns=1)
+    assert turn["cause"] == "turn_limit" and len(turn["rehearsals"]) == 1
+
+
+def test_frozen_simulator_writes_the_rehearse_rows_as_obs():
+    actor = {k: v for k, v in SCRIPTS.items() if not k.startswith("rehearse")}
+    simulator = {RH1: "3 </env>", RH2: "6 </env>"}
+    e, = sample_separate(PrefixScripted(TOK, actor), TOK, ["buy apple"], "frozen", examples=EXAMPLES,
+                         env_model=PrefixScripted(TOK, simulator))
+    assert e["cause"] == "answer" and e["responses"] == ["3", "6"]
+    assert [r["roles"][-2:] for r in e["rehearsals"]] == [[O, O], [O, O]]
+    assert all(set(r["logprobs"]) == {0.0} for r in e["rehearsals"])
+
+
+def test_rehearse_rows_logprobs_equal_a_teacher_forced_forward():
+    """Rehearse rows of different prompt lengths, sampled together by the KV-cached sampler
+    (left-padded prefixes): every sampled logprob equals a full forward over the finished row."""
+    model = tiny_llama(TOK, seed=2)
+    actors = []
+    for prompt, calls in (("buy apple", ["price apple"]), ("not pear buy 2 milk and egg", ["price milk"]),
+                          ("cost 3 fish", ["price fish", "mul 3 , 9"])):
+        e = train.encode_episode(TOK, prompt, calls[:-1], world.replay(calls)[:-1])
+        e["ids"] += TOK.convert_tokens_to_ids(["<act>"] + calls[-1].split() + ["</act>"])
+        actors.append({**e, "calls": calls, "episode": len(actors)})
+    tags = tag_ids(TOK)
+    rows = [_rehearse_row(a, tags, TOK, EXAMPLES, world) for a in actors for _ in range(3)]
+    assert len({len(r["ids"]) for r in rows}) == 3
+    sample_episodes(model, TOK, None, rows=rows, max_tokens=max(len(r["ids"]) for r in rows) + 8,
+                    generator=torch.Generator().manual_seed(0))
+    ids, _ = collate(rows, TOK.pad_token_id)
+    with torch.no_grad():
+        full = token_logprobs(model, ids)
+    compared = 0
+    for i, r in enumerate(rows):
+        assert r["cause"] in ("response", "bad_rehearsal", "env_limit")
+        for t in range(r["prompt_len"], len(r["ids"])):
+            assert r["roles"][t] == REHEARSE
+            assert abs(r["logprobs"][t] - full[i, t - 1].item()) < 1e-5
+            compared += 1
+    assert compared >= len(rows)
+
+
+def test_advantage_groups_task_role_and_task():
+    """Task 0, G = 2: episode a (reward 1, two rehearse rows), b (reward 0, one); task 1: c, d
+    both 1 with one rehearse row each (all-equal). Rows: a, a.r1, a.r2, b, b.r1, c, c.r1, d, d.r1."""
+    eps = [{"rehearsals": [{}, {}]}, {"rehearsals": [{}]}, {"rehearsals": [{}]}, {"rehearsals": [{}]}]
+    rows, rewards, groups = training_rows(eps, [1.0, 0.0, 1.0, 1.0], [0, 0, 1, 1], "task_role")
+    assert rows[0] is eps[0] and rows[1] is eps[0]["rehearsals"][0] and len(rows) == 9
+    assert rewards == [1, 1, 1, 0, 0, 1, 1, 1, 1]
+    assert groups == [0, 1, 1, 0, 1, 2, 3, 2, 3]
+    adv, all_equal = group_advantages(rewards, groups)
+    assert adv.tolist() == pytest.approx([1 / 2, 1 / 3, 1 / 3, -1 / 2, -2 / 3, 0, 0, 0, 0])
+    assert all_equal == 2                                     # task 1's act and rehearse groups
+    rows, rewards, groups = training_rows(eps, [1.0, 0.0, 1.0, 1.0], [0, 0, 1, 1], "task")
+    adv, all_equal = group_advantages(rewards, groups)
+    assert adv.tolist() == pytest.approx([2 / 5, 2 / 5, 2 / 5, -3 / 5, -3 / 5, 0, 0, 0, 0])
+    assert all_equal == 1
+    # inline rehearsal: one row per episode with both roles: the two groupings are the same
+    inline = [{}, {}, {}, {}]
+    for how in ("task_role", "task"):
+        rows, rewards, groups = training_rows(inline, [1.0, 0.0, 1.0, 1.0], [0, 0, 1, 1], how)
+        assert rows == inline and group_advantages(rewards, groups)[0].tolist() == [0.5, -0.5, 0, 0]
+
+
+def test_batch_of_separate_rows_advantage_per_row_and_global_token_count():
+    e, = sample(SCRIPTS, ["buy apple"])
+    other, = sample({**SCRIPTS, "buy apple": "<act> answer 9 </act>"}, ["buy apple"])   # no calls
+    rows, rewards, groups = training_rows([e, other], [1.0, 0.0], [0, 0], "task_role")
+    assert len(rows) == 4 and groups == [0, 1, 1, 0]
+    batch = train.make_batch(rows, rewards, groups, train.DEFAULTS, TOK.pad_token_id)
+    # 9 ACT targets + 2 + 2 REHEARSE targets in e's rows, 3 ACT targets in the other episode
+    assert batch["n_tokens"] == 9 + 2 + 2 + 3
+    adv, mask = batch["advantages"], batch["mask"]
+    assert adv[0][mask[0]].tolist() == [0.5] * 9                    # act group: mean 1/2
+    assert adv[1][mask[1]].tolist() == [0.0] * 2                    # rehearse group: all 1, mean 1
+    assert adv[3][mask[3]].tolist() == [-0.5] * 3
+    assert not mask[0][7] and not mask[0][8] and adv[0][7:9].abs().sum() == 0   # the copy: no loss
+
+
+def test_warm_start_rows_are_the_rows_rl_samples():
+    e, = sample(SCRIPTS, ["buy apple"])
+    splits = {"logged": [{"prompt": "buy apple", "calls": ["price apple", "pay 3"], "responses": ["3", "6"],
+                          "answer": "6"}]}
+    cfg = {**train.DEFAULTS, "rehearsal_context": "separate", "snippet_repeats": 0}
+    (group,) = train.warm_start_sequences(cfg, TOK, splits, EXAMPLES)
+    actor, r1, r2 = group["rows"]
+    assert actor["ids"] == e["ids"] and actor["roles"] == e["roles"]
+    assert r1["ids"] == e["rehearsals"][0]["ids"] and r1["roles"] == e["rehearsals"][0]["roles"]
+    assert r2["ids"] == e["rehearsals"][1]["ids"] and r2["roles"] == e["rehearsals"][1]["roles"]
+    assert train.warm_start_roles(cfg) == (ACT, REHEARSE)        # the actor row's OBS: context
+    assert train.warm_start_roles(train.DEFAULTS) == (ACT, REHEARSE, OBS)
+    # tool traffic: a group of rehearse rows per snippet, one per call
+    cfg["snippet_repeats"] = 1
+    groups = train.warm_start_sequences(cfg, TOK, splits, EXAMPLES)[1:]
+    snippets = world.tool_snippets(0, 1)
+    assert len(groups) == len(snippets)
+    for g, snippet in zip(groups, snippets):
+        assert [r["call"] for r in g["rows"]] == snippet["calls"]
+        assert all(r["roles"][-1] == REHEARSE and ACT not in r["roles"] for r in g["rows"])
+
+
+def test_warm_start_draws_a_group_of_rows_as_one_sequence(monkeypatch):
+    """Groups of 2 rows and 1 row and a plain row, sft_batch_size 2: each step collates the rows
+    of two of the three (3 rows when the 2-row group is drawn, else 2)."""
+    two_rows = [{"ids": [0, 7, 30], "roles": [P, A, A]}, {"ids": [0, 7], "roles": [P, R]}]
+    seqs = [{"rows": two_rows}, {"rows": two_rows[:1]}, two_rows[1]]
+    seen = []
+
+    def spy(batch, pad_id):
+        seen.append(len(batch))
+        return collate(batch, pad_id)
+    monkeypatch.setattr(train, "collate", spy)
+    model = tiny_llama(TOK)
+    cfg = {**train.DEFAULTS, "sft_steps": 6, "sft_batch_size": 2, "rehearsal_context": "separate"}
+    train.warm_start(model, model, seqs, cfg, TOK.pad_token_id)
+    assert len(seen) == 6 and set(seen) == {2, 3}
+
+
+class SeparateOracle(torch.nn.Module):
+    """A fake LM whose argmax is the true next token in a separate rehearse row (its token 1 is
+    'rehearse') and one too high on digits anywhere else: a world model that knows the dynamics
+    only when asked in the separate context."""
+
+    def __init__(self):
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+        self.digits = torch.tensor(TOK.convert_tokens_to_ids([str(d) for d in range(10)]))
+        self.tag = TOK.convert_tokens_to_ids("rehearse")
+
+    def forward(self, input_ids, **kw):
+        target = torch.roll(input_ids, -1, dims=1)
+        wrong = torch.where(torch.isin(target, self.digits[:-1]), target + 1, target)
+        target = torch.where((input_ids[:, 1:2] == self.tag), target, wrong)
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(target, len(TOK)).float())
+
+
+def test_would_rehearse_asks_in_the_separate_context():
+    script = ("<act> price apple </act> <env> x x <act> pay 3 </act> <env> x x "
+              "<act> pay 7 </act> <env> x x x <act> answer 6 </act>")
+    real, = sample_episodes(ScriptedModel(TOK, {"buy apple": script}), TOK, ["buy apple"], "real")
+    assert real["responses"] == ["3", "6", "error funds"]
+    pairs = rehearse.would_rehearse_separate(SeparateOracle(), TOK, [real], EXAMPLES)
+    assert pairs == [("price apple", True), ("pay 3", True), ("pay 7", True)]
+    inline = rehearse.would_rehearse_calls(SeparateOracle(), TOK, [real])
+    assert inline == [("price apple", False), ("pay 3", False), ("pay 7", True)]
+    rows = rehearse.rehearsal_rows(TOK, real, EXAMPLES)
+    assert words(rows[1]["ids"]) == "<bos> " + RH2 + " 6 </env>"
+
+
+def test_private_rehearsal_imagines_in_separate_rows():
+    plans, used = rehearse.private_rehearsal_plans(PrefixScripted(TOK, SCRIPTS), TOK, ["buy apple"], 2,
+                                                   context="separate", examples=EXAMPLES)
+    assert plans == [[("price apple", "3"), ("pay 3", "6")]] and used == [2]
+
+
+def test_grounding_needs_separate_context(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("grounding_examples: 2\n")
+    with pytest.raises(train.ConfigError, match="grounding_examples .2. needs rehearsal_context: separate"):
+        train.load_config(str(path))
+    assert train.load_config(str(path), ["--rehearsal_context=separate"])["grounding_examples"] == 2
+    assert train.main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "grounding_examples" in err[0]
+    with pytest.raises(train.ConfigError, match="advantage_groups"):
+        train.load_config(str(path), ["--rehearsal_context=separate", "--advantage_groups=role"])
+    # a toy model whose vocabulary lacks the rehearse prompt's words: one clear line
+    with pytest.raises(train.ConfigError, match="lacks the rehearse prompt's words"):
+        train.check_separate_vocabulary({**train.DEFAULTS, "rehearsal_context": "separate"},
+                                        build_tokenizer(world.WORDS))
+
+
+def test_train_run_with_separate_rows(tmp_path, monkeypatch):
+    # a short warm start answers little right: reward by episode length parity, so that groups vary
+    monkeypatch.setattr(train, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    cfg = tiny_cfg(tmp_path, rehearsal_context="separate", grounding_examples=2, rl_steps=2,
+                   sft_steps=40, sft_batch_size=32, sft_lr=1e-2, tasks_per_step=4, group_size=4)
+    asked = []                        # evaluation asks would-rehearse in separate rows
+
+    def would_rehearse_separate(model, tokenizer, episodes, examples, world):
+        asked.append((len(episodes), examples("price apple")))
+        return []
+    monkeypatch.setattr(rehearse, "would_rehearse_separate", would_rehearse_separate)
+    assert train.run(cfg) == 0
+    # the grounding examples: the first two distinct price calls in the logged data (not apple)
+    logged = world.make_splits(0, 40, 2, 40, 16)["logged"]
+    prices = list(dict.fromkeys(c for t in logged for c in t["calls"] if c.startswith("price")))
+    first_two = [(c, str(world.PRICES[c.split()[1]])) for c in prices if c != "price apple"][:2]
+    assert asked == [(16, first_two)] * 2                                   # before and after RL
+    out = cfg["out_dir"]
+    lines = [json.loads(text) for text in open(os.path.join(out, "metrics.jsonl"))]
+    assert [line["step"] for line in lines] == [1, 2]
+    for line in lines:
+        assert line["status"] == "updated" and math.isfinite(line["loss"])
+        assert line["tokens_rehearse"] > 0 and line["rehearse_rows"] > 0 and line["tokens_obs"] > 0
+    result = json.load(open(os.path.join(out, "eval.json")))
+    assert result["n_tasks"] == 16
+    os.remove(os.path.join(out, "eval.json"))
+    assert evaluate.main(["--ckpt", out, "--n_test=8"]) == 0

@@ -167,7 +167,7 @@ def token_logprobs(model, ids, temperature=1.0, with_entropy=False):
     """Logprob of every target token ids[:, 1:] under the model at `temperature`, in fp32.
     Rows are right-padded, so no attention mask is needed: with causal attention a real token
     never attends to the pads after it. Returns [B, L-1] (and entropy [B, L-1] if asked)."""
-    logits = model(input_ids=ids).logits[:, :-1].float() / temperature
+    logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float() / temperature   # no KV cache to build
     logp = F.log_softmax(logits, dim=-1)
     target_logp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
     if not with_entropy:

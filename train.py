@@ -5,6 +5,7 @@
     python train.py --config small.yaml --rl_steps=20        # any config key as --key=value
     python train.py --config small.yaml --resume             # continue out_dir's latest checkpoint
     torchrun --nproc_per_node=2 train.py --config small.yaml # several processes (GPUs or CPU)
+    torchrun --nproc_per_node=8 train.py --config configs/qwen3-8b.yaml   # FSDP2 (fsdp: true)
 
 One run, top to bottom:
   1. Warm start (`sft_*` keys): teacher-forced training on logged expert episodes run in the
@@ -24,6 +25,9 @@ rank), DDP averages the gradients, and the loss is divided by the GLOBAL count o
 tokens, so N ranks x B/N rows make the same update as 1 rank x B rows. Only rank 0 prints,
 evaluates, writes files and saves. Ctrl-C or SIGTERM finishes the current RL step, saves a
 checkpoint (model, optimizer, RNG states) and exits 0; `--resume` continues it exactly.
+With `fsdp` the model is sharded (FSDP2) instead of replicated: sampling, the no-grad logprob
+passes and evaluation run on weights gathered once per phase (`gathered`), and saves gather a
+full state dict to rank 0. A memory estimate per GPU (`memory_estimate`) is printed at start.
 
 What this simplifies against the paper / official code:
   - inline rehearsal: the response is written in the actor's own sequence, so one row holds

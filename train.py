@@ -539,6 +539,7 @@ def in_step(batches, lengths, ddp_model):
     split this loop in two). Under FSDP every backward reduce-scatters, the same number of times
     on every rank: set_requires_gradient_sync(False) would keep whole unsharded gradients, the
     memory that FSDP is there to save."""
+    batches = [b for b in batches if b]          # micro_batches([]) is [[]]: a rank with no kept rows
     n = int(all_max(len(batches)))
     for j in range(n):
         if isinstance(ddp_model, DDP):

@@ -101,6 +101,14 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
     assert [e["ids"] for e in eps0] == [e["ids"] for e in eps1]
 
 
+def test_a_rank_with_no_rows_to_train_runs_weight_zero_passes(monkeypatch):
+    # all its groups had equal rewards (rows left out) while another rank has 2 micro-batches:
+    # it must still run 2 forward/backward passes (row 0, weight 0), not crash on an empty batch
+    monkeypatch.setattr(train, "all_max", lambda n: max(n, 2))
+    steps = [(index.tolist(), n, w) for index, n, w in train.in_step(train.micro_batches([], 50), [10, 12], None)]
+    assert steps == [([0], 10, 0.0), ([0], 10, 0.0)]
+
+
 # ----------------------------------------------------------------------------- model_init
 
 def saved_tiny_qwen2(path):

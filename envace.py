@@ -171,7 +171,7 @@ def token_logprobs(model, ids, temperature=1.0, with_entropy=False):
     """Logprob of every target token ids[:, 1:] under the model at `temperature`, in fp32.
     Rows are right-padded, so no attention mask is needed: with causal attention a real token
     never attends to the pads after it. Returns [B, L-1] (and entropy [B, L-1] if asked)."""
-    logits = model(input_ids=ids).logits[:, :-1].float() / temperature
+    logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float() / temperature   # no KV cache to build
     logp = F.log_softmax(logits, dim=-1)
     target_logp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
     if not with_entropy:
@@ -179,14 +179,15 @@ def token_logprobs(model, ids, temperature=1.0, with_entropy=False):
     return target_logp, -(logp.exp() * logp).sum(-1)
 
 
-def save_checkpoint(model, tokenizer, path, extra_files=None, state=None):
+def save_checkpoint(model, tokenizer, path, extra_files=None, state=None, state_dict=None):
     """save_pretrained for model and tokenizer, plus `extra_files` ({name: text}) and an optional
     trainer `state` (torch.save), written whole to <path>.tmp and then swapped in by two renames
     (<path> -> <path>.old, <path>.tmp -> <path>). A crash at any moment leaves a complete
-    checkpoint at <path> or at <path>.old (find_checkpoint looks at both), never a half-written one."""
+    checkpoint at <path> or at <path>.old (find_checkpoint looks at both), never a half-written one.
+    `state_dict`: the weights to write instead of the model's own (a sharded model's, gathered)."""
     tmp, old = path + ".tmp", path + ".old"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
     for name, text in (extra_files or {}).items():
         with open(os.path.join(tmp, name), "w") as f:

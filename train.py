@@ -6,6 +6,7 @@
     python train.py --config small.yaml --resume             # continue out_dir's latest checkpoint
     python train.py --config configs/chat_tiny.yaml --model=PATH  # a chat model on chat JSONL tasks
     torchrun --nproc_per_node=2 train.py --config small.yaml # several processes (GPUs or CPU)
+    torchrun --nproc_per_node=8 train.py --config configs/qwen3-8b.yaml   # FSDP2 (fsdp: true)
 
 One run, top to bottom:
   1. Warm start (`sft_*` keys): teacher-forced training on logged expert episodes run in the
@@ -30,6 +31,9 @@ rank), DDP averages the gradients, and the loss is divided by the GLOBAL count o
 tokens, so N ranks x B/N rows make the same update as 1 rank x B rows. Only rank 0 prints,
 evaluates, writes files and saves. Ctrl-C or SIGTERM finishes the current RL step, saves a
 checkpoint (model, optimizer, RNG states) and exits 0; `--resume` continues it exactly.
+With `fsdp` the model is sharded (FSDP2) instead of replicated: sampling, the no-grad logprob
+passes and evaluation run on weights gathered once per phase (`gathered`), and saves gather a
+full state dict to rank 0. A memory estimate per GPU (`memory_estimate`) is printed at start.
 
 What this simplifies against the paper / official code:
   - inline rehearsal by default: the response is written in the actor's own sequence, so one
@@ -59,6 +63,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import yaml
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_optimizer_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 from transformers.utils import logging as hf_logging
@@ -80,6 +88,9 @@ DEFAULTS = {
     "out_dir": "out/run", "seed": 1, "device": "auto", "bf16": True, "save_every": 50,
     # model: "tiny" builds a small Llama from n_layer/n_embd/n_head; else a path or hub name
     "model": "tiny", "n_layer": 4, "n_embd": 128, "n_head": 4,
+    # GPU: model_init random = the architecture of `model` with random weights (a smoke test of a
+    # real size); gradient_checkpointing recomputes layers in backward; fsdp shards under torchrun
+    "model_init": "pretrained", "gradient_checkpointing": False, "fsdp": False,
     # data: tasks from the toy world (world.py), generated from data_seed
     "data_seed": 0, "n_logged": 3000, "n_new_logged": 20, "n_rl_tasks": 4000, "n_test": 500,
     "snippet_repeats": 20, "coverage": 1.0,
@@ -114,7 +125,7 @@ DEFAULTS = {
     "rehearsal_budget": 0, "rehearsal_mode": "parallel", "imagine_temperature": 1.0,
 }
 CHOICES = {"env_mode": ("rehearse", "real", "frozen", "none"), "device": ("auto", "cpu", "cuda"),
-           "format": ("plain", "chat"),
+           "format": ("plain", "chat"), "model_init": ("pretrained", "random"),
            "rehearsal_mode": ("parallel", "sequential"), "rehearsal_context": ("inline", "separate"),
            "advantage_groups": ("task_role", "task")}
 POSITIVE = {"n_layer", "n_embd", "n_head", "n_logged", "n_rl_tasks", "n_test", "sft_batch_size",
@@ -215,14 +226,19 @@ def check_format(cfg):
         raise ConfigError("rehearsal_context: separate builds toy rehearse prompts: it needs format: plain")
 
 
-def load_policy(path, device="cpu"):
-    """A saved policy and its tokenizer, with clear errors for a missing or broken checkpoint."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    if not os.path.isfile(os.path.join(path, "config.json")):
+def load_policy(path, device="cpu", init="pretrained"):
+    """A saved policy (a folder, or a hub name) and its tokenizer, with clear errors for a missing
+    or broken checkpoint. init "random": the same architecture, random weights, none loaded."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    hub_name = not os.path.exists(path) and len(path.split("/")) == 2 and not path.startswith(".")
+    if not hub_name and not os.path.isfile(os.path.join(path, "config.json")):
         raise ConfigError(f"no model checkpoint in {path} (config.json missing)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        if init == "random":
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError, RuntimeError) as e:
         raise ConfigError(f"cannot load the checkpoint in {path}: {str(e).splitlines()[0]}") from None
     return model.to(device), tokenizer
@@ -318,6 +334,135 @@ def add_up(dicts):
             else:
                 out[k] = out.get(k, 0) + v
     return out
+
+
+# ----------------------------------------------------------------------------- GPU: memory, sharding
+
+ACTIVATION_BYTES = 34  # per token x layer x hidden unit kept for backward in bf16, no checkpointing
+                       # (Korthikanti et al. 2022, 34sbh per layer; flash attention drops the s^2 term)
+LOGIT_BYTES = 20       # per token x vocab entry in token_logprobs: bf16 logits + 4 fp32 copies
+                       # (.float(), / temperature, log_softmax, exp for the entropy)
+
+
+def memory_estimate(n_params, cfg, model_config, world_size=1):
+    """A rough per-GPU memory budget in GiB (an estimate: allocator slack, CUDA context and
+    temporaries are not counted). Training holds fp32 weights, fp32 gradients and AdamW's two fp32
+    moments (16 bytes per parameter; / world size under FSDP), activations of the largest
+    micro-batch (micro_batch_tokens x layers x hidden x ACTIVATION_BYTES; with gradient
+    checkpointing each layer keeps its input only, and one layer at a time is recomputed), and the
+    logits of that micro-batch. Sampling holds the KV cache of this rank's rows at max_tokens and,
+    under FSDP, the gathered (bf16) weights. `train` and `sample` are the two phases' totals."""
+    gib = 2 ** 30
+    shard = world_size if cfg["fsdp"] and world_size > 1 else 1
+    half = 2 if cfg["bf16"] else 4                   # bytes of one activation / gathered weight
+    tokens, layers, hidden = cfg["micro_batch_tokens"], model_config.num_hidden_layers, model_config.hidden_size
+    heads = model_config.num_attention_heads
+    head_dim = getattr(model_config, "head_dim", None) or hidden // heads
+    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
+    embed = model_config.vocab_size * hidden * (1 if getattr(model_config, "tie_word_embeddings", False) else 2)
+    per_layer = (n_params - embed) / layers
+    e = {"params": 4 * n_params / shard, "grads": 4 * n_params / shard, "adam": 8 * n_params / shard,
+         "reference": 4 * n_params / shard if cfg["kl_coef"] > 0 or cfg["env_mode"] == "frozen" else 0,
+         "activations_full": tokens * layers * hidden * ACTIVATION_BYTES * half / 2,
+         "activations_checkpointed": tokens * hidden * (layers * half + ACTIVATION_BYTES * half / 2),
+         "logits": tokens * model_config.vocab_size * LOGIT_BYTES,
+         # FSDP2 keeps the root (embeddings, lm_head) gathered from forward to backward, plus
+         # the layer computing and the one prefetched
+         "fsdp_unsharded": (embed + 2 * per_layer) * half if shard > 1 else 0,
+         "kv_cache": (cfg["tasks_per_step"] // world_size * cfg["group_size"] * cfg["max_tokens"]
+                      * layers * 2 * kv_heads * head_dim * half),
+         "gathered_weights": n_params * half if shard > 1 else 0}
+    e = {k: v / gib for k, v in e.items()}
+    resident = e["params"] + e["grads"] + e["adam"] + e["reference"]
+    act = e["activations_checkpointed" if cfg["gradient_checkpointing"] else "activations_full"]
+    e["train"] = resident + act + e["logits"] + e["fsdp_unsharded"]
+    e["sample"] = resident + e["kv_cache"] + e["gathered_weights"]
+    return e
+
+
+def memory_line(e, cfg, world_size):
+    """memory_estimate as the one line printed at start."""
+    ckpt = cfg["gradient_checkpointing"]
+    how = f"FSDP over {world_size}" if cfg["fsdp"] and world_size > 1 else "unsharded"
+    return (f"memory estimate per GPU ({how}, GiB, rough): weights {e['params']:.1f} + grads "
+            f"{e['grads']:.1f} + AdamW {e['adam']:.1f} + reference {e['reference']:.1f} + activations "
+            f"{e['activations_checkpointed' if ckpt else 'activations_full']:.1f} (gradient checkpointing "
+            f"{'on' if ckpt else 'off'}; {e['activations_full' if ckpt else 'activations_checkpointed']:.1f} "
+            f"{'off' if ckpt else 'on'}) + logits {e['logits']:.1f} + FSDP gathered "
+            f"{e['fsdp_unsharded']:.1f} = train {e['train']:.1f}; sampling: KV cache {e['kv_cache']:.1f} "
+            f"+ gathered weights {e['gathered_weights']:.1f} = {e['sample']:.1f}")
+
+
+def parallel_model(model, cfg, device, world_size):
+    """The module the training forwards go through: the model itself (one process), DDP, or,
+    with `fsdp`, the model sharded in place by FSDP2 (`shard`). With gradient_checkpointing the
+    decoder layers recompute their activations in backward; transformers does it only in training
+    mode with grad enabled, so the no-grad KV-cached sampler runs exactly as without it."""
+    if cfg["gradient_checkpointing"]:
+        model.activation_checkpointing_enable()     # transformers 5.x name of gradient_checkpointing_enable
+    if world_size == 1:
+        return model
+    if cfg["fsdp"]:
+        return shard(model, device, world_size, isinstance(autocast(cfg, device), torch.autocast))
+    return DDP(model, device_ids=[device] if device.startswith("cuda") else None)
+
+
+def shard(model, device, world_size, bf16=False):
+    """FSDP2 in place: every decoder layer its own unit, then the root (embeddings, norm, lm_head).
+    Weights, gradients and AdamW states are split over the ranks; each layer is gathered for its
+    forward and backward. Gradients are reduce-scattered (averaged, as DDP does) after every
+    backward. With bf16 (on CUDA) layers are gathered in bf16 and gradients reduced in fp32."""
+    mesh = init_device_mesh("cuda" if str(device).startswith("cuda") else "cpu", (world_size,))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \
+        MixedPrecisionPolicy()
+    for layer in [m for m in model.modules() if type(m).__name__ in model._no_split_modules]:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+@contextlib.contextmanager
+def gathered(model):
+    """Under FSDP: all ranks gather the full weights once (a collective), and keep them until the
+    block ends, so that forwards inside make no collective at all: the lock-step sampler, the
+    no-grad logprob passes and rank 0's evaluation may then run a different number of forwards
+    on each rank. Anything else (a plain or DDP model, None): nothing to do."""
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)] if model is not None else []
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+            if unit is not model:       # FSDP2 never reshards the root after forward: leave it so
+                unit.set_reshard_after_forward(True, recurse=False)
+
+
+def full_state_dict(model):
+    """Under FSDP the whole model's weights, gathered to rank 0 on the CPU (a collective: every
+    rank calls it; the others get {}), for save_pretrained. None for an unsharded model."""
+    if not isinstance(model, FSDPModule):
+        return None
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def optimizer_state(model, opt):
+    """opt.state_dict(); under FSDP the full one, gathered to rank 0 and keyed by parameter name
+    (a collective). Before the first step it stays opt.state_dict(): torch's gather would make up
+    the missing state by taking an AdamW step with lr 0, which counts in Adam's bias correction."""
+    if not isinstance(model, FSDPModule) or not opt.state:
+        return opt.state_dict()
+    return get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_optimizer_state(model, opt, saved):
+    """The inverse of optimizer_state: each FSDP rank takes its shard of the full state."""
+    if isinstance(model, FSDPModule) and saved["state"]:
+        set_optimizer_state_dict(model, opt, saved, options=StateDictOptions(full_state_dict=True))
+    else:
+        opt.load_state_dict(saved)
 
 
 # ----------------------------------------------------------------------------- the loss
@@ -548,7 +693,10 @@ def in_step(batches, lengths, ddp_model):
     every rank, as DDP needs: a rank with fewer micro-batches than another (or none) repeats
     its first one (or row 0) with weight 0, a forward/backward that adds nothing. Under DDP the
     gradient all-reduce fires on the last micro-batch only (nanoGPT's flag: no_sync() would
-    split this loop in two)."""
+    split this loop in two). Under FSDP every backward reduce-scatters, the same number of times
+    on every rank: set_requires_gradient_sync(False) would keep whole unsharded gradients, the
+    memory that FSDP is there to save."""
+    batches = [b for b in batches if b]          # micro_batches([]) is [[]]: a rank with no kept rows
     n = int(all_max(len(batches)))
     for j in range(n):
         if isinstance(ddp_model, DDP):
@@ -687,8 +835,10 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
         if reuse_sampler_logprobs(cfg, device):
             old = batch["sampled_logprobs"].to(device)
         else:               # the sampling policy's logprobs recomputed: same weights, fp32 softmax
-            old = batch_logprobs(model, ids, batch["lengths"], cfg)
-        ref = None if reference is None else batch_logprobs(reference, ids, batch["lengths"], cfg)
+            with gathered(model):
+                old = batch_logprobs(model, ids, batch["lengths"], cfg)
+        with gathered(reference):
+            ref = None if reference is None else batch_logprobs(reference, ids, batch["lengths"], cfg)
     sums["time_logprobs"] = time.time() - t0
     t0 = time.time()
     model.train()
@@ -769,11 +919,12 @@ def save_state(out, model, tokenizer, opt, step, config_text, progress, generato
     rngs = all_gather({"python": random.getstate(), "numpy": np.random.get_state(),
                        "torch": torch.get_rng_state(), "generator": generator.get_state(),
                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []})
+    weights, optimizer = full_state_dict(model), optimizer_state(model, opt)     # FSDP: collectives
     if dist.is_initialized() and dist.get_rank() != 0:
         return
-    state = {"step": step, "optimizer": opt.state_dict(), "rngs": rngs, "task_rng": task_rng.getstate(),
+    state = {"step": step, "optimizer": optimizer, "rngs": rngs, "task_rng": task_rng.getstate(),
              "progress": progress}
-    save_checkpoint(model, tokenizer, os.path.join(out, "ckpt"), {"config.yaml": config_text}, state)
+    save_checkpoint(model, tokenizer, os.path.join(out, "ckpt"), {"config.yaml": config_text}, state, weights)
 
 
 def load_state(cfg, device, world_size):
@@ -788,6 +939,9 @@ def load_state(cfg, device, world_size):
         if saved.get(key) != cfg[key]:
             raise ConfigError(f"--resume: the checkpoint in {path} has {key}={saved.get(key)!r} but "
                               f"the config says {key}={cfg[key]!r}: another model shape")
+    if world_size > 1 and saved.get("fsdp", False) != cfg["fsdp"]:
+        raise ConfigError(f"--resume: the checkpoint in {path} was saved with fsdp={saved.get('fsdp', False)}, "
+                          f"the config says fsdp={cfg['fsdp']}: the optimizer state would not load")
     model, tokenizer = load_policy(path, device)
     state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
     if len(state["rngs"]) != world_size:
@@ -872,28 +1026,29 @@ def run(cfg, resume=False):
 
     # 1. model, tokenizer, warm start (or the checkpoint to resume)
     state = None
+    load_to = "cpu" if cfg["fsdp"] and world_size > 1 else device     # FSDP moves each rank's shard only
     if resume:
-        model, tokenizer, state = load_state(cfg, device, world_size)
+        model, tokenizer, state = load_state(cfg, load_to, world_size)
     elif cfg["model"] == "tiny":
         separate_words = world.SEPARATE_WORDS if cfg["rehearsal_context"] == "separate" else []
         tokenizer = build_tokenizer(world.WORDS + separate_words)
-        model = build_model(cfg, tokenizer).to(device)
+        model = build_model(cfg, tokenizer).to(load_to)
     else:
-        model, tokenizer = load_policy(cfg["model"], device)
+        model, tokenizer = load_policy(cfg["model"], load_to, cfg["model_init"])
     if cfg["format"] == "chat":              # a template that does not fit stops the run here
         check_chat_prompts(cfg, tokenizer, splits["rl"] + splits["test"])
     score = task_reward if cfg["format"] == "plain" else functools.partial(
         chat_reward, judge=load_judge(cfg, device))
     check_separate_vocabulary(cfg, tokenizer)
     examples = logged_examples(cfg, splits)
-    ddp_model = model
-    if world_size > 1:
-        ddp_model = DDP(model, device_ids=[device] if device.startswith("cuda") else None)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(memory_line(memory_estimate(n_params, cfg, model.config, world_size), cfg, world_size))
+    ddp_model = parallel_model(model, cfg, device, world_size)
     if main_process:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "config.yaml"), "w") as f:
             f.write(config_text)
-    log(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab "
+    log(f"model: {n_params / 1e6:.2f}M parameters, vocab "
         f"{len(tokenizer)} | tasks: {len(splits['logged'])} logged, {len(splits['rl'])} RL, "
         f"{len(splits['test'])} test | device {device} x {world_size} process(es)")
     t_start = time.time()
@@ -909,14 +1064,21 @@ def run(cfg, resume=False):
                 json.dump({**result, **extra}, f, indent=1)
         return result
 
+    def rank0_eval(path=None, **extra):
+        """real_world_eval on rank 0, its result on every rank (FSDP: all ranks gather first)."""
+        with gathered(model):
+            return from_rank0(lambda: real_world_eval(path, **extra))
+
     if state is None:
         warm_start(model, ddp_model, warm_start_sequences(cfg, tokenizer, splits, examples), cfg,
                    tokenizer.pad_token_id, rank, world_size)
+        weights = full_state_dict(model)                 # FSDP: gathered to rank 0 (a collective)
         if main_process:
-            save_checkpoint(model, tokenizer, os.path.join(out, "warmstart"), {"config.yaml": config_text})
+            save_checkpoint(model, tokenizer, os.path.join(out, "warmstart"), {"config.yaml": config_text},
+                            state_dict=weights)
 
         # 2. real-world evaluation of the warm start, and the fidelity gate
-        before = from_rank0(lambda: real_world_eval(os.path.join(out, "warmstart", "eval.json")))
+        before = rank0_eval(os.path.join(out, "warmstart", "eval.json"))
         log(f"warm start ({time.time() - t_start:.0f}s): {summary(before)}")
         low = {k: v for k, v in before["fidelity"].items() if v < cfg["min_fidelity"]}
         rehearsed = cfg["env_mode"] in ("rehearse", "frozen")     # the modes whose rewards it feeds
@@ -933,8 +1095,10 @@ def run(cfg, resume=False):
     # 3. RL
     reference = None
     if uses_kl(cfg) or cfg["env_mode"] == "frozen":      # the frozen warm start
-        reference = (copy.deepcopy(model) if state is None else
-                     load_policy(os.path.join(out, "warmstart"), device)[0]).eval().requires_grad_(False)
+        reference = (copy.deepcopy(model) if state is None and not cfg["fsdp"] else   # no deepcopy of shards
+                     load_policy(os.path.join(out, "warmstart"), load_to)[0]).eval().requires_grad_(False)
+        if cfg["fsdp"] and world_size > 1:
+            shard(reference, device, world_size, isinstance(amp, torch.autocast))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
     generator = torch.Generator().manual_seed(cfg["seed"] * 1000 + rank)   # each rank its own stream
     task_rng = random.Random(cfg["seed"])                                   # the same on every rank
@@ -946,7 +1110,7 @@ def run(cfg, resume=False):
         progress["real_success"] = before["success"]
         save_state(out, model, tokenizer, opt, 0, config_text, progress, generator, task_rng)
     else:
-        opt.load_state_dict(state["optimizer"])
+        load_optimizer_state(model, opt, state["optimizer"])
         progress.update(state["progress"])
         task_rng.setstate(state["task_rng"])
         restore_rngs(state["rngs"][rank], generator)
@@ -971,7 +1135,7 @@ def run(cfg, resume=False):
             tasks = task_rng.sample(splits["rl"], cfg["tasks_per_step"])        # the same on every rank
             tasks = tasks[rank * per_rank:(rank + 1) * per_rank]
             prompts, task_worlds, tags = rollout_inputs(cfg, tokenizer, tasks)
-            with amp:
+            with amp, gathered(model), gathered(reference if cfg["env_mode"] == "frozen" else None):
                 episodes = sampler(
                     model, tokenizer, prompts, cfg["env_mode"], world=task_worlds, tags=tags,
                     env_model=reference if cfg["env_mode"] == "frozen" else None,
@@ -999,7 +1163,7 @@ def run(cfg, resume=False):
             counters = {k: progress[k] for k in ("skipped_steps", "nonfinite_steps")}
             record = metrics_record(step, total, status, counters, times)
             if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < cfg["rl_steps"]:
-                progress["real_success"] = from_rank0(real_world_eval)["success"]
+                progress["real_success"] = rank0_eval()["success"]
                 record["eval_success"] = progress["real_success"]
                 bar.write(f"step {step}: real-world success {progress['real_success']:.3f} (reward "
                           f"in the {cfg['env_mode']} world this step {record['reward']:.3f})")
@@ -1022,7 +1186,7 @@ def run(cfg, resume=False):
                 return 0
 
     # 4. evaluate the final policy in the real world
-    after = from_rank0(lambda: real_world_eval(os.path.join(out, "eval.json"), before=before))
+    after = rank0_eval(os.path.join(out, "eval.json"), before=before)
     log(f"before RL: {summary(before)}")
     log(f"after RL:  {summary(after)}")
     log(f"real-world success {before['success']:.3f} -> {after['success']:.3f} ({cfg['env_mode']} "

@@ -285,5 +285,5 @@ def test_every_shipped_config_loads():
     assert len(paths) >= 8
     for path in paths:
         cfg = load_config(path)
-        if cfg["format"] == "plain":              # the toy experiment arms
+        if cfg["format"] == "plain" and cfg["model"] == "tiny":   # the toy experiment arms
             assert cfg["n_new_logged"] == 48 and cfg["rl_steps"] in (0, 200), path

@@ -1,0 +1,238 @@
+"""GPU readiness, tested on the CPU: the memory estimate's arithmetic, gradient checkpointing
+(same loss and gradients, sampler untouched), model_init random (architecture without weights),
+FSDP2 on gloo (2 ranks make the one-rank update; a full-state save loads with from_pretrained;
+gathered weights let ranks sample different numbers of steps) and every config under configs/."""
+import datetime
+import glob
+import json
+import math
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+import train
+from envace import save_checkpoint
+from helpers import tiny_cfg, tiny_llama, toy_tokenizer
+from rollout import sample_episodes
+from test_distributed import BUDGET, fixed_step_inputs, one_update
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GIB = 2 ** 30
+PROMPTS = ["price apple", "buy 2 milk and egg", "cost 3 fish", "buy tea"]
+
+
+# ----------------------------------------------------------------------------- memory estimate
+
+def toy_shapes(tied=True):
+    return SimpleNamespace(num_hidden_layers=2, hidden_size=8, num_attention_heads=2, num_key_value_heads=1,
+                           head_dim=4, vocab_size=10, tie_word_embeddings=tied)
+
+
+def test_memory_estimate_by_hand_under_fsdp():
+    cfg = {**train.DEFAULTS, "micro_batch_tokens": 100, "bf16": True, "fsdp": True, "gradient_checkpointing": True,
+           "kl_coef": 0.1, "tasks_per_step": 4, "group_size": 2, "max_tokens": 50}
+    e = train.memory_estimate(1000, cfg, toy_shapes(), world_size=2)
+    by_hand = {"params": 4 * 1000 / 2, "grads": 4 * 1000 / 2, "adam": 8 * 1000 / 2, "reference": 4 * 1000 / 2,
+               "activations_full": 100 * 2 * 8 * 34,               # tokens x layers x hidden x 34 bytes
+               "activations_checkpointed": 100 * 8 * (2 * 2 + 34),  # 2 layer inputs in bf16 + 1 layer
+               "logits": 100 * 10 * 20,
+               "fsdp_unsharded": (80 + 2 * 460) * 2,                # embed 10x8 tied; (1000-80)/2 per layer
+               "kv_cache": (4 // 2 * 2) * 50 * 2 * 2 * 1 * 4 * 2,   # rows x tokens x layers x k,v x kv heads x dim x 2B
+               "gathered_weights": 1000 * 2}
+    by_hand["train"] = 2000 + 2000 + 4000 + 2000 + 30400 + 20000 + 2000
+    by_hand["sample"] = 2000 + 2000 + 4000 + 2000 + 6400 + 2000
+    assert set(e) == set(by_hand)
+    for k, v in by_hand.items():
+        assert e[k] == pytest.approx(v / GIB, rel=1e-12), k
+
+
+def test_memory_estimate_by_hand_one_gpu_without_checkpointing():
+    cfg = {**train.DEFAULTS, "micro_batch_tokens": 100, "bf16": True, "fsdp": True, "gradient_checkpointing": False,
+           "kl_coef": 0.0, "env_mode": "rehearse", "tasks_per_step": 4, "group_size": 2, "max_tokens": 50}
+    e = train.memory_estimate(1000, cfg, toy_shapes(tied=False), world_size=1)   # fsdp needs > 1 rank
+    assert e["params"] * GIB == pytest.approx(4000) and e["reference"] == 0 and e["gathered_weights"] == 0
+    assert e["fsdp_unsharded"] == 0 and e["kv_cache"] * GIB == pytest.approx(8 * 50 * 2 * 2 * 1 * 4 * 2)
+    assert e["train"] * GIB == pytest.approx(4000 + 4000 + 8000 + 54400 + 20000)
+    line = train.memory_line(e, cfg, 1)
+    assert "unsharded" in line and f"train {e['train']:.1f}" in line
+
+
+def test_memory_estimate_of_qwen3_8b_under_fsdp_8():
+    shapes = SimpleNamespace(num_hidden_layers=36, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+                             head_dim=128, vocab_size=151936, tie_word_embeddings=False)
+    cfg = train.load_config(os.path.join(ROOT, "configs", "qwen3-8b.yaml"))
+    e = train.memory_estimate(8_190_735_360, cfg, shapes, world_size=8)
+    assert e["params"] + e["grads"] + e["adam"] == pytest.approx(16 * 8_190_735_360 / 8 / GIB)   # 15.26 GiB
+
+
+# ----------------------------------------------------------------------------- gradient checkpointing
+
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
+    tok, episodes, rewards, groups = fixed_step_inputs()
+    cfg = {**train.DEFAULTS, "micro_batch_tokens": BUDGET, "kl_coef": 0.0}
+    batch = train.make_batch(episodes, rewards, groups, cfg, tok.pad_token_id)
+    old = torch.zeros(batch["ids"].shape[0], batch["ids"].shape[1] - 1)
+    results = []
+    for checkpointing in (False, True):
+        model = tiny_llama(tok, seed=0)
+        train.parallel_model(model, {**cfg, "gradient_checkpointing": checkpointing}, "cpu", 1)
+        calls = []
+        for layer in model.model.layers:
+            if checkpointing:
+                inner = layer._gradient_checkpointing_func
+                layer._gradient_checkpointing_func = lambda *a, f=inner, **k: calls.append(1) or f(*a, **k)
+        model.train()
+        with torch.no_grad():       # the KV-cached sampler in train mode: no_grad turns checkpointing off
+            eps = sample_episodes(model, tok, PROMPTS, max_tokens=40, generator=torch.Generator().manual_seed(3))
+        assert not calls
+        totals = train.accumulate_gradients(model, batch, old, None, cfg)
+        results.append((totals["loss"], {n: p.grad for n, p in model.named_parameters()}, eps, len(calls)))
+    (loss0, grads0, eps0, _), (loss1, grads1, eps1, n_calls) = results
+    assert n_calls == 2 * len(train.micro_batches(batch["lengths"], BUDGET))     # 2 layers per forward
+    assert loss1 == pytest.approx(loss0, rel=1e-6) and loss0 != 0
+    for name, g in grads0.items():
+        assert torch.allclose(g, grads1[name], rtol=1e-5, atol=1e-7), name
+    assert [e["ids"] for e in eps0] == [e["ids"] for e in eps1]
+
+
+def test_a_rank_with_no_rows_to_train_runs_weight_zero_passes(monkeypatch):
+    # all its groups had equal rewards (rows left out) while another rank has 2 micro-batches:
+    # it must still run 2 forward/backward passes (row 0, weight 0), not crash on an empty batch
+    monkeypatch.setattr(train, "all_max", lambda n: max(n, 2))
+    steps = [(index.tolist(), n, w) for index, n, w in train.in_step(train.micro_batches([], 50), [10, 12], None)]
+    assert steps == [([0], 10, 0.0), ([0], 10, 0.0)]
+
+
+# ----------------------------------------------------------------------------- model_init
+
+def saved_tiny_qwen2(path):
+    tok = toy_tokenizer()
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=48, intermediate_size=96, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return config
+
+
+def test_model_init_random_builds_the_architecture_without_weights(tmp_path):
+    config = saved_tiny_qwen2(tmp_path)
+    for f in glob.glob(str(tmp_path / "*.safetensors")):
+        os.remove(f)                                          # the weights are gone: only the config is left
+    with pytest.raises(train.ConfigError, match="cannot load the checkpoint"):
+        train.load_policy(str(tmp_path))
+    model, tok = train.load_policy(str(tmp_path), "cpu", "random")
+    assert type(model) is Qwen2ForCausalLM and len(model.model.layers) == 3
+    assert model.model.layers[0].self_attn.k_proj.weight.shape == (2 * 12, 48)   # 2 kv heads x head dim 12
+    assert sum(p.numel() for p in model.parameters()) == sum(
+        p.numel() for p in Qwen2ForCausalLM(config).parameters())
+    assert model.model.embed_tokens.weight.std() > 0.01
+
+
+def test_run_with_random_init_and_checkpointing_prints_the_memory_line(tmp_path, capsys, monkeypatch):
+    saved_tiny_qwen2(tmp_path / "qwen")
+    monkeypatch.setattr(train, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    cfg = tiny_cfg(tmp_path, model=str(tmp_path / "qwen"), model_init="random", gradient_checkpointing=True,
+                   rl_steps=1, sft_steps=2, n_test=4)
+    assert train.run(cfg) == 0
+    out = capsys.readouterr().out
+    assert "memory estimate per GPU (unsharded" in out and "gradient checkpointing on" in out
+    saved = AutoModelForCausalLM.from_pretrained(os.path.join(cfg["out_dir"], "ckpt"))
+    assert type(saved) is Qwen2ForCausalLM and saved.config.hidden_size == 48
+
+
+# ----------------------------------------------------------------------------- FSDP on gloo
+
+def _fsdp_worker(rank, world_size, init_file, out_dir):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=60))      # a collective out of step fails
+    torch.set_num_threads(1)
+    tok, episodes, rewards, groups = fixed_step_inputs()
+    model = tiny_llama(tok, seed=0)
+    cfg = {**train.DEFAULTS, "micro_batch_tokens": BUDGET, "kl_coef": 0.0, "fsdp": True}
+    train.parallel_model(model, cfg, "cpu", world_size)
+    assert isinstance(model.model.layers[0], train.FSDPModule) and isinstance(model, train.FSDPModule)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    share = slice(rank * 6, (rank + 1) * 6)
+    _, status = train.rl_step(model, model, opt, episodes[share], rewards[share], groups[share], cfg,
+                              tok.pad_token_id, world_size=world_size)
+    assert status == "updated"
+    grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+    with train.gathered(model):           # the ranks sample different numbers of steps: no collectives
+        eps = sample_episodes(model, tok, PROMPTS if rank == 0 else PROMPTS[:1], max_tokens=40 if rank == 0 else 12,
+                              generator=torch.Generator().manual_seed(3))
+    weights, optimizer = train.full_state_dict(model), train.optimizer_state(model, opt)
+    box = [optimizer]
+    dist.broadcast_object_list(box, src=0)             # resume: every rank reads the full state
+    model.zero_grad(set_to_none=True)                   # as after a restart
+    fresh = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    before = [p.to_local().clone() for p in model.parameters()]
+    train.load_optimizer_state(model, fresh, box[0])
+    assert all(torch.equal(a, p.to_local()) for a, p in zip(before, model.parameters()))
+    for p in model.parameters():
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(fresh.state[p][k].to_local(), opt.state[p][k].to_local())
+    if rank == 0:
+        save_checkpoint(model, tok, os.path.join(out_dir, "ckpt"), state_dict=weights)
+        torch.save((grads, [e["ids"] for e in eps], optimizer), os.path.join(out_dir, "rank0.pt"))
+    # the whole of train.run on this process group (as under torchrun): warm start, the frozen
+    # reference sharded too, KL, checkpoints; then a resume that takes the optimizer back
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    train.task_reward = lambda e, t: float(len(e["ids"]) % 2)      # every group has variance
+    cfg = tiny_cfg(Path(out_dir), fsdp=True, gradient_checkpointing=True, env_mode="frozen", kl_coef=0.1,
+                   rl_steps=2, save_every=1, n_test=4)
+    assert train.run(cfg) == 0
+    assert train.run({**cfg, "rl_steps": 3}, resume=True) == 0
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_fsdp_two_ranks_make_the_one_rank_update_and_save_a_normal_folder(tmp_path):
+    torch.set_num_threads(1)
+    mp.spawn(_fsdp_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    fsdp_grads, fsdp_ids, fsdp_opt = torch.load(tmp_path / "rank0.pt", weights_only=False)
+    model = one_update(0, 1)
+    one = {n: p.detach() for n, p in model.named_parameters()}
+    for name, g in model.named_parameters():
+        assert torch.allclose(g.grad, fsdp_grads[name], rtol=1e-5, atol=1e-8), name
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt")
+    assert saved.config.architectures == ["LlamaForCausalLM"]
+    loaded = dict(saved.named_parameters())
+    assert set(loaded) == set(one)
+    start = dict(tiny_llama(toy_tokenizer(), seed=0).named_parameters())
+    assert max((one[k] - start[k]).abs().max().item() for k in one) > 1e-4
+    assert max((one[k] - loaded[k]).abs().max().item() for k in one) < 1e-5
+    assert set(fsdp_opt["state"]) == set(one)           # full optimizer state, keyed by parameter name
+    for name, p in model.named_parameters():    # AdamW's first step: exp_avg = (1 - beta1) x grad
+        assert torch.allclose(fsdp_opt["state"][name]["exp_avg"], 0.1 * p.grad, rtol=1e-4, atol=1e-9), name
+    # rank 0 sampled alone with the gathered weights: what the saved weights sample
+    eps = sample_episodes(saved.eval(), toy_tokenizer(), PROMPTS, max_tokens=40,
+                          generator=torch.Generator().manual_seed(3))
+    assert [e["ids"] for e in eps] == fsdp_ids
+    lines = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [(line["step"], line["status"]) for line in lines] == [(1, "updated"), (2, "updated"), (3, "updated")]
+    assert all(math.isfinite(line["loss"]) and line["kl_ref"] >= 0 for line in lines)
+    state = torch.load(tmp_path / "run" / "ckpt" / "trainer_state.pt", weights_only=False)
+    steps = {float(s["step"]) for s in state["optimizer"]["state"].values()}
+    assert steps == {3.0} and set(state["optimizer"]["state"]) == set(one)   # 2 steps resumed + 1
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "ckpt")
+    warm = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "warmstart")
+    assert max((a - b).abs().max().item() for a, b in zip(final.parameters(), warm.parameters())) > 0
+
+
+# ----------------------------------------------------------------------------- configs
+
+def test_qwen3_configs_have_the_paper_settings():
+    # (every YAML under configs/ loads: tests/test_config.py::test_every_shipped_config_loads)
+    for name, fsdp in (("qwen3-1.7b", False), ("qwen3-8b", True)):
+        cfg = train.load_config(os.path.join(ROOT, "configs", f"{name}.yaml"))
+        assert cfg["model"] == {"qwen3-1.7b": "Qwen/Qwen3-1.7B", "qwen3-8b": "Qwen/Qwen3-8B"}[name]
+        assert (cfg["lr"], cfg["eps_low"], cfg["eps_high"], cfg["dual_clip"], cfg["kl_coef"]) == (1e-6, 0.2, 0.2, 3.0, 1e-4)
+        assert (cfg["tasks_per_step"], cfg["group_size"], cfg["weight_decay"], cfg["grad_clip"]) == (16, 4, 0.01, 1.0)
+        assert cfg["bf16"] and cfg["gradient_checkpointing"] and cfg["fsdp"] == fsdp

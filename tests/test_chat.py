@@ -399,3 +399,20 @@ def test_evaluation_of_tasks_without_an_executor_scores_by_criteria_and_judge(tm
     assert result["causes"] == {"answer": 1} and result["rehearsed_tasks"] == 1
     assert result["success"] == pytest.approx(sum(want) / 2, rel=1e-5) and 0 < result["success"] < 1
     assert not result["fidelity_measured"]
+
+
+def test_the_qwen3_config_runs_its_keys_together_on_a_tiny_model(tmp_path, monkeypatch):
+    """configs/qwen3-1.7b.yaml (chat format, gradient checkpointing, KL 1e-4 to the reference,
+    lr 1e-6, dual clip) with only the model and the sizes swapped for a tiny random Qwen2: a step
+    runs, updates and logs the reference KL of the act tokens."""
+    monkeypatch.setattr(train, "chat_reward", lambda e, t, judge=None: float(len(e["ids"]) % 2))
+    tiny_qwen(TOK, tmp_path / "qwen")
+    overrides = [f"--model={tmp_path / 'qwen'}", f"--out_dir={tmp_path / 'run'}", "--rl_steps=1",
+                 "--tasks_per_step=2", "--group_size=4", "--max_act_tokens=12", "--max_env_tokens=12",
+                 "--max_tokens=640", "--micro_batch_tokens=2048", "--eval_every=0", "--temperature=2.0"]
+    monkeypatch.chdir(ROOT)
+    cfg = train.load_config(os.path.join(ROOT, "configs", "qwen3-1.7b.yaml"), overrides)
+    assert cfg["gradient_checkpointing"] and cfg["kl_coef"] == 1e-4 and cfg["format"] == "chat"
+    assert train.run(cfg) == 0
+    [line] = [json.loads(text) for text in open(os.path.join(cfg["out_dir"], "metrics.jsonl"))]
+    assert line["status"] == "updated" and line["kl_ref_act"] >= 0

@@ -511,19 +511,7 @@ def _trajectory(turns, schemas, where):
 def read_chat_jsonl(path, kind):
     """Chat tasks or logged chat trajectories, one JSON object per line; blank lines skipped.
     Every line is checked before anything trains; the first bad one raises DataError."""
-    try:
-        lines = open(path, encoding="utf-8").read().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"cannot read {kind} file {path}: {e}") from None
-    rows = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path} line {n}: not valid JSON ({e.msg} at column {e.colno})") from None
-        rows.append(check_task(row, f"{path} line {n}", kind))
+    rows = [check_task(row, where, kind) for where, row in toy_world.json_lines(path, kind)]
     if not rows:
         raise DataError(f"{path}: no {kind} in the file")
     return rows

@@ -132,6 +132,21 @@ def would_rehearse(model, tokenizer, episodes, world=toy_world, token_budget=409
 
 
 @torch.no_grad()
+def greedy_hits(model, rows, pad_id, token_budget=4096):
+    """One teacher-forced forward over `rows` (micro-batched): hits[i, t] is whether the argmax
+    after row i's first t+1 tokens IS its token t+1. Returns (hits [B, T-1], roles [B, T])."""
+    device = next(model.parameters()).device
+    ids, roles = collate(rows, pad_id)
+    lengths = [len(r["ids"]) for r in rows]
+    hits = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)
+    for index in micro_batches(lengths, token_budget):
+        n = max(lengths[i] for i in index)
+        batch = ids[index, :n].to(device)
+        hits[index, :n - 1] = (model(input_ids=batch).logits[:, :-1].argmax(-1) == batch[:, 1:]).cpu()
+    return hits, roles
+
+
+@torch.no_grad()
 def would_rehearse_calls(model, tokenizer, episodes, token_budget=4096, env_end=None):
     """For real-world episodes: per tool kind [matches, total] of whether the model, decoding
     greedily from the episode's own prefix up to `<env>`, would have written exactly the real
@@ -142,14 +157,7 @@ def would_rehearse_calls(model, tokenizer, episodes, token_budget=4096, env_end=
     env_end = tag_ids(tokenizer)["env_end"] if env_end is None else env_end
     if not any(e["calls"] for e in episodes):
         return []
-    device = next(model.parameters()).device
-    ids, roles = collate(episodes, tokenizer.pad_token_id)
-    lengths = [len(e["ids"]) for e in episodes]
-    hits = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)
-    for index in micro_batches(lengths, token_budget):
-        n = max(lengths[i] for i in index)
-        batch = ids[index, :n].to(device)
-        hits[index, :n - 1] = (model(input_ids=batch).logits[:, :-1].argmax(-1) == batch[:, 1:]).cpu()
+    hits, _ = greedy_hits(model, episodes, tokenizer.pad_token_id, token_budget)
     pairs = []
     for i, e in enumerate(episodes):
         obs = [t for t in range(1, len(e["ids"])) if e["roles"][t] == OBS]
@@ -306,13 +314,6 @@ def would_rehearse_separate(model, tokenizer, episodes, examples=None, world=toy
     rows = [r for e in episodes for r in rehearsal_rows(tokenizer, e, examples, world)]
     if not rows:
         return []
-    device = next(model.parameters()).device
-    ids, roles = collate(rows, tokenizer.pad_token_id)
-    lengths = [len(r["ids"]) for r in rows]
-    hits = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)
-    for index in micro_batches(lengths, token_budget):
-        n = max(lengths[i] for i in index)
-        batch = ids[index, :n].to(device)
-        hits[index, :n - 1] = (model(input_ids=batch).logits[:, :-1].argmax(-1) == batch[:, 1:]).cpu()
+    hits, roles = greedy_hits(model, rows, tokenizer.pad_token_id, token_budget)
     target = roles[:, 1:] == REHEARSE
     return [(r["call"], bool(hits[i][target[i]].all())) for i, r in enumerate(rows)]

@@ -274,25 +274,30 @@ class DataError(Exception):
     """A malformed line in a task or trajectory file: says which file, which line, and what."""
 
 
-def read_jsonl(path, kind):
-    """Tasks ({"prompt", "answer"}) or logged trajectories ({"prompt", "calls", "responses",
-    "answer"}), one JSON object per line; blank lines are skipped. Every line is checked before
-    anything trains, and the first bad one raises DataError naming its line."""
+def json_lines(path, kind):
+    """(where, parsed object) for each non-blank line of a JSONL file, `where` being "PATH line N";
+    an unreadable file or a line that is not JSON raises DataError naming it."""
     import json
-    keys = TASK_KEYS if kind == "tasks" else TRAJECTORY_KEYS
     try:
         lines = open(path, encoding="utf-8").read().splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"cannot read {kind} file {path}: {e}") from None
-    rows = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        where = f"{path} line {n}"
         try:
-            row = json.loads(line)
+            yield f"{path} line {n}", json.loads(line)
         except json.JSONDecodeError as e:
-            raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            raise DataError(f"{path} line {n}: not valid JSON ({e.msg} at column {e.colno})") from None
+
+
+def read_jsonl(path, kind):
+    """Tasks ({"prompt", "answer"}) or logged trajectories ({"prompt", "calls", "responses",
+    "answer"}), one JSON object per line; blank lines are skipped. Every line is checked before
+    anything trains, and the first bad one raises DataError naming its line."""
+    keys = TASK_KEYS if kind == "tasks" else TRAJECTORY_KEYS
+    rows = []
+    for where, row in json_lines(path, kind):
         if not isinstance(row, dict):
             raise DataError(f"{where}: expected a JSON object with keys {list(keys)}")
         for key, typ in keys.items():

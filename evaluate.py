@@ -11,6 +11,8 @@ those rehearsals against a real replay, and the collusion rate (rehearse.collusi
 
     python evaluate.py --ckpt out/small                 # the RL'd policy
     python evaluate.py --ckpt out/small/warmstart       # the warm start it came from
+    python evaluate.py --ckpt out/small --coverage      # fidelity by warm-start coverage, before and
+                                                        # after RL: <ckpt>/coverage.json
     python evaluate.py --ckpt out/small --collusion     # the imagined-world measures only:
                                                         # <ckpt>/collusion.json, eval.json untouched
 
@@ -30,6 +32,7 @@ import torch
 
 import rehearse
 import world as toy_world
+from envace import encode_episode
 from reward import cause_counts, task_reward
 from rollout import sample_episodes
 
@@ -84,11 +87,29 @@ def evaluate(model, tokenizer, tasks, cfg, batch_size=512, seed=0, rehearser=Non
         "imagined_per_task": sum(imagined) / len(tasks),
     }
     if warm_start_counts is not None:
-        result["fidelity_by_coverage"] = rehearse.fidelity_by_coverage(calls, warm_start_counts)
+        result["fidelity_by_coverage"] = coverage_fidelity(model, tokenizer, tasks, cfg, warm_start_counts,
+                                                           examples, world)
     if cfg["n_collusion"]:
         result.update(imagined_world(model, tokenizer, tasks[:cfg["n_collusion"]], cfg, generator,
                                      world, batch_size))
     return result
+
+
+def coverage_fidelity(model, tokenizer, tasks, cfg, warm_start_counts, examples=None, world=toy_world):
+    """The coverage caveat: would-rehearse fidelity on the EXPERT's calls of `tasks` (their real
+    responses replayed), bucketed by how often each exact call was in the warm-start data. The
+    expert's calls, not the policy's: a policy that never calls an unseen item would hide it."""
+    expert = []
+    for t in tasks:
+        if t.get("calls"):
+            responses = world.replay(t["calls"])
+            expert.append({**encode_episode(tokenizer, t["prompt"], t["calls"], responses, t["answer"]),
+                           "calls": t["calls"], "responses": responses})
+    if cfg["rehearsal_context"] == "separate":
+        pairs = rehearse.would_rehearse_separate(model, tokenizer, expert, examples, world)
+    else:
+        pairs = rehearse.would_rehearse_calls(model, tokenizer, expert)
+    return rehearse.fidelity_by_coverage(pairs, warm_start_counts)
 
 
 def imagined_world(model, tokenizer, tasks, cfg, generator=None, world=toy_world, batch_size=512):
@@ -264,6 +285,11 @@ def load_runs(results):
             extra = os.path.join(folder, "collusion.json")       # evaluate.py --collusion, run later
             if "collusion" not in result and os.path.isfile(extra):
                 result.update(json.load(open(extra)))
+            extra = os.path.join(folder, "coverage.json")        # evaluate.py --coverage, run later
+            if os.path.isfile(extra):
+                coverage = json.load(open(extra))
+                result = {**result, "fidelity_by_coverage": coverage["after"],
+                          "before": {**result.get("before", {}), "fidelity_by_coverage": coverage["before"]}}
             runs.setdefault(arm, []).append(result)
             curve = [(0, result["before"]["success"])] if "before" in result else []
             metrics = os.path.join(folder, "metrics.jsonl")
@@ -447,7 +473,8 @@ def compare(results):
 
 def main(argv=None):
     from envace import find_checkpoint
-    from train import ConfigError, build_tasks, chat_tags, load_config, load_policy, logged_examples, pick_device
+    from train import (ConfigError, build_tasks, chat_tags, load_config, load_policy, logged_examples, pick_device,
+                       warm_start_call_counts)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt", help="a run folder of train.py, or a checkpoint in it")
     parser.add_argument("--n_test", type=int, default=None, help="evaluate on the first N test tasks")
@@ -455,6 +482,9 @@ def main(argv=None):
     parser.add_argument("--sweep", action="store_true",
                         help="private rehearsal with N = 0, 1, 2, 4, parallel and sequential")
     parser.add_argument("--compare", metavar="RESULTS", help="compare <RESULTS>/<arm>/<seed> runs")
+    parser.add_argument("--coverage", action="store_true",
+                        help="fidelity by warm-start coverage of the run's warm start and latest checkpoint, "
+                             "into <ckpt>/coverage.json")
     parser.add_argument("--collusion", action="store_true",
                         help="only the imagined-world measures (collusion), into <ckpt>/collusion.json")
     args, overrides = parser.parse_known_args(argv)
@@ -483,6 +513,20 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 2
     tasks = tasks[:args.n_test] if args.n_test else tasks
+    counts = warm_start_call_counts(cfg, splits) if cfg["format"] == "plain" else None
+    if args.coverage:
+        try:
+            warm = load_policy(os.path.join(args.ckpt, "warmstart"), pick_device(cfg))[0]
+        except ConfigError as e:
+            print(f"error: --coverage compares the run's warm start with its checkpoint: {e}", file=sys.stderr)
+            return 2
+        result = {when: coverage_fidelity(m, tokenizer, tasks, cfg, counts, examples)
+                  for when, m in (("before", warm), ("after", model))}
+        for when, buckets in result.items():
+            print(f"{when}: " + ", ".join(f"{b} {m}/{n}" for b, (m, n) in buckets.items()))
+        with open(os.path.join(args.ckpt, "coverage.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        return 0
     if args.collusion:
         n = cfg["n_collusion"] or len(tasks)
         metrics = imagined_world(model, tokenizer, tasks[:n], cfg, torch.Generator().manual_seed(cfg["seed"]))
@@ -499,7 +543,8 @@ def main(argv=None):
         with open(os.path.join(args.ckpt, "private_rehearsal.json"), "w") as f:
             json.dump(rows, f, indent=1)
         return 0
-    metrics = evaluate(model, tokenizer, tasks, cfg, seed=cfg["seed"], rehearser=rehearser, examples=examples)
+    metrics = evaluate(model, tokenizer, tasks, cfg, seed=cfg["seed"], rehearser=rehearser, examples=examples,
+                       warm_start_counts=counts)
     print(summary(metrics))
     with open(os.path.join(args.ckpt, "eval.json"), "w") as f:
         json.dump(metrics, f, indent=1)

@@ -1,5 +1,9 @@
 """evaluate.py --compare: the table's arithmetic on made-up metrics, and the files it writes."""
 import json
+from types import SimpleNamespace
+
+import torch
+from helpers import toy_tokenizer
 
 import evaluate
 
@@ -51,11 +55,14 @@ def test_compare_writes_table_and_figures(tmp_path):
     sweep = [{"rehearser": "policy", "mode": "parallel", "budget": n, "success": 0.5 + n / 10,
               "imagined_per_task": n, "mean_calls": 2.0} for n in (0, 1, 2, 4)]
     (tmp_path / "rehearse" / "seed1" / "private_rehearsal.json").write_text(json.dumps(sweep))
+    (tmp_path / "real" / "seed1" / "coverage.json").write_text(json.dumps(          # evaluate.py --coverage
+        {"before": {"seen 0 times": [1, 4]}, "after": {"seen 0 times": [3, 4]}}))
     runs, curves, sweeps = evaluate.load_runs(str(tmp_path))
     assert curves["rehearse"][0] == [(0, 0.5), (2, 0.6), (4, 0.9)]         # before, during, after
     assert len(sweeps) == 4 and sweeps[0]["seed"] == "seed1"
     text = evaluate.compare(str(tmp_path))
     assert "| policy | parallel | 4 | 0.900 | 4.00 | 2.00 |" in text
+    assert "| real | seen 0 times | 0.250 (1/4) | 0.750 (3/4) |" in text
     for name in ("results.md", "success.png", "private_rehearsal.png"):
         assert (tmp_path / name).stat().st_size > 0
 
@@ -63,3 +70,30 @@ def test_compare_writes_table_and_figures(tmp_path):
 def test_compare_of_an_empty_folder_is_one_line(tmp_path, capsys):
     assert evaluate.main(["--compare", str(tmp_path)]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+class Oracle(torch.nn.Module):
+    """A fake causal LM whose greedy next token is always the true next token (or, blind, never:
+    all-zero logits put the argmax on id 0, the bos tag, which no response contains)."""
+    def __init__(self, vocab, blind=False):
+        super().__init__()
+        self.vocab, self.blind, self.w = vocab, blind, torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids, **kwargs):
+        logits = torch.zeros(*input_ids.shape, self.vocab)
+        if not self.blind:
+            logits[:, :-1].scatter_(-1, input_ids[:, 1:, None], 1.0)
+        return SimpleNamespace(logits=logits)
+
+
+def test_coverage_fidelity_scores_the_experts_calls_by_warm_start_count():
+    tok = toy_tokenizer()
+    tasks = [{"prompt": "cost 2 jam", "calls": ["price jam", "mul 2 , 8"], "answer": "16"},
+             {"prompt": "price milk", "calls": ["price milk"], "answer": "2"},
+             {"prompt": "price tea", "answer": "4"}]                  # no expert calls: skipped
+    counts = {"price milk": 60, "mul 2 , 8": 10}
+    cfg = {"rehearsal_context": "inline"}
+    seen = evaluate.coverage_fidelity(Oracle(len(tok)), tok, tasks, cfg, counts)
+    assert seen == {"seen 0 times": [1, 1], "seen 1-49 times": [1, 1], "seen 50+ times": [1, 1]}
+    blind = evaluate.coverage_fidelity(Oracle(len(tok), blind=True), tok, tasks, cfg, counts)
+    assert blind == {"seen 0 times": [0, 1], "seen 1-49 times": [0, 1], "seen 50+ times": [0, 1]}

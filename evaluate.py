@@ -23,6 +23,7 @@ judged by the task's criteria alone (answer, gold calls, checklist judge).
 Writes <ckpt>/eval.json with at least {"success": float, "n_tasks": int}.
 """
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -34,7 +35,7 @@ import rehearse
 import world as toy_world
 from envace import encode_episode
 from reward import cause_counts, task_reward
-from rollout import sample_episodes
+from rollout import sample_episodes, sample_separate
 
 
 def evaluate(model, tokenizer, tasks, cfg, batch_size=512, seed=0, rehearser=None, world=toy_world,
@@ -91,7 +92,7 @@ def evaluate(model, tokenizer, tasks, cfg, batch_size=512, seed=0, rehearser=Non
                                                            examples, world)
     if cfg["n_collusion"]:
         result.update(imagined_world(model, tokenizer, tasks[:cfg["n_collusion"]], cfg, generator,
-                                     world, batch_size))
+                                     world, batch_size, examples))
     return result
 
 
@@ -112,18 +113,23 @@ def coverage_fidelity(model, tokenizer, tasks, cfg, warm_start_counts, examples=
     return rehearse.fidelity_by_coverage(pairs, warm_start_counts)
 
 
-def imagined_world(model, tokenizer, tasks, cfg, generator=None, world=toy_world, batch_size=512):
+def imagined_world(model, tokenizer, tasks, cfg, generator=None, world=toy_world, batch_size=512,
+                   examples=None):
     """The world model's honesty on `tasks`: the policy acts and rehearses (rehearse mode, the
-    eval sampling, no real call in the loop), and the episodes are scored against a real replay.
+    eval sampling, no real call in the loop; in separate rows with `examples` if cfg
+    rehearsal_context is separate), and the episodes are scored against a real replay.
     Returns imagined_success (the task reward in that imagined world), imagined_fidelity (per tool
     kind) and collusion ({calls, wrong, colluding, rate}, rehearse.collusion_counts)."""
     model.eval()
     limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+    sampler = sample_episodes
+    if cfg["rehearsal_context"] == "separate":      # it rehearses where it was trained to
+        sampler = functools.partial(sample_separate, examples=examples)
     episodes = []
     for i in range(0, len(tasks), batch_size):
-        episodes += sample_episodes(model, tokenizer, [t["prompt"] for t in tasks[i:i + batch_size]],
-                                    "rehearse", world=world, temperature=cfg["eval_temperature"],
-                                    top_p=cfg["top_p"], generator=generator, **limits)
+        episodes += sampler(model, tokenizer, [t["prompt"] for t in tasks[i:i + batch_size]], "rehearse",
+                            world=world, temperature=cfg["eval_temperature"], top_p=cfg["top_p"],
+                            generator=generator, **limits)
     fidelity = rehearse.replay_fidelity(episodes, world)
     return {"imagined_success": sum(task_reward(e, t) for e, t in zip(episodes, tasks)) / len(tasks),
             "imagined_fidelity": rehearse.rates(fidelity), "imagined_fidelity_counts": fidelity,
@@ -283,7 +289,7 @@ def load_runs(results):
                 continue
             result = json.load(open(os.path.join(folder, "eval.json")))
             extra = os.path.join(folder, "collusion.json")       # evaluate.py --collusion, run later
-            if "collusion" not in result and os.path.isfile(extra):
+            if os.path.isfile(extra):                           # measured later: it supersedes
                 result.update(json.load(open(extra)))
             extra = os.path.join(folder, "coverage.json")        # evaluate.py --coverage, run later
             if os.path.isfile(extra):
@@ -529,7 +535,8 @@ def main(argv=None):
         return 0
     if args.collusion:
         n = cfg["n_collusion"] or len(tasks)
-        metrics = imagined_world(model, tokenizer, tasks[:n], cfg, torch.Generator().manual_seed(cfg["seed"]))
+        metrics = imagined_world(model, tokenizer, tasks[:n], cfg, torch.Generator().manual_seed(cfg["seed"]),
+                                 examples=examples)
         print(imagined_summary(metrics))
         with open(os.path.join(args.ckpt, "collusion.json"), "w") as f:
             json.dump(metrics, f, indent=1)

@@ -318,3 +318,13 @@ def test_train_run_with_separate_rows(tmp_path, monkeypatch):
     assert result["n_tasks"] == 16
     os.remove(os.path.join(out, "eval.json"))
     assert evaluate.main(["--ckpt", out, "--n_test=8"]) == 0
+
+
+def test_the_imagined_world_at_evaluation_rehearses_in_separate_rows():
+    """evaluate.imagined_world (collusion at evaluation) samples the way the model was trained: in
+    separate rows with the grounding examples (the scripted model only knows those prefixes)."""
+    task = {"prompt": "buy apple", "answer": "6", "family": "buy1", "calls": ["price apple", "pay 3"]}
+    cfg = {**train.DEFAULTS, "rehearsal_context": "separate", "max_tokens": 96}
+    m = evaluate.imagined_world(PrefixScripted(TOK, SCRIPTS), TOK, [task], cfg, examples=EXAMPLES)
+    assert m["imagined_success"] == 1.0 and m["imagined_fidelity_counts"] == {"lookup": [1, 1], "stateful": [1, 1]}
+    assert m["collusion"]["calls"] == 2 and m["collusion"]["wrong"] == 0

@@ -307,7 +307,7 @@ def test_train_run_with_separate_rows(tmp_path, monkeypatch):
     logged = world.make_splits(0, 40, 2, 40, 16)["logged"]
     prices = list(dict.fromkeys(c for t in logged for c in t["calls"] if c.startswith("price")))
     first_two = [(c, str(world.PRICES[c.split()[1]])) for c in prices if c != "price apple"][:2]
-    assert asked == [(16, first_two)] * 2                                   # before and after RL
+    assert asked == [(16, first_two)] * 4        # before and after RL: its episodes, the expert's (coverage)
     out = cfg["out_dir"]
     lines = [json.loads(text) for text in open(os.path.join(out, "metrics.jsonl"))]
     assert [line["step"] for line in lines] == [1, 2]

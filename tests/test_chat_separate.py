@@ -236,6 +236,32 @@ def test_would_rehearse_asks_in_the_separate_rows():
     assert inline == [(json.dumps(CALLS[0]), False), (json.dumps(CALLS[1]), False)]
 
 
+def test_separate_warm_start_teaches_the_rows_the_sampler_then_writes():
+    """A tiny random Qwen2 warm-started (150 steps) on one logged trajectory in separate rows
+    samples that episode back in separate rows: its calls, its results rehearsed in the rehearse
+    rows, row for row the warm start's ids and roles. An RL step then updates on those rows."""
+    task = pay_task()
+    cfg = {**train.DEFAULTS, "format": "chat", "rehearsal_context": "separate", "grounding_examples": 1,
+           "sft_steps": 150, "sft_batch_size": 1, "sft_lr": 0.01, "micro_batch_tokens": 4096}
+    logged = {"messages": task["messages"], "tools": task["tools"], "call_dicts": CALLS, "responses": ["6", "4"],
+              "answer": "4", "examples": task["examples"]}
+    (group,) = train.warm_start_sequences(cfg, TOK, {"logged": [logged], "rl": []})
+    model = tiny_qwen(TOK)
+    train.warm_start(model, model, [group], cfg, TOK.pad_token_id)
+    prompts, worlds = chat.episode_inputs(TOK, TAGS, [task] * 4)
+    episodes = sample_separate(model, TOK, prompts, world=worlds, tags=TAGS, temperature=0.3,
+                               rehearse_prompt=functools.partial(chat.separate_prompt, TOK, 1), max_act_tokens=30,
+                               max_env_tokens=6, max_tokens=300, generator=torch.Generator().manual_seed(0))
+    for e in episodes:
+        assert e["cause"] == "answer" and e["answer"] == "4" and e["responses"] == ["6", "4"]
+        for sampled, logged_row in zip([e] + e["rehearsals"], group["rows"]):
+            assert sampled["ids"] == logged_row["ids"] and sampled["roles"] == logged_row["roles"]
+    rows, rewards, groups = reward.training_rows(episodes, [1.0, 0.0, 1.0, 0.0], [0, 0, 0, 0])
+    sums, status = train.rl_step(model, model, torch.optim.AdamW(model.parameters(), lr=1e-3), rows, rewards,
+                                 groups, {**cfg, "temperature": 0.3}, TOK.pad_token_id)
+    assert status == "updated" and sums["tokens_rehearse"] == 4 * 2 * 2 and sums["rows_updated"] == 12
+
+
 def test_chat_rehearse_rows_logprobs_equal_a_teacher_forced_forward():
     """Chat rehearse rows of different prompt lengths (0, 1 earlier calls) sampled together by the
     KV-cached sampler with a tiny random Qwen2: every sampled logprob equals a full forward."""

@@ -29,13 +29,19 @@ turns. This file lets the same inline rehearsal run on such a model (`format: ch
   `call_order`, `examples` (per tool, reference {arguments, result} pairs) and `env: "toy"`
   (the toy world of world.py executes the calls, so real-world evaluation and fidelity exist).
   Logged trajectories are the same with the whole conversation in `messages`.
+- rehearsal_context separate (`rehearse_prompt_ids`): each rehearsal in a row of its own, whose
+  prompt is rendered with the same chat template: a system message (play the called tool, answer
+  with its result only; its JSON schema; up to grounding_examples of the task's examples of it),
+  a user message (the dialogue so far as JSON lines, then the call), the generation prompt. The
+  result is written as an assistant turn and ends at the template's end-of-turn stop; it is
+  copied into the actor's row as the template's tool response (OBS).
 """
 import json
 import re
 from types import SimpleNamespace
 
 import world as toy_world
-from envace import ACT, OBS, PROMPT, TAG, encode
+from envace import ACT, OBS, PROMPT, REHEARSE, TAG, encode
 
 SENTINEL = "\u00a7{}\u00a7"                    # rendered content markers, found by string search
 SAMPLE_TOOL = {"type": "function", "function": {
@@ -348,7 +354,7 @@ def task_world(task, tags):
         pre = tags["act_pre"]
         return read_act(text[:len(text) - len(pre)] if pre and text.endswith(pre) else text, schemas)
 
-    return SimpleNamespace(new_state=toy_world.new_state, read_act=read, parse_response=parse_response,
+    return SimpleNamespace(task=task, new_state=toy_world.new_state, read_act=read, parse_response=parse_response,
                            step=_toy_step if toy else _no_executor, replay=replay,
                            TOOL_KINDS=toy_world.TOOL_KINDS if toy else {name: name for name in schemas},
                            parse_call=lambda call: (json.loads(call)["name"], None))
@@ -436,8 +442,9 @@ def check_task(row, where, kind):
     if not any(m["role"] == "user" for m in opening):
         _fail(where, "the opening messages (before the first assistant turn) hold no user message")
     task = {"messages": opening, "tools": tools, "family": row.get("family", "file")}
-    if kind == "trajectories":
-        return {**task, **_trajectory(row["messages"][first:], schemas, where)}
+    if kind == "trajectories":        # examples: optional here too (separate rehearse prompts)
+        return {**task, **_trajectory(row["messages"][first:], schemas, where),
+                "examples": _check_examples(row.get("examples", {}), schemas, where)}
     if first < len(row["messages"]):
         _fail(where, "a task's 'messages' are the opening only (system/user); trajectories go in logged_file")
     if "answer" in row:
@@ -561,3 +568,88 @@ def export_toy(out_dir, seed=0, n_logged=3000, n_new_logged=20, n_rl=4000, n_tes
         with open(os.path.join(out_dir, f"{name}.jsonl"), "w") as f:
             f.writelines(json.dumps(toy_task_line(t, full)) + "\n" for t in tasks)
     return out_dir
+
+
+# ----------------------------------------------------------------------------- separate context
+
+REHEARSE_SYSTEM = ("You play the tool {name!r}, not the assistant. The assistant has called it: answer with "
+                   "the tool's result only, exactly as the tool would return it.\nThe tool:\n{schema}")
+
+
+def rehearse_prompt_ids(tokenizer, task, dialogue, call, examples=()):
+    """The prompt of a separate rehearse row (rehearsal_context separate), as ids: the only place
+    it is built. A system message: the policy plays the called tool and answers with its result
+    only; the tool's JSON schema; `examples` ([(call, result)] of that tool) as JSON lines. A user
+    message: the dialogue so far as JSON lines (the task's opening messages, then each earlier
+    call with its result: `dialogue` [(call, result)]) and the call. Rendered by the tokenizer's
+    own chat template with its generation prompt: the policy writes the result as an assistant
+    turn ending with the template's end-of-turn stop (tags act_end). The actor never sees it.
+    Calls are {"name", "arguments"} dicts."""
+    tool = next(t for t in task["tools"] if t["function"]["name"] == call["name"])
+    system = REHEARSE_SYSTEM.format(name=call["name"], schema=_json(tool))
+    if examples:
+        system += "\nExamples:\n" + "\n".join(_json({"arguments": c["arguments"], "result": r}) for c, r in examples)
+    lines = [_json({"role": m["role"], "content": m["content"]}) for m in task["messages"]]
+    lines += [_json({"call": _call(c), "result": r}) for c, r in dialogue]
+    user = "The dialogue so far:\n" + "\n".join(lines) + "\nThe call:\n" + _json(_call(call))
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    return encode(tokenizer, render(tokenizer, messages, None, generation_prompt=True))
+
+
+def _json(value):
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _call(call):
+    return {"name": call["name"], "arguments": call["arguments"]}
+
+
+def rehearse_tags(tags):
+    """The hand-offs of a separate rehearse row: its result is an assistant turn, so it ends with
+    the actor's stop (and the text before it), not with the tool turn's."""
+    return {**tags, "env_end": tags["act_end"], "env_pre": tags["act_pre"]}
+
+
+def task_examples(task, name, k):
+    """The first k of the task's examples of tool `name` (grounding_examples k; 0: none)."""
+    return [(c, r) for c, r in task.get("examples", []) if c["name"] == name][:k]
+
+
+def separate_prompt(tokenizer, k, episode, world):
+    """rollout.sample_separate's prompt for the rehearsal of an actor row's last call (the row's
+    world, chat.task_world, carries its task), with up to k of the task's examples."""
+    calls = [json.loads(c) for c in episode["calls"]]
+    return rehearse_prompt_ids(tokenizer, world.task, list(zip(calls, episode["responses"])), calls[-1],
+                               task_examples(world.task, calls[-1]["name"], k))
+
+
+def rehearse_rows(tokenizer, tags, task, calls, responses, k=0):
+    """The separate rehearse rows of a logged or real episode of `task` (calls: dicts): per call
+    with a response, its rehearse prompt, then the result and the end-of-turn stop as REHEARSE,
+    the rows the sampler builds in RL. The warm start trains them; evaluation asks in them."""
+    rows = []
+    for n, (call, response) in enumerate(zip(calls, responses)):
+        prompt = rehearse_prompt_ids(tokenizer, task, list(zip(calls[:n], responses[:n])), call,
+                                     task_examples(task, call["name"], k))
+        target = encode(tokenizer, response + tags["act_pre"]) + [tags["act_end"]]
+        rows.append({"ids": prompt + target, "roles": [PROMPT] * len(prompt) + [REHEARSE] * len(target),
+                     "call": _json(_call(call)), "turn": n})
+    return rows
+
+
+def separate_warm_start_sequences(tokenizer, tags, logged, tasks, k=0):
+    """warm_start_sequences for rehearsal_context separate, one group of rows per logged
+    trajectory or task: a trajectory's actor row (calls and answer ACT, responses OBS: context)
+    and its rehearse rows (`rehearse_rows`); a task's reference examples as rehearse rows (an
+    empty dialogue, the example's call, its result REHEARSE)."""
+    seqs = []
+    for t in logged:
+        actor = assemble(tokenizer, tags, prompt_ids(tokenizer, t["messages"], t["tools"]), t["call_dicts"],
+                         t["responses"], t["answer"])
+        seqs.append({"rows": [{"ids": actor["ids"], "roles": actor["roles"]}]
+                     + rehearse_rows(tokenizer, tags, t, t["call_dicts"], t["responses"], k)})
+    for t in tasks:
+        rows = [r for call, result in t.get("examples", []) for r in rehearse_rows(tokenizer, tags, t, [call], [result], k)]
+        if rows:
+            seqs.append({"rows": rows})
+    return seqs

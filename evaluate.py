@@ -140,7 +140,9 @@ def evaluate_chat(model, tokenizer, tasks, cfg, batch_size=512, seed=0, warm_sta
     """Chat-format tasks: those a real environment executes (env: toy) run in it, with would-
     rehearse fidelity per tool kind; the others have no executor, so the policy rehearses their
     tool responses itself and success is judged by the task's criteria only (answer, gold_calls,
-    checklist judge). Same keys as `evaluate`, plus how many tasks ran in each way."""
+    checklist judge). Same keys as `evaluate`, plus how many tasks ran in each way. With
+    rehearsal_context separate, fidelity asks in separate rehearse rows (chat.rehearse_rows) and
+    tasks without an executor are rehearsed in them (rollout.sample_separate)."""
     import chat
     from reward import chat_reward
     model.eval()
@@ -153,16 +155,26 @@ def evaluate_chat(model, tokenizer, tasks, cfg, batch_size=512, seed=0, warm_sta
         for k in range(0, len(index), batch_size):
             part = index[k:k + batch_size]
             prompts, worlds = chat.episode_inputs(tokenizer, tags, [tasks[i] for i in part])
-            out = sample_episodes(model, tokenizer, prompts, mode, world=worlds, tags=tags,
-                                  temperature=cfg["eval_temperature"], top_p=cfg["top_p"],
-                                  generator=generator, **limits)
+            sample = sample_episodes
+            if mode == "rehearse" and cfg["rehearsal_context"] == "separate":   # as it was trained
+                sample = functools.partial(sample_separate, rehearse_prompt=functools.partial(
+                    chat.separate_prompt, tokenizer, cfg["grounding_examples"]))
+            out = sample(model, tokenizer, prompts, mode, world=worlds, tags=tags,
+                         temperature=cfg["eval_temperature"], top_p=cfg["top_p"],
+                         generator=generator, **limits)
             for i, e in zip(part, out):
                 episodes[i] = e
     judge = load_judge(cfg, next(model.parameters()).device)
     rewards = [chat_reward(e, t, judge) for e, t in zip(episodes, tasks)]
     causes = cause_counts(episodes)
     real_eps = [episodes[i] for i in real]
-    calls = rehearse.would_rehearse_calls(model, tokenizer, real_eps, env_end=tags["env_end"]) if real else []
+    if cfg["rehearsal_context"] == "separate":      # asked in the rows it rehearses in
+        rows = [r for i in real for r in chat.rehearse_rows(
+            tokenizer, tags, tasks[i], [json.loads(c) for c in episodes[i]["calls"]], episodes[i]["responses"],
+            cfg["grounding_examples"])]
+        calls = rehearse.would_rehearse_rows(model, rows, tokenizer.pad_token_id)
+    else:
+        calls = rehearse.would_rehearse_calls(model, tokenizer, real_eps, env_end=tags["env_end"]) if real else []
     fidelity = rehearse.by_kind(calls, tasks[real[0]]["world"]) if calls else {}
     by_family = {}
     for t, r in zip(tasks, rewards):

@@ -25,7 +25,8 @@ sequence (role REHEARSE) and closes it with `</env>`. This file holds:
 - rehearsal_context separate (the official implementation's layout): `rehearse_prompt`, the
   prompt of a rehearse row of its own (tool signature, grounding examples, dialogue, call);
   `rehearsal_rows`, those rows for logged or real episodes (warm start, would-rehearse);
-  `grounding`, the logged (call, response) examples that prompt may carry (issue 7).
+  `grounding`, the logged (call, response) examples that prompt may carry (issue 7);
+  `would_rehearse_rows` asks in such rows (the chat format's are chat.rehearse_rows).
 """
 import functools
 from collections import defaultdict
@@ -250,8 +251,8 @@ def _vote(episodes):
 # ----------------------------------------------------------------------------- separate context
 
 def rehearse_prompt(tokenizer, dialogue, call, examples=(), world=toy_world):
-    """The prompt of a separate rehearse row, as ids (the only place it is rendered: a chat-template
-    model gets its own rendering here). A rehearse tag with the called tool's signature, the
+    """The prompt of a separate rehearse row, as ids (the only place it is rendered for the toy's
+    plain tags; a chat-template model gets its own: chat.rehearse_prompt_ids). A rehearse tag with the called tool's signature, the
     grounding `examples` ([(call, response)] of that tool, logged), the dialogue so far and the
     call (`dialogue`: the actor's own ids after <bos>, up to the call's </act>), then the <env>
     hand-off; the policy writes the response and </env> after it. The actor never sees it.
@@ -312,8 +313,15 @@ def would_rehearse_separate(model, tokenizer, episodes, examples=None, world=toy
     write exactly the real response and its </env> greedily? One teacher-forced forward over
     those rows. Returns [(call, matched)]."""
     rows = [r for e in episodes for r in rehearsal_rows(tokenizer, e, examples, world)]
+    return would_rehearse_rows(model, rows, tokenizer.pad_token_id, token_budget)
+
+
+@torch.no_grad()
+def would_rehearse_rows(model, rows, pad_id, token_budget=4096):
+    """[(row["call"], matched)]: would the model write each rehearse row's REHEARSE tokens greedily
+    (one teacher-forced forward)? The rows of rehearsal_rows, or chat.rehearse_rows."""
     if not rows:
         return []
-    hits, roles = greedy_hits(model, rows, tokenizer.pad_token_id, token_budget)
+    hits, roles = greedy_hits(model, rows, pad_id, token_budget)
     target = roles[:, 1:] == REHEARSE
     return [(r["call"], bool(hits[i][target[i]].all())) for i, r in enumerate(rows)]

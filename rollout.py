@@ -29,7 +29,8 @@ bad_arguments), and one world per row, since every task brings its own tools.
 
 With rehearsal_context separate, `sample_separate` drives this sampler in rounds: actor rows stop
 at each finished call, every pending rehearsal is then sampled as its own row from its own prompt
-(rehearse.rehearse_prompt), and the response is copied into the actor row as context (OBS).
+(rehearse.rehearse_prompt; chat format: chat.rehearse_prompt_ids, in the model's own template),
+and the response is copied into the actor row as context (OBS).
 
 Truncation is explicit: a tag sampled in the wrong role ("bad_act", "bad_rehearsal"), a segment
 longer than max_act_tokens / max_env_tokens ("act_limit", "env_limit"), more than max_turns calls
@@ -43,12 +44,14 @@ the sampling temperature, i.e. exactly what a teacher-forced forward at that tem
 (top-p truncates what is *sampled*, not the recorded logprob; the small off-policy gap that
 creates is ignored, as in most PPO-for-LLM code).
 """
+import functools
 from collections import deque
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+import chat
 import rehearse
 import world as toy_world
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, encode, tag_ids
@@ -293,7 +296,8 @@ def _end_act(row, text, tags, tokenizer, world, env_mode, max_turns):
 @torch.no_grad()
 def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_model=None, examples=None,
                     world=toy_world, temperature=1.0, top_p=1.0, max_turns=6, max_act_tokens=8,
-                    max_env_tokens=6, max_tokens=96, generator=None, tags=None, rehearse_check=False):
+                    max_env_tokens=6, max_tokens=96, generator=None, tags=None, rehearse_check=False,
+                    rehearse_prompt=None):
     """rehearsal_context separate (the official implementation's choice): every rehearsal is its
     own row with its own prompt (rehearse.rehearse_prompt: the tool's signature, `examples(call)`
     logged examples if given, the dialogue so far and the call), which the actor never sees.
@@ -306,25 +310,38 @@ def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     Returns the actor rows as sample_episodes does, each with "rehearsals": its rehearse rows in
     call order (ids, roles, logprobs, calls [the call], responses, cause, "episode": the index of
     its actor row, i.e. of its prompt, "turn": which call). A rehearsal that fails (bad_rehearsal,
-    env_limit) ends its episode with that cause."""
+    env_limit) ends its episode with that cause.
+    Chat format (`tags` the chat hand-offs, prompts as ids, one world per row): the rehearse prompt
+    is `rehearse_prompt(actor row, its world)` (chat.separate_prompt), the rehearser writes the
+    result as an assistant turn ending at the template's end-of-turn stop (chat.rehearse_tags), and
+    the result is copied into the actor row as the template's tool response (`_copy_response`)."""
     assert env_mode in ("rehearse", "frozen") and (env_model is not None) == (env_mode == "frozen")
-    assert tags is None, "separate rehearse prompts are built for the toy's plain tags"
-    tags = tag_ids(tokenizer)
-    limits = {"world": world, "temperature": temperature, "top_p": top_p, "max_turns": max_turns,
+    chat_rows = tags is not None
+    if chat_rows and rehearse_prompt is None:
+        rehearse_prompt = functools.partial(chat.separate_prompt, tokenizer, 0)
+    tags = tags or tag_ids(tokenizer)
+    env_tags = chat.rehearse_tags(tags) if chat_rows else tags
+    limits = {"temperature": temperature, "top_p": top_p, "max_turns": max_turns,
               "max_act_tokens": max_act_tokens, "max_env_tokens": max_env_tokens, "generator": generator,
               "rehearse_check": rehearse_check}
-    episodes = [_new_row(tags["bos"] + encode(tokenizer, p), tags, None, tokenizer, world) for p in prompts]
+    worlds = world if isinstance(world, list) else [world] * len(prompts)
+    episodes = [_new_row(p if chat_rows else tags["bos"] + encode(tokenizer, p), tags, None, tokenizer, w)
+                for p, w in zip(prompts, worlds)]
     for i, e in enumerate(episodes):
         e.update(episode=i, rehearsals=[], stop_at="call")
     active = episodes
     while active:
-        sample_episodes(policy, tokenizer, None, rows=active, max_tokens=max_tokens, **limits)
+        for e in active:                          # sample_episodes drops a row's world when it returns
+            e["world"] = worlds[e["episode"]]
+        sample_episodes(policy, tokenizer, None, rows=active, max_tokens=max_tokens, tags=tags, **limits)
         pending = [e for e in active if e["cause"] == "call"]
         if not pending:
             break
-        rehearsals = [_rehearse_row(e, tags, tokenizer, examples, world) for e in pending]
+        rehearsals = [_chat_rehearse_row(e, worlds[e["episode"]], env_tags, rehearse_prompt) if chat_rows
+                      else _rehearse_row(e, tags, tokenizer, examples, world) for e in pending]
         room = max(len(r["ids"]) for r in rehearsals) + max_env_tokens + 2   # env_limit comes first
-        sample_episodes(env_model or policy, tokenizer, None, rows=rehearsals, max_tokens=room, **limits)
+        sample_episodes(env_model or policy, tokenizer, None, rows=rehearsals, max_tokens=room, tags=env_tags,
+                        **limits)
         active = [e for e, r in zip(pending, rehearsals)
                   if _copy_response(e, r, tags, tokenizer, max_tokens, frozen=env_model is not None)]
     for e in episodes:
@@ -345,9 +362,22 @@ def _rehearse_row(episode, tags, tokenizer, examples, world):
             "episode": episode["episode"], "turn": len(episode["calls"]) - 1}
 
 
+def _chat_rehearse_row(episode, world, env_tags, rehearse_prompt):
+    """A chat rehearse row for the actor row's last call: its own prompt (`rehearse_prompt`), and a
+    world reading its result as an assistant turn (chat.rehearse_tags)."""
+    ids = rehearse_prompt(episode, world)
+    return {"world": chat.task_world(world.task, env_tags), "ids": ids, "roles": [PROMPT] * len(ids),
+            "logprobs": [0.0] * len(ids), "prompt_len": len(ids), "phase": "env", "forced": deque(),
+            "segment": [], "plan": deque(), "calls": [episode["calls"][-1]], "responses": [], "answer": None,
+            "cause": None, "state": None, "stop_at": "response", "episode": episode["episode"],
+            "turn": len(episode["calls"]) - 1}
+
+
 def _copy_response(episode, rehearsal, tags, tokenizer, max_tokens, frozen):
     """Append a rehearse row's response to its actor row as context (OBS, no loss) and set the actor
-    row up to act again. Returns whether it goes on; else its cause says why it ended."""
+    row up to act again. Returns whether it goes on; else its cause says why it ended. Chat format:
+    the rehearse row's result is re-tokenised as the template's tool response renders it (result,
+    the text before the tool turn's stop, the stop): the ids a real tool's response would have."""
     episode["rehearsals"].append(rehearsal)
     if frozen:                                   # written by the frozen simulator, not the policy
         rehearsal["roles"] = [OBS if r == REHEARSE else r for r in rehearsal["roles"]]
@@ -355,7 +385,10 @@ def _copy_response(episode, rehearsal, tags, tokenizer, max_tokens, frozen):
     if rehearsal["cause"] != "response":         # bad_rehearsal or env_limit: the episode ends
         episode["cause"] = rehearsal["cause"]
         return False
-    add = tags["env"] + rehearsal["ids"][rehearsal["prompt_len"]:]
+    response = rehearsal["ids"][rehearsal["prompt_len"]:]
+    if "first_act" in tags:                      # chat tags: a tool turn, not an assistant turn
+        response = encode(tokenizer, rehearsal["responses"][0] + tags["env_pre"]) + [tags["env_end"]]
+    add = tags["env"] + response
     room = max_tokens - len(episode["ids"])
     episode["ids"] += add[:room]
     episode["roles"] += ([TAG] * len(tags["env"]) + [OBS] * (len(add) - len(tags["env"])))[:room]

@@ -111,7 +111,8 @@ DEFAULTS = {
     # one on ACT tokens); a form check on every rehearsed response (rehearse.check_rehearsal)
     "kl_rehearse_coef": 0.0, "rehearse_check": False,
     # where rehearsals are written: inline (in the actor's own sequence) or separate (a row of
-    # their own, prompt: tool signature, grounding_examples logged examples, dialogue, call);
+    # their own, prompt: tool signature, grounding_examples logged examples (chat: the task's own
+    # examples), dialogue, call);
     # advantage baselines per (task, role) or per task (the same thing with inline rehearsal)
     "rehearsal_context": "inline", "advantage_groups": "task_role", "grounding_examples": 0,
     # sampling
@@ -222,8 +223,6 @@ def check_format(cfg):
         raise ConfigError("test-time private rehearsal (rehearsal_budget) is not built for format: chat")
     if cfg["rehearse_check"]:
         raise ConfigError("rehearse_check knows the toy world's response forms: it needs format: plain")
-    if cfg["rehearsal_context"] == "separate":
-        raise ConfigError("rehearsal_context: separate builds toy rehearse prompts: it needs format: plain")
 
 
 def load_policy(path, device="cpu", init="pretrained"):
@@ -247,7 +246,7 @@ def load_policy(path, device="cpu", init="pretrained"):
 def check_separate_vocabulary(cfg, tokenizer):
     """The separate rehearse prompt's words must be in the vocabulary (a toy model warm-started
     inline has none of them): else one clear line."""
-    if cfg["rehearsal_context"] == "separate" and tokenizer.unk_token_id in tokenizer.encode(
+    if cfg["rehearsal_context"] == "separate" and cfg["format"] == "plain" and tokenizer.unk_token_id in tokenizer.encode(
             " ".join(world.SEPARATE_WORDS), add_special_tokens=False):
         raise ConfigError(f"rehearsal_context separate: the tokenizer of {cfg['model']} lacks the "
                           f"rehearse prompt's words {world.SEPARATE_WORDS}; start from model: tiny "
@@ -574,6 +573,9 @@ def warm_start_sequences(cfg, tokenizer, splits, examples=None):
     (calls as context, role PROMPT; only the responses are trained) as ids + roles. Chat format:
     the logged chat trajectories and the tasks' reference examples (chat.warm_start_sequences).
     rehearsal_context separate: `separate_warm_start_sequences` instead."""
+    if cfg["format"] == "chat" and cfg["rehearsal_context"] == "separate":
+        return chat.separate_warm_start_sequences(tokenizer, chat_tags(tokenizer), splits["logged"], splits["rl"],
+                                                  cfg["grounding_examples"])
     if cfg["format"] == "chat":
         return chat.warm_start_sequences(tokenizer, chat_tags(tokenizer), splits["logged"], splits["rl"])
     if cfg["rehearsal_context"] == "separate":
@@ -606,10 +608,18 @@ def separate_warm_start_sequences(cfg, tokenizer, splits, examples=None):
     return seqs
 
 
+def separate_prompt(cfg, tokenizer):
+    """The chat rehearse prompt builder for sample_separate (with grounding_examples of the task's
+    examples); None for the toy's plain format (rehearse.rehearse_prompt with `examples`)."""
+    return functools.partial(chat.separate_prompt, tokenizer, cfg["grounding_examples"]) \
+        if cfg["format"] == "chat" else None
+
+
 def logged_examples(cfg, splits):
     """examples(call) -> `grounding_examples` logged (call, response) pairs of the called tool, for
     the separate rehearse prompt (rehearse.grounding), from the warm-start data: the logged
-    trajectories, then the tool traffic. No pairs when grounding_examples is 0. None for chat."""
+    trajectories, then the tool traffic. No pairs when grounding_examples is 0. None for chat (its
+    examples are the tasks' own: chat.task_examples)."""
     if cfg["format"] != "plain":
         return None
     trajectories = [(t["calls"], t.get("responses") or world.replay(t["calls"])) for t in splits["logged"]]
@@ -1126,7 +1136,8 @@ def run(cfg, resume=False):
     per_rank = cfg["tasks_per_step"] // world_size
     sampler = sample_episodes          # separate context: each rehearsal in a row of its own
     if cfg["rehearsal_context"] == "separate" and cfg["env_mode"] in ("rehearse", "frozen"):
-        sampler = functools.partial(sample_separate, examples=examples)
+        sampler = functools.partial(sample_separate, examples=examples,
+                                    rehearse_prompt=separate_prompt(cfg, tokenizer))
     bar = tqdm(range(first_step, cfg["rl_steps"] + 1), desc=f"RL ({cfg['env_mode']})",
                dynamic_ncols=True, disable=not main_process)
     with StopRequest() as stop:

@@ -1,0 +1,387 @@
+"""rehearsal_context separate with format chat: each rehearsal a row of its own, prompted in the
+model's chat template (chat.rehearse_prompt_ids). Roles and shifted masks of a chat actor row and
+its rehearse rows, the result copied into the actor row as the template's tool response (OBS),
+examples limited by grounding_examples, warm-start rows equal to the sampler's, would-rehearse
+asked in the separate rows, and train.py / evaluate.py end to end on a tiny random Qwen2."""
+import functools
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import Qwen2Config
+
+import chat
+import evaluate
+import rehearse
+import reward
+import train
+from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask, token_logprobs
+from helpers import chat_tokenizer, tiny_qwen
+from rollout import _chat_rehearse_row, sample_episodes, sample_separate
+
+chat_separate_warm_start = chat.separate_warm_start_sequences
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOK = chat_tokenizer()
+TAGS = chat.chat_format(TOK)
+P, A, R, O, T = PROMPT, ACT, REHEARSE, OBS, TAG
+PAY = {"type": "function", "function": {"name": "pay", "parameters": {
+    "type": "object", "properties": {"amount": {"type": "integer"}}, "required": ["amount"]}}}
+CALLS = [{"name": "pay", "arguments": {"amount": 3}}, {"name": "pay", "arguments": {"amount": 2}}]
+SYSTEM_WORDS = "You play the tool 'pay', not the assistant."
+
+
+def pay_task():
+    """pay 3 (wallet 9 -> 6), pay 2 (-> 4), answer 4; two reference examples of pay."""
+    return {"messages": [{"role": "user", "content": "pay 3 then 2"}], "tools": [PAY], "answer": "4",
+            "gold_calls": CALLS, "env": "toy",
+            "examples": [({"name": "pay", "arguments": {"amount": 1}}, "8"),
+                         ({"name": "pay", "arguments": {"amount": 5}}, "4")]}
+
+
+class PrefixScript(torch.nn.Module):
+    """A fake causal LM keyed by a row's whole prefix: {prefix ids: continuation ids}. At the k-th
+    position after its prefill a row gets all probability on continuation[k] (forced positions are
+    the sampler's business). Each round of sample_separate prefills anew. The row's identity is
+    written into the KV cache, so it follows the sampler's cache copies and drops."""
+
+    def __init__(self, scripts):
+        super().__init__()
+        self.config = Qwen2Config(vocab_size=len(TOK), hidden_size=8, num_hidden_layers=1,
+                                  num_attention_heads=1, num_key_value_heads=1)
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+        self.keys, self.scripts = list(scripts), list(scripts.values())
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=None):
+        B, T = input_ids.shape
+        if T > 1:
+            self.k = 0
+            real = attention_mask[:, :T].bool()
+            who = torch.tensor([float(self.keys.index(tuple(input_ids[b][real[b]].tolist()))) for b in range(B)])
+            who = who[:, None, None, None].expand(B, 1, T, 1)
+        else:
+            self.k += 1
+            who = cache.layers[0].keys[:, :, -1:, :]
+        cache.update(who.contiguous(), who.contiguous(), 0)
+        logits = torch.full((B, T, len(TOK)), -1e4)
+        for b, i in enumerate(cache.layers[0].keys[:, 0, -1, 0].long().tolist()):
+            logits[b, -1, self.scripts[i][min(self.k, len(self.scripts[i]) - 1)]] = 0.0
+        return SimpleNamespace(logits=logits)
+
+
+def scripts_for(task, k, responses=("6", "4"), answer="4"):
+    """What the policy writes after each prefix of the episode CALLS -> responses -> answer."""
+    prompt = chat.prompt_ids(TOK, task["messages"], task["tools"])
+    actor = chat.assemble(TOK, TAGS, prompt, CALLS, list(responses), answer)["ids"]
+    ends = [t + 1 for t, i in enumerate(actor) if i == TAGS["env_end"]]     # after each response
+    scripts = {tuple(prompt): actor[len(prompt):]}
+    for end in ends:
+        scripts[tuple(actor[:end])] = actor[end:]
+    for row in chat.rehearse_rows(TOK, TAGS, task, CALLS, list(responses), k):
+        n = row["roles"].index(REHEARSE)
+        scripts[tuple(row["ids"][:n])] = row["ids"][n:]
+    return scripts
+
+
+def sample(task, k=1, n=1, **kw):
+    prompts, worlds = chat.episode_inputs(TOK, TAGS, [task] * n)
+    limits = {"max_act_tokens": 40, "max_env_tokens": 8, "max_tokens": 300, **kw}
+    return sample_separate(PrefixScript(scripts_for(task, k)), TOK, prompts, world=worlds, tags=TAGS,
+                           rehearse_prompt=functools.partial(chat.separate_prompt, TOK, k), **limits)
+
+
+def mask_string(row):
+    return "".join(str(int(m)) for m in loss_mask(collate([row], TOK.pad_token_id)[1])[0].tolist())
+
+
+def runs(roles):
+    out = []
+    for r in roles:
+        if out and out[-1][0] == r:
+            out[-1][1] += 1
+        else:
+            out.append([r, 1])
+    return [tuple(x) for x in out]
+
+
+def text(ids):
+    return TOK.decode(ids)
+
+
+def test_chat_actor_row_and_its_rehearse_rows():
+    """Actor row: 79 prompt tokens | <|im_start|> assistant Ċ (T) | the pay 3 call, 19 tokens +
+    <|im_end|> (A) | Ċ <|im_start|> user Ċ <tool_response> Ċ (T) | 6 Ċ </tool_response> (O) |
+    <|im_end|> Ċ <|im_start|> assistant Ċ (T) | pay 2, 20 (A) | 6 T | 4 Ċ </tool_response> (O) | 5 T |
+    4 <|im_end|> (A). Rehearse row 1: 244 prompt tokens, then 6 <|im_end|> (R); row 2: 274
+    (the dialogue holds the first call and its result), then 4 <|im_end|> (R)."""
+    e, = sample(pay_task())
+    assert e["cause"] == "answer" and e["answer"] == "4" and e["responses"] == ["6", "4"]
+    assert e["calls"] == [json.dumps(c) for c in CALLS]
+    assert runs(e["roles"]) == [(P, 79), (T, 3), (A, 20), (T, 6), (O, 3), (T, 5), (A, 20), (T, 6), (O, 3),
+                                (T, 5), (A, 2)]
+    # target t is trained iff token t+1 is ACT or REHEARSE: the copied responses never are
+    assert mask_string(e) == "0" * 78 + "000" + "1" * 20 + "0" * 6 + "000" + "00000" + "1" * 20 + "0" * 6 + \
+        "000" + "00000" + "11"
+    # the actor row is the template's own rendering of the conversation, tool turns included
+    messages = pay_task()["messages"]
+    for call, result in zip(CALLS, ["6", "4"]):
+        messages = messages + [{"role": "assistant", "content": "", "tool_calls": [{"function": call}]},
+                               {"role": "tool", "content": result}]
+    messages.append({"role": "assistant", "content": "4"})
+    assert e["ids"] + TAGS["end"] == chat.prompt_ids(TOK, messages, [PAY])
+    r1, r2 = e["rehearsals"]
+    assert (r1["turn"], r2["turn"], r1["cause"], r1["responses"]) == (0, 1, "response", ["6"])
+    assert r1["roles"] == [P] * 244 + [R, R] and r2["roles"] == [P] * 274 + [R, R]
+    assert mask_string(r1) == "0" * 243 + "11" and mask_string(r2) == "0" * 273 + "11"
+    assert TOK.convert_ids_to_tokens(r1["ids"][-5:]) == ["<|im_start|>", "assistant", "Ċ", "6", "<|im_end|>"]
+    assert TOK.convert_ids_to_tokens(r2["ids"][-2:]) == ["4", "<|im_end|>"]
+    # the rehearse prompt: system (tool, schema, 1 example), user (dialogue, call); never in the actor row
+    assert text(r1["ids"]).startswith("<|im_start|>system\n" + SYSTEM_WORDS)
+    assert '\nExamples:\n{"arguments": {"amount": 1}, "result": "8"}<|im_end|>' in text(r1["ids"])
+    assert ('{"role": "user", "content": "pay 3 then 2"}\n{"call": {"name": "pay", "arguments": {"amount": 3}}, '
+            '"result": "6"}\nThe call:\n{"name": "pay", "arguments": {"amount": 2}}<|im_end|>\n'
+            '<|im_start|>assistant\n4<|im_end|>') in text(r2["ids"])
+    for word in (SYSTEM_WORDS, "Examples", "The dialogue so far", "The call"):
+        assert word not in text(e["ids"])
+    # the rehearsed result sits in the actor row as OBS only, as a tool response, no logprob
+    for r, at in ((r1, 108), (r2, 142)):        # 79 + 3 + 20 + 6; + 3 + 5 + 20 + 6
+        assert TOK.convert_ids_to_tokens(e["ids"][at:at + 3]) == [r["responses"][0], "Ċ", "</tool_response>"]
+        assert e["roles"][at:at + 3] == [O] * 3 and e["logprobs"][at:at + 3] == [0.0] * 3
+        assert text(e["ids"][at - 6:at]) == "\n<|im_start|>user\n<tool_response>\n"
+
+
+def test_examples_are_limited_by_grounding_examples():
+    task = pay_task()
+    world = chat.task_world(task, TAGS)
+    actor = {"calls": [json.dumps(CALLS[0])], "responses": []}
+    shown = {k: text(chat.separate_prompt(TOK, k, actor, world)) for k in (0, 1, 2, 5)}
+    assert "Examples" not in shown[0]
+    assert shown[1].count('"result": ') == 1 and '{"arguments": {"amount": 1}, "result": "8"}' in shown[1]
+    assert shown[2].count('"result": ') == 2 and '{"arguments": {"amount": 5}, "result": "4"}' in shown[2]
+    assert shown[5] == shown[2]                                 # the task has two
+    mul = {"name": "mul", "arguments": {"a": 2, "b": 3}}
+    assert chat.task_examples({**task, "examples": task["examples"] + [(mul, "6")]}, "mul", 3) == [(mul, "6")]
+    # sampled with k = 2, both examples are in each rehearse row
+    e, = sample(task, k=2)
+    assert e["cause"] == "answer" and all(text(r["ids"]).count('"result": ') >= 2 for r in e["rehearsals"])
+
+
+def test_bad_rehearsal_and_frozen_simulator():
+    task = pay_task()
+    prompts, worlds = chat.episode_inputs(TOK, TAGS, [task])
+    scripts = scripts_for(task, 0)
+    first = next(key for key, v in scripts.items() if TOK.convert_ids_to_tokens(v) == ["6", "<|im_end|>"])
+    bad = {**scripts, first: chat.encode(TOK, "<tool_call>") + [TAGS["act_end"]]}     # writes a call back
+    e, = sample_separate(PrefixScript(bad), TOK, prompts, world=worlds, tags=TAGS, max_act_tokens=40,
+                         max_env_tokens=8, max_tokens=300)
+    assert e["cause"] == "bad_rehearsal" and e["responses"] == [] and len(e["rehearsals"]) == 1
+    e, = sample_separate(PrefixScript(scripts), TOK, prompts, "frozen", env_model=PrefixScript(scripts),
+                         world=worlds, tags=TAGS, max_act_tokens=40, max_env_tokens=8, max_tokens=300)
+    assert e["cause"] == "answer" and [r["roles"][-2:] for r in e["rehearsals"]] == [[O, O], [O, O]]
+
+
+def test_warm_start_rows_are_the_rows_rl_samples():
+    e, = sample(pay_task(), k=1)
+    task = pay_task()
+    logged = {"messages": task["messages"], "tools": task["tools"], "call_dicts": CALLS,
+              "responses": ["6", "4"], "answer": "4", "examples": task["examples"]}
+    cfg = {**train.DEFAULTS, "format": "chat", "rehearsal_context": "separate", "grounding_examples": 1}
+    groups = train.warm_start_sequences(cfg, TOK, {"logged": [logged], "rl": [task]})
+    (actor, w1, w2), examples = groups[0]["rows"], groups[1]["rows"]
+    assert actor["ids"] == e["ids"] and actor["roles"] == e["roles"]
+    for w, r in ((w1, e["rehearsals"][0]), (w2, e["rehearsals"][1])):
+        assert w["ids"] == r["ids"] and w["roles"] == r["roles"]
+    assert train.warm_start_roles(cfg) == (ACT, REHEARSE)          # the actor row's OBS: context only
+    # the task's examples: a rehearse row each (empty dialogue, the example's call and result)
+    assert [x["call"] for x in examples] == [json.dumps(c) for c, _ in task["examples"]]
+    assert TOK.convert_ids_to_tokens(examples[0]["ids"][-2:]) == ["8", "<|im_end|>"]
+    assert all(ACT not in x["roles"] and x["roles"][-2:] == [R, R] for x in examples)
+    # logged lines may carry examples (a file round trip keeps them)
+    line = {"messages": task["messages"] + [
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": CALLS[0]}]},
+        {"role": "tool", "content": "6"}, {"role": "assistant", "content": "6"}],
+        "tools": [PAY], "examples": {"pay": [{"arguments": {"amount": 1}, "result": "8"}]}}
+    assert chat.check_task(line, "x", "trajectories")["examples"] == task["examples"][:1]
+
+
+class SeparateOracle(torch.nn.Module):
+    """A fake LM whose argmax is the true next token in a separate rehearse row (it opens with
+    the rehearse system text) and one too high on digits anywhere else."""
+
+    def __init__(self):
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+        self.digits = torch.tensor(TOK.convert_tokens_to_ids([str(d) for d in range(10)]))
+        self.mark = chat.rehearse_prompt_ids(TOK, pay_task(), [], CALLS[0])[3]           # 'Y' of "You play"
+
+    def forward(self, input_ids, **kw):
+        target = torch.roll(input_ids, -1, dims=1)
+        wrong = torch.where(torch.isin(target, self.digits[:-1]), target + 1, target)
+        target = torch.where(input_ids[:, 3:4] == self.mark, target, wrong)
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(target, len(TOK)).float())
+
+
+def test_would_rehearse_asks_in_the_separate_rows():
+    task = pay_task()
+    prompts, worlds = chat.episode_inputs(TOK, TAGS, [task])
+    scripts = scripts_for(task, 0, responses=("5", "9"))           # the policy's own guesses: wrong
+    real, = sample_episodes(PrefixScript(scripts), TOK, prompts, "real", world=worlds, tags=TAGS,
+                            max_act_tokens=40, max_env_tokens=8, max_tokens=300)
+    assert real["responses"] == ["6", "4"] and real["cause"] == "answer"
+    rows = chat.rehearse_rows(TOK, TAGS, task, [json.loads(c) for c in real["calls"]], real["responses"], 1)
+    assert rehearse.would_rehearse_rows(SeparateOracle(), rows, TOK.pad_token_id) == \
+        [(json.dumps(CALLS[0]), True), (json.dumps(CALLS[1]), True)]
+    inline = rehearse.would_rehearse_calls(SeparateOracle(), TOK, [real], env_end=TAGS["env_end"])
+    assert inline == [(json.dumps(CALLS[0]), False), (json.dumps(CALLS[1]), False)]
+
+
+def test_separate_warm_start_teaches_the_rows_the_sampler_then_writes():
+    """A tiny random Qwen2 warm-started (150 steps) on one logged trajectory in separate rows
+    samples that episode back in separate rows: its calls, its results rehearsed in the rehearse
+    rows, row for row the warm start's ids and roles. An RL step then updates on those rows."""
+    task = pay_task()
+    cfg = {**train.DEFAULTS, "format": "chat", "rehearsal_context": "separate", "grounding_examples": 1,
+           "sft_steps": 150, "sft_batch_size": 1, "sft_lr": 0.01, "micro_batch_tokens": 4096}
+    logged = {"messages": task["messages"], "tools": task["tools"], "call_dicts": CALLS, "responses": ["6", "4"],
+              "answer": "4", "examples": task["examples"]}
+    (group,) = train.warm_start_sequences(cfg, TOK, {"logged": [logged], "rl": []})
+    model = tiny_qwen(TOK)
+    train.warm_start(model, model, [group], cfg, TOK.pad_token_id)
+    prompts, worlds = chat.episode_inputs(TOK, TAGS, [task] * 4)
+    episodes = sample_separate(model, TOK, prompts, world=worlds, tags=TAGS, temperature=0.3,
+                               rehearse_prompt=functools.partial(chat.separate_prompt, TOK, 1), max_act_tokens=30,
+                               max_env_tokens=6, max_tokens=300, generator=torch.Generator().manual_seed(0))
+    for e in episodes:
+        assert e["cause"] == "answer" and e["answer"] == "4" and e["responses"] == ["6", "4"]
+        for sampled, logged_row in zip([e] + e["rehearsals"], group["rows"]):
+            assert sampled["ids"] == logged_row["ids"] and sampled["roles"] == logged_row["roles"]
+    rows, rewards, groups = reward.training_rows(episodes, [1.0, 0.0, 1.0, 0.0], [0, 0, 0, 0])
+    sums, status = train.rl_step(model, model, torch.optim.AdamW(model.parameters(), lr=1e-3), rows, rewards,
+                                 groups, {**cfg, "temperature": 0.3}, TOK.pad_token_id)
+    assert status == "updated" and sums["tokens_rehearse"] == 4 * 2 * 2 and sums["rows_updated"] == 12
+
+
+def test_chat_rehearse_rows_logprobs_equal_a_teacher_forced_forward():
+    """Chat rehearse rows of different prompt lengths (0, 1 earlier calls) sampled together by the
+    KV-cached sampler with a tiny random Qwen2: every sampled logprob equals a full forward."""
+    model = tiny_qwen(TOK, seed=2)
+    task = pay_task()
+    world = chat.task_world(task, TAGS)
+    env_tags = chat.rehearse_tags(TAGS)
+    prompt = functools.partial(chat.separate_prompt, TOK, 1)
+    actors = [{"calls": [json.dumps(c) for c in CALLS[:n + 1]], "responses": ["6"][:n], "episode": n} for n in (0, 1)]
+    rows = [_chat_rehearse_row(a, world, env_tags, prompt) for a in actors for _ in range(3)]
+    assert len({len(r["ids"]) for r in rows}) == 2
+    sample_episodes(model, TOK, None, rows=rows, tags=env_tags, max_tokens=max(len(r["ids"]) for r in rows) + 8,
+                    max_env_tokens=6, generator=torch.Generator().manual_seed(0))
+    ids, _ = collate(rows, TOK.pad_token_id)
+    with torch.no_grad():
+        full = token_logprobs(model, ids)
+    compared = 0
+    for i, r in enumerate(rows):
+        assert r["cause"] in ("response", "bad_rehearsal", "env_limit")
+        for t in range(r["prompt_len"], len(r["ids"])):
+            assert r["roles"][t] == REHEARSE
+            assert abs(r["logprobs"][t] - full[i, t - 1].item()) < 1e-5
+            compared += 1
+    assert compared >= len(rows)
+
+
+def test_rl_step_on_chat_separate_rows():
+    """Two episodes of one task: answer 4 (reward 1) and 5 (reward 0), two calls each. Rows
+    (task_role): e1, e1.r1, e1.r2, e2, e2.r1, e2.r2 in groups 0 1 1 0 1 1; act mean 1/2, rehearse
+    mean 1/2. Trained targets: 20 + 20 + 2 ACT per actor row, 2 REHEARSE per rehearse row."""
+    task = pay_task()
+    e1, = sample(task)
+    prompts, worlds = chat.episode_inputs(TOK, TAGS, [task])
+    e2, = sample_separate(PrefixScript(scripts_for(task, 1, answer="5")), TOK, prompts, world=worlds, tags=TAGS,
+                          rehearse_prompt=functools.partial(chat.separate_prompt, TOK, 1), max_act_tokens=40,
+                          max_env_tokens=8, max_tokens=300)
+    rewards = [reward.chat_reward(e, task) for e in (e1, e2)]
+    assert rewards == [1.0, 0.0]
+    rows, row_rewards, groups = reward.training_rows([e1, e2], rewards, [0, 0])
+    assert groups == [0, 1, 1, 0, 1, 1] and row_rewards == [1, 1, 1, 0, 0, 0]
+    cfg = {**train.DEFAULTS, "reuse_sampler_logprobs": False, "micro_batch_tokens": 4096}
+    batch = train.make_batch(rows, row_rewards, groups, cfg, TOK.pad_token_id)
+    assert batch["n_tokens"] == 2 * 42 + 4 * 2
+    adv, mask = batch["advantages"], batch["mask"]
+    assert [sorted(set(adv[i][mask[i]].tolist())) for i in range(6)] == [[0.5], [0.5], [0.5], [-0.5], [-0.5], [-0.5]]
+    model = tiny_qwen(TOK)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sums, status = train.rl_step(model, model, opt, rows, row_rewards, groups, cfg, TOK.pad_token_id)
+    assert status == "updated" and sums["tokens_rehearse"] == 8 and sums["tokens_act"] == 84
+    assert sums["tokens_obs"] == 12 and sums["rows_updated"] == 6 and torch.isfinite(torch.tensor(sums["loss"]))
+
+
+def test_chat_evaluation_asks_would_rehearse_in_separate_rows(monkeypatch):
+    task = pay_task()
+    asked = []
+
+    def spy(model, rows, pad_id, token_budget=4096):
+        asked.extend(rows)
+        return [(r["call"], r["turn"] == 0) for r in rows]
+    monkeypatch.setattr(rehearse, "would_rehearse_rows", spy)
+    cfg = {**train.DEFAULTS, "format": "chat", "rehearsal_context": "separate", "grounding_examples": 2,
+           "max_act_tokens": 40, "max_env_tokens": 8, "max_tokens": 300}
+    result = evaluate.evaluate_chat(PrefixScript(scripts_for(task, 2)), TOK, [task], cfg)
+    assert result["success"] == 1.0 and result["fidelity_counts"] == {"stateful": [1, 2]}
+    want = chat.rehearse_rows(TOK, TAGS, task, CALLS, ["6", "4"], 2)
+    assert [r["ids"] for r in asked] == [r["ids"] for r in want]
+
+
+def test_config_accepts_separate_chat(tmp_path):
+    tiny_qwen(TOK, tmp_path / "qwen")
+    cfg = train.load_config(os.path.join(ROOT, "configs", "chat_tiny.yaml"),
+                            [f"--model={tmp_path / 'qwen'}", "--rehearsal_context=separate", "--grounding_examples=1"])
+    assert cfg["rehearsal_context"] == "separate" and cfg["format"] == "chat"
+    train.check_separate_vocabulary(cfg, TOK)                # the toy's words are not asked of a chat model
+    prompt = train.separate_prompt(cfg, TOK)
+    assert prompt.func is chat.separate_prompt and prompt.args == (TOK, 1)
+    assert train.separate_prompt({**cfg, "format": "plain"}, TOK) is None
+
+
+def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
+    # a random model never answers right: reward episode-length parity so that steps update
+    monkeypatch.setattr(train, "chat_reward", lambda e, t, judge=None: float(len(e["ids"]) % 2))
+    asked = []
+    would = rehearse.would_rehearse_rows
+
+    def spy(model, rows, pad_id, token_budget=4096):
+        asked.append(len(rows))
+        assert all(text(r["ids"]).startswith("<|im_start|>system\nYou play the tool") for r in rows)
+        return would(model, rows, pad_id, token_budget)
+    monkeypatch.setattr(rehearse, "would_rehearse_rows", spy)
+    sampled, built = [], []
+
+    def sample_spy(*args, **kw):                              # RL samples in separate rows
+        sampled.append((kw["tags"]["act_end"], kw["rehearse_prompt"].args[1]))
+        return sample_separate(*args, **kw)
+    monkeypatch.setattr(train, "sample_separate", sample_spy)
+    monkeypatch.setattr(chat, "separate_warm_start_sequences",
+                        lambda *a: built.append(a[-1]) or chat_separate_warm_start(*a))
+    tiny_qwen(TOK, tmp_path / "qwen")
+    overrides = [f"--model={tmp_path / 'qwen'}", f"--out_dir={tmp_path / 'run'}", "--max_act_tokens=12",
+                 "--max_tokens=640", "--lr=0.01", "--rehearsal_context=separate", "--grounding_examples=1",
+                 "--temperature=2.0"]
+    monkeypatch.chdir(ROOT)
+    cfg = train.load_config(os.path.join(ROOT, "configs", "chat_tiny.yaml"), overrides)
+    assert train.run(cfg) == 0
+    out = cfg["out_dir"]
+    lines = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [m["step"] for m in lines] == [1, 2]
+    for m in lines:
+        assert sum(m["causes"].values()) == 4 and m["tokens_act"] > 0
+    assert sampled == [(TAGS["act_end"], 1)] * 2 and built == [1]
+    assert len(asked) == 2                                     # before and after RL
+    os.remove(os.path.join(out, "eval.json"))
+    assert evaluate.main(["--ckpt", out, "--n_test=3"]) == 0
+    result = json.load(open(os.path.join(out, "eval.json")))
+    assert result["n_tasks"] == 3 and result["real_tasks"] == 3 and len(asked) == 3
+
+
+@pytest.mark.parametrize("bad", ["--rehearse_check=true", "--rehearsal_budget=2"])
+def test_what_chat_still_refuses(tmp_path, bad):
+    with pytest.raises(train.ConfigError):
+        train.load_config(os.path.join(ROOT, "configs", "chat_tiny.yaml"), [f"--model={tmp_path}",
+                                                                              "--rehearsal_context=separate", bad])

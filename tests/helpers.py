@@ -142,3 +142,19 @@ def tiny_qwen(tokenizer, path=None, seed=0, layers=2, width=64):
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
     return model
+
+
+def assert_rehearse_logprobs_match_a_forward(model, rows, pad_id):
+    """Sampled rehearse rows: every sampled logprob equals a full teacher-forced forward's (1e-5)."""
+    from envace import REHEARSE, collate, token_logprobs
+    ids, _ = collate(rows, pad_id)
+    with torch.no_grad():
+        full = token_logprobs(model, ids)
+    compared = 0
+    for i, r in enumerate(rows):
+        assert r["cause"] in ("response", "bad_rehearsal", "env_limit")
+        for t in range(r["prompt_len"], len(r["ids"])):
+            assert r["roles"][t] == REHEARSE
+            assert abs(r["logprobs"][t] - full[i, t - 1].item()) < 1e-5
+            compared += 1
+    assert compared >= len(rows)

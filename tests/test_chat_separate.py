@@ -17,8 +17,8 @@ import evaluate
 import rehearse
 import reward
 import train
-from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask, token_logprobs
-from helpers import chat_tokenizer, tiny_qwen
+from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask
+from helpers import assert_rehearse_logprobs_match_a_forward, chat_tokenizer, tiny_qwen
 from rollout import _chat_rehearse_row, sample_episodes, sample_separate
 
 chat_separate_warm_start = chat.separate_warm_start_sequences
@@ -275,17 +275,7 @@ def test_chat_rehearse_rows_logprobs_equal_a_teacher_forced_forward():
     assert len({len(r["ids"]) for r in rows}) == 2
     sample_episodes(model, TOK, None, rows=rows, tags=env_tags, max_tokens=max(len(r["ids"]) for r in rows) + 8,
                     max_env_tokens=6, generator=torch.Generator().manual_seed(0))
-    ids, _ = collate(rows, TOK.pad_token_id)
-    with torch.no_grad():
-        full = token_logprobs(model, ids)
-    compared = 0
-    for i, r in enumerate(rows):
-        assert r["cause"] in ("response", "bad_rehearsal", "env_limit")
-        for t in range(r["prompt_len"], len(r["ids"])):
-            assert r["roles"][t] == REHEARSE
-            assert abs(r["logprobs"][t] - full[i, t - 1].item()) < 1e-5
-            compared += 1
-    assert compared >= len(rows)
+    assert_rehearse_logprobs_match_a_forward(model, rows, TOK.pad_token_id)
 
 
 def test_rl_step_on_chat_separate_rows():

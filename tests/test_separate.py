@@ -14,9 +14,8 @@ import evaluate
 import rehearse
 import train
 import world
-from envace import (ACT, OBS, PROMPT, REHEARSE, TAG, build_tokenizer, collate, loss_mask, tag_ids,
-                    token_logprobs)
-from helpers import ScriptedModel, tiny_cfg, tiny_llama
+from envace import (ACT, OBS, PROMPT, REHEARSE, TAG, build_tokenizer, collate, loss_mask, tag_ids)
+from helpers import assert_rehearse_logprobs_match_a_forward, ScriptedModel, tiny_cfg, tiny_llama
 from reward import group_advantages, training_rows
 from rollout import _rehearse_row, sample_episodes, sample_separate
 
@@ -148,17 +147,7 @@ def test_rehearse_rows_logprobs_equal_a_teacher_forced_forward():
     assert len({len(r["ids"]) for r in rows}) == 3
     sample_episodes(model, TOK, None, rows=rows, max_tokens=max(len(r["ids"]) for r in rows) + 8,
                     generator=torch.Generator().manual_seed(0))
-    ids, _ = collate(rows, TOK.pad_token_id)
-    with torch.no_grad():
-        full = token_logprobs(model, ids)
-    compared = 0
-    for i, r in enumerate(rows):
-        assert r["cause"] in ("response", "bad_rehearsal", "env_limit")
-        for t in range(r["prompt_len"], len(r["ids"])):
-            assert r["roles"][t] == REHEARSE
-            assert abs(r["logprobs"][t] - full[i, t - 1].item()) < 1e-5
-            compared += 1
-    assert compared >= len(rows)
+    assert_rehearse_logprobs_match_a_forward(model, rows, TOK.pad_token_id)
 
 
 def test_advantage_groups_task_role_and_task():

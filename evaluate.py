@@ -391,8 +391,9 @@ def honesty_table(runs, rl, kinds=("lookup", "compute", "stateful"), last=20):
                  mean_and_range([c["rate"] for c in measured]), counts,
                  mean_and_range([rate for _, rate in ends])]
         cells += [mean_and_range([fid.get(k) for fid, _ in ends]) for k in kinds]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        if set(cells[2:]) != {"-"}:                   # arms run before any of this was measured: left out
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def honesty_curves(runs, window=10, kind="lookup"):
@@ -471,7 +472,8 @@ def compare(results):
     text += "\n\n" + coverage if coverage else ""
     plot_curves(curves, os.path.join(results, "success.png"))
     rl = load_rl_metrics(results)
-    text += "\n\n" + honesty_table(runs, rl)
+    honesty = honesty_table(runs, rl)
+    text += "\n\n" + honesty if honesty else ""
     plot_honesty(rl, os.path.join(results, "honesty.png"))
     if sweeps:
         plot_sweep(sweeps, os.path.join(results, "private_rehearsal.png"))

@@ -452,8 +452,9 @@ def plot_sweep(rows, path):
         budgets = sorted({r["budget"] for r in rows})
         means = [statistics.mean([r["success"] for r in rows if (r["rehearser"], r["mode"]) == key
                                   and r["budget"] == n]) for n in budgets]
-        ax.plot(budgets, means, marker="o", label=f"{key[0]} rehearses, {key[1]}")
-    ax.set(xlabel="imagined episodes per task (N)", ylabel="held-out success (real world)")
+        who = {"policy": "the policy", "rehearser": "the --rehearser model"}.get(key[0], key[0])
+        ax.plot(budgets, means, marker="o", label=f"{who} imagines, {key[1]}")
+    ax.set(xlabel="imagined episodes per task (N)", ylabel="held-out success (real world)", ylim=(0, 1.02))
     ax.set_xticks(sorted({r["budget"] for r in rows}))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

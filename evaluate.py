@@ -428,8 +428,11 @@ def plot_honesty(rl, path, window=10, kind="lookup"):
             if points:
                 ax.plot(*zip(*points), marker="o", markersize=3, label=arm)
                 drawn = True
-    left.set(xlabel="RL step", ylabel=f"{kind} fidelity of rehearsals (RL batch)", ylim=(0, 1.02))
-    right.set(xlabel="RL step", ylabel="collusion rate (colluding / wrong calls)", ylim=(0, 1.02))
+    # zoomed to the data (both start at 0 or end at 1 where that is near): drift is a few points
+    low = min([y for line in left.lines for y in line.get_ydata()] + [0.9])
+    high = max([y for line in right.lines for y in line.get_ydata()] + [0.1])
+    left.set(xlabel="RL step", ylabel=f"{kind} fidelity of rehearsals (RL batch)", ylim=(low - 0.02, 1.005))
+    right.set(xlabel="RL step", ylabel="collusion rate (colluding / wrong calls)", ylim=(0, high * 1.15))
     for ax in (left, right):
         ax.grid(alpha=0.3)
     if drawn:

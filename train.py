@@ -1052,7 +1052,8 @@ def run(cfg, resume=False):
     check_separate_vocabulary(cfg, tokenizer)
     examples = logged_examples(cfg, splits)
     n_params = sum(p.numel() for p in model.parameters())
-    log(memory_line(memory_estimate(n_params, cfg, model.config, world_size), cfg, world_size))
+    if cfg["model"] != "tiny":                # the demo's 1M-parameter model needs no estimate
+        log(memory_line(memory_estimate(n_params, cfg, model.config, world_size), cfg, world_size))
     ddp_model = parallel_model(model, cfg, device, world_size)
     if main_process:
         os.makedirs(out, exist_ok=True)

@@ -66,6 +66,7 @@ def training_rows(episodes, rewards, task_ids, advantage_groups="task_role"):
         for row, role in [(episode, 0)] + [(r, 1) for r in episode.get("rehearsals", [])]:
             rows.append(row)
             row_rewards.append(reward)
+            # task_role: group 2t holds task t's actor rows, 2t + 1 its rehearse rows (own baselines)
             groups.append(2 * task + role if advantage_groups == "task_role" else task)
     return rows, row_rewards, groups
 

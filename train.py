@@ -741,6 +741,8 @@ def token_kl_coefs(roles, kl_coef, kl_rehearse_coef):
     """[B, L] roles -> [B, L-1] coefficient of the KL to the reference per target: `kl_coef` on
     ACT targets, `kl_rehearse_coef` on REHEARSE targets, 0 elsewhere. The KL is added only where
     the loss mask is, so a role whose coefficient (act_coef/rehearse_coef) is 0 gets none."""
+    # token_advantages with A = 1 per row puts each role's coefficient on its targets, with the
+    # same shift by one as the advantages (target t+1 is predicted at position t)
     return token_advantages(roles, torch.ones(roles.shape[0]), kl_coef, kl_rehearse_coef)
 
 

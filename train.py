@@ -50,7 +50,6 @@ import contextlib
 import copy
 import functools
 from collections import Counter
-import difflib
 import json
 import math
 import os
@@ -77,152 +76,12 @@ import world
 from envace import (ACT, OBS, PROMPT, REHEARSE, build_model, build_tokenizer, collate, encode_episode,
                     find_checkpoint, loss_mask, micro_batches, padded_fraction, save_checkpoint,
                     token_advantages, token_logprobs)
+from config import DEFAULTS, ConfigError, load_config
 from evaluate import evaluate, load_judge, summary
 from reward import cause_counts, chat_reward, group_advantages, task_reward, training_rows
 from rollout import sample_episodes, sample_separate
 
 hf_logging.disable_progress_bar()     # transformers' save/load bars: keep the terminal for ours
-
-# Every config key, its default, and therefore its type. A config file is flat YAML of these.
-DEFAULTS = {
-    "out_dir": "out/run", "seed": 1, "device": "auto", "bf16": True, "save_every": 50,
-    # model: "tiny" builds a small Llama from n_layer/n_embd/n_head; else a path or hub name
-    "model": "tiny", "n_layer": 4, "n_embd": 128, "n_head": 4,
-    # GPU: model_init random = the architecture of `model` with random weights (a smoke test of a
-    # real size); gradient_checkpointing recomputes layers in backward; fsdp shards under torchrun
-    "model_init": "pretrained", "gradient_checkpointing": False, "fsdp": False,
-    # data: tasks from the toy world (world.py), generated from data_seed
-    "data_seed": 0, "n_logged": 3000, "n_new_logged": 20, "n_rl_tasks": 4000, "n_test": 500,
-    "snippet_repeats": 20, "coverage": 1.0,
-    # optional JSONL files replacing the generated splits (format: world.read_jsonl)
-    "tasks_file": "", "test_file": "", "logged_file": "",
-    # format: plain (the toy's tags) | chat (the model's chat template, JSON tool calls, chat.py;
-    # tasks_file etc. then hold chat JSONL); judge_model: a causal LM scoring task checklists
-    "format": "plain", "judge_model": "",
-    # warm start
-    "sft_steps": 600, "sft_batch_size": 64, "sft_lr": 1e-3,
-    # RL
-    "env_mode": "rehearse", "rl_steps": 200, "tasks_per_step": 16, "group_size": 8,
-    "lr": 1e-4, "weight_decay": 0.01, "grad_clip": 1.0, "ppo_epochs": 1,
-    "micro_batch_tokens": 512, "reuse_sampler_logprobs": True,
-    "eps_low": 0.2, "eps_high": 0.2, "dual_clip": 3.0, "kl_coef": 0.0,
-    "act_coef": 1.0, "rehearse_coef": 1.0, "scale_std": False,
-    # guards against world-model drift: KL to the warm start on REHEARSE tokens (kl_coef is the
-    # one on ACT tokens); a form check on every rehearsed response (rehearse.check_rehearsal)
-    "kl_rehearse_coef": 0.0, "rehearse_check": False,
-    # where rehearsals are written: inline (in the actor's own sequence) or separate (a row of
-    # their own, prompt: tool signature, grounding_examples logged examples (chat: the task's own
-    # examples), dialogue, call);
-    # advantage baselines per (task, role) or per task (the same thing with inline rehearsal)
-    "rehearsal_context": "inline", "advantage_groups": "task_role", "grounding_examples": 0,
-    # sampling
-    "temperature": 1.0, "top_p": 1.0, "max_turns": 6, "max_act_tokens": 8, "max_env_tokens": 6,
-    "max_tokens": 96,
-    # evaluation
-    "eval_temperature": 0.0, "eval_every": 0, "min_fidelity": 0.95,
-    # collusion at evaluation: imagined (rehearse-mode) episodes on the first n_collusion test tasks
-    "n_collusion": 200,
-    # test-time private rehearsal in evaluation (rehearse.py): imagined episodes per task
-    "rehearsal_budget": 0, "rehearsal_mode": "parallel", "imagine_temperature": 1.0,
-}
-CHOICES = {"env_mode": ("rehearse", "real", "frozen", "none"), "device": ("auto", "cpu", "cuda"),
-           "format": ("plain", "chat"), "model_init": ("pretrained", "random"),
-           "rehearsal_mode": ("parallel", "sequential"), "rehearsal_context": ("inline", "separate"),
-           "advantage_groups": ("task_role", "task")}
-POSITIVE = {"n_layer", "n_embd", "n_head", "n_logged", "n_rl_tasks", "n_test", "sft_batch_size",
-            "tasks_per_step", "group_size", "ppo_epochs", "micro_batch_tokens", "max_turns",
-            "max_act_tokens", "max_env_tokens", "max_tokens", "temperature", "lr", "sft_lr"}
-NON_NEGATIVE = {"seed", "data_seed", "n_new_logged", "snippet_repeats", "sft_steps", "rl_steps", "save_every",
-                "weight_decay", "grad_clip", "eps_low", "eps_high", "kl_coef", "act_coef",
-                "rehearse_coef", "eval_temperature", "eval_every", "min_fidelity", "rehearsal_budget",
-                "imagine_temperature", "kl_rehearse_coef", "n_collusion", "grounding_examples"}
-UNIT = {"coverage", "top_p", "min_fidelity"}              # in (0, 1] (min_fidelity: [0, 1])
-
-
-class ConfigError(Exception):
-    """A user mistake in a config, override, path or data file: one line, exit code 2."""
-
-
-def check_value(key, value):
-    """Type and range of one config value; returns it (ints are accepted for float keys)."""
-    if key not in DEFAULTS:
-        close = difflib.get_close_matches(str(key), DEFAULTS, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ConfigError(f"unknown config key '{key}'{hint}; keys are: {', '.join(DEFAULTS)}")
-    want = type(DEFAULTS[key])
-    if want is float and type(value) is str:
-        try:
-            value = float(value)             # YAML 1.1 reads 1e-4 (no dot) as a string
-        except ValueError:
-            pass
-    if want is float and type(value) is int:
-        value = float(value)
-    if want is float and type(value) is float and not math.isfinite(value):
-        raise ConfigError(f"config key '{key}' must be a finite number, got {value!r}")
-    if type(value) is not want:
-        raise ConfigError(f"config key '{key}' must be {want.__name__}, got {value!r}")
-    if key in CHOICES and value not in CHOICES[key]:
-        raise ConfigError(f"config key '{key}' must be one of {CHOICES[key]}, got {value!r}")
-    if key in POSITIVE and value <= 0 or key in NON_NEGATIVE and value < 0:
-        raise ConfigError(f"config key '{key}' must be {'> 0' if key in POSITIVE else '>= 0'}, got {value!r}")
-    if key in UNIT and not 0 <= value <= 1 or key in ("coverage", "top_p") and value == 0:
-        raise ConfigError(f"config key '{key}' must be in (0, 1], got {value!r}")
-    if key == "dual_clip" and value <= 1:
-        raise ConfigError(f"config key 'dual_clip' must be > 1 (the official value is 3), got {value!r}")
-    return value
-
-
-def load_config(path, overrides=()):
-    """DEFAULTS <- the YAML file <- `--key=value` overrides, every value checked."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        with open(path, encoding="utf-8") as f:
-            loaded = yaml.safe_load(f)
-    except yaml.YAMLError as e:
-        line = getattr(getattr(e, "problem_mark", None), "line", None)
-        where = f" at line {line + 1}" if line is not None else ""
-        raise ConfigError(f"invalid YAML in {path}{where}: {getattr(e, 'problem', e)}") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path} is not UTF-8 text (byte {e.start})") from None
-    loaded = {} if loaded is None else loaded      # an empty file is an empty config
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"{path} must be a flat mapping of key: value")
-    cfg = dict(DEFAULTS)
-    for key, value in loaded.items():
-        cfg[key] = check_value(key, value)
-    for arg in overrides:
-        if not arg.startswith("--") or "=" not in arg:
-            raise ConfigError(f"cannot read argument '{arg}': overrides are --key=value")
-        key, text = arg[2:].split("=", 1)
-        try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
-            value = text
-        cfg[key] = check_value(key, value)
-    if cfg["n_embd"] % cfg["n_head"]:
-        raise ConfigError(f"n_embd ({cfg['n_embd']}) must be divisible by n_head ({cfg['n_head']})")
-    if cfg["grounding_examples"] and cfg["rehearsal_context"] == "inline":
-        raise ConfigError(f"grounding_examples ({cfg['grounding_examples']}) needs rehearsal_context: "
-                          f"separate: inline, the actor would read the examples in its own context")
-    check_format(cfg)
-    return cfg
-
-
-def check_format(cfg):
-    """The keys `format: chat` needs, and those it cannot use."""
-    if cfg["format"] == "plain":
-        if cfg["judge_model"]:
-            raise ConfigError("judge_model scores chat tasks' checklists: it needs format: chat")
-        return
-    if cfg["model"] == "tiny":
-        raise ConfigError("format: chat needs model: a local path or hub name whose tokenizer has a chat template")
-    if not cfg["tasks_file"]:
-        raise ConfigError("format: chat needs tasks_file: a chat JSONL task file (see chat.py)")
-    if cfg["rehearsal_budget"]:
-        raise ConfigError("test-time private rehearsal (rehearsal_budget) is not built for format: chat")
-    if cfg["rehearse_check"]:
-        raise ConfigError("rehearse_check knows the toy world's response forms: it needs format: plain")
 
 
 def load_policy(path, device="cpu", init="pretrained"):

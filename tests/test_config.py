@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import train
-from train import DEFAULTS, ConfigError, check_value, load_config
+from config import DEFAULTS, ConfigError, check_value, load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

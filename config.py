@@ -2,8 +2,21 @@
 
     python train.py --config small.yaml --rl_steps=20      # any key as --key=value
 
-`load_config` reads DEFAULTS <- the YAML file <- the overrides and checks every value (type,
-range, choices); a mistake is a ConfigError: one line naming the key, exit code 2.
+`load_config` reads DEFAULTS <- the YAML file (and its bases) <- the overrides and checks every
+value (type, range, choices); a mistake is a ConfigError: one line naming the key (and the file,
+for a base), exit code 2.
+
+A config file may start from another one, as nanoGPT's config files start from train.py's
+globals, and then hold only what differs:
+
+    base: ../small.yaml        # a path relative to the folder of THIS file
+    env_mode: real
+
+means: the resolved config of ../small.yaml, then this file's keys on top. Bases chain
+(a.yaml -> b.yaml -> small.yaml); a cycle is an error. `base` is not a config key: it never
+appears in the returned dict (so the resolved config a run saves as out_dir/config.yaml stands on
+its own), and it cannot be given as an override. The checks across keys (n_embd / n_head, the
+keys format: chat needs, ...) apply to the final config only: a base need not run by itself.
 """
 import difflib
 import math
@@ -12,22 +25,15 @@ import os
 import yaml
 
 
-# Every config key, its default, and therefore its type. A config file is flat YAML of these.
+# Every config key, its default, and therefore its type. First the keys of the paper's path (the
+# toy world, warm start, RL with rehearsal, evaluation), then each extension's keys under a heading.
 DEFAULTS = {
     "out_dir": "out/run", "seed": 1, "device": "auto", "bf16": True, "save_every": 50,
     # model: "tiny" builds a small Llama from n_layer/n_embd/n_head; else a path or hub name
     "model": "tiny", "n_layer": 4, "n_embd": 128, "n_head": 4,
-    # GPU: model_init random = the architecture of `model` with random weights (a smoke test of a
-    # real size); gradient_checkpointing recomputes layers in backward; fsdp shards under torchrun
-    "model_init": "pretrained", "gradient_checkpointing": False, "fsdp": False,
     # data: tasks from the toy world (world.py), generated from data_seed
     "data_seed": 0, "n_logged": 3000, "n_new_logged": 20, "n_rl_tasks": 4000, "n_test": 500,
     "snippet_repeats": 20, "coverage": 1.0,
-    # optional JSONL files replacing the generated splits (format: world.read_jsonl)
-    "tasks_file": "", "test_file": "", "logged_file": "",
-    # format: plain (the toy's tags) | chat (the model's chat template, JSON tool calls, chat.py;
-    # tasks_file etc. then hold chat JSONL); judge_model: a causal LM scoring task checklists
-    "format": "plain", "judge_model": "",
     # warm start
     "sft_steps": 600, "sft_batch_size": 64, "sft_lr": 1e-3,
     # RL
@@ -36,23 +42,37 @@ DEFAULTS = {
     "micro_batch_tokens": 512, "reuse_sampler_logprobs": True,
     "eps_low": 0.2, "eps_high": 0.2, "dual_clip": 3.0, "kl_coef": 0.0,
     "act_coef": 1.0, "rehearse_coef": 1.0, "scale_std": False,
-    # guards against world-model drift: KL to the warm start on REHEARSE tokens (kl_coef is the
-    # one on ACT tokens); a form check on every rehearsed response (rehearse.check_rehearsal)
-    "kl_rehearse_coef": 0.0, "rehearse_check": False,
-    # where rehearsals are written: inline (in the actor's own sequence) or separate (a row of
-    # their own, prompt: tool signature, grounding_examples logged examples (chat: the task's own
-    # examples), dialogue, call);
-    # advantage baselines per (task, role) or per task (the same thing with inline rehearsal)
-    "rehearsal_context": "inline", "advantage_groups": "task_role", "grounding_examples": 0,
     # sampling
     "temperature": 1.0, "top_p": 1.0, "max_turns": 6, "max_act_tokens": 8, "max_env_tokens": 6,
     "max_tokens": 96,
-    # evaluation
+    # evaluation; min_fidelity is the gate (rehearse/frozen RL needs every tool kind this faithful)
     "eval_temperature": 0.0, "eval_every": 0, "min_fidelity": 0.95,
     # collusion at evaluation: imagined (rehearse-mode) episodes on the first n_collusion test tasks
     "n_collusion": 200,
     # test-time private rehearsal in evaluation (rehearse.py): imagined episodes per task
     "rehearsal_budget": 0, "rehearsal_mode": "parallel", "imagine_temperature": 1.0,
+
+    # --- chat format (chat.py)
+    # format: plain (the toy's tags) | chat (the model's chat template, JSON tool calls;
+    # tasks_file etc. then hold chat JSONL); judge_model: a causal LM scoring task checklists
+    "format": "plain", "judge_model": "",
+    # optional JSONL files replacing the generated splits (plain: world.read_jsonl; chat: chat
+    # JSONL, tasks_file required)
+    "tasks_file": "", "test_file": "", "logged_file": "",
+    # --- rehearsal layout (separate.py)
+    # where rehearsals are written: inline (in the actor's own sequence) or separate (a row of
+    # their own, prompt: tool signature, grounding_examples logged examples (chat: the task's own
+    # examples), dialogue, call);
+    # advantage baselines per (task, role) or per task (the same thing with inline rehearsal)
+    "rehearsal_context": "inline", "advantage_groups": "task_role", "grounding_examples": 0,
+    # --- guards against world-model drift
+    # KL to the warm start on REHEARSE tokens (kl_coef is the one on ACT tokens); a form check on
+    # every rehearsed response (rehearse.check_rehearsal)
+    "kl_rehearse_coef": 0.0, "rehearse_check": False,
+    # --- big models (distributed.py)
+    # model_init random = the architecture of `model` with random weights (a smoke test of a real
+    # size); gradient_checkpointing recomputes layers in backward; fsdp shards under torchrun
+    "model_init": "pretrained", "gradient_checkpointing": False, "fsdp": False,
 }
 
 
@@ -116,9 +136,13 @@ def check_value(key, value):
 
 
 
-def load_config(path, overrides=()):
-    """DEFAULTS <- the YAML file <- `--key=value` overrides, every value checked."""
+def read_file(path, named_by=None, chain=()):
+    """The checked keys of one config file with its bases resolved under them (no DEFAULTS).
+    `named_by`: the file whose `base:` names this one; `chain`: the (path, real path) of each
+    file already being read, for the cycle check."""
     if not os.path.isfile(path):
+        if named_by is not None:
+            raise ConfigError(f"base file not found: {path} (the base of {named_by})")
         raise ConfigError(f"config file not found: {path}")
     try:
         with open(path, encoding="utf-8") as f:
@@ -132,13 +156,37 @@ def load_config(path, overrides=()):
     loaded = {} if loaded is None else loaded      # an empty file is an empty config
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path} must be a flat mapping of key: value")
-    cfg = dict(DEFAULTS)
+    chain = chain + ((path, os.path.realpath(path)),)
+    cfg = {}
+    if "base" in loaded:
+        base = loaded.pop("base")
+        if type(base) is not str or not base:
+            raise ConfigError(f"'base' in {path} must be the path of another config file, got {base!r}")
+        base_path = os.path.normpath(os.path.join(os.path.dirname(path), base))
+        if os.path.realpath(base_path) in [real for _, real in chain]:
+            raise ConfigError(f"a cycle of bases: {' -> '.join(p for p, _ in chain)} -> {base_path}")
+        cfg.update(read_file(base_path, path, chain))
     for key, value in loaded.items():
-        cfg[key] = check_value(key, value)
+        try:
+            cfg[key] = check_value(key, value)
+        except ConfigError as e:
+            if named_by is None:
+                raise
+            raise ConfigError(f"in {path} (the base of {named_by}): {e}") from None
+    return cfg
+
+
+
+def load_config(path, overrides=()):
+    """DEFAULTS <- the YAML file (its bases first) <- `--key=value` overrides, every value checked."""
+    cfg = dict(DEFAULTS)
+    cfg.update(read_file(path))
     for arg in overrides:
         if not arg.startswith("--") or "=" not in arg:
             raise ConfigError(f"cannot read argument '{arg}': overrides are --key=value")
         key, text = arg[2:].split("=", 1)
+        if key == "base":
+            raise ConfigError(f"'{arg}': base is not an override; write `base: FILE` in a config file")
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError:

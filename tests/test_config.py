@@ -1,4 +1,5 @@
-"""Config loading and checking (train.py: load_config, check_value, main's error path).
+"""Config loading and checking (config.py: load_config and its bases, check_value; train.py:
+main's error path).
 
 No test here runs a training: every main() call gets a config that fails to load."""
 import os
@@ -218,6 +219,148 @@ def test_bad_overrides(write, overrides, needle):
     assert needle in error_of(write(""), overrides)
 
 
+# ----------------------------------------------------------------------------- bases
+
+def test_a_chain_of_two_bases(write):
+    write("rl_steps: 5\nlr: 0.5\nseed: 7\n", "grand.yaml")
+    write("base: grand.yaml\nlr: 0.25\nenv_mode: real\n", "parent.yaml")
+    child = write("base: parent.yaml\nseed: 9\n", "child.yaml")
+    cfg = load_config(child)
+    assert cfg == {**DEFAULTS, "rl_steps": 5, "lr": 0.25, "env_mode": "real", "seed": 9}
+    assert "base" not in cfg and list(cfg) == list(DEFAULTS)
+
+
+def test_the_child_wins_over_its_base(write):
+    write("rl_steps: 5\nenv_mode: frozen\n", "b.yaml")
+    cfg = load_config(write("base: b.yaml\nrl_steps: 6\n"))
+    assert cfg["rl_steps"] == 6 and cfg["env_mode"] == "frozen"
+    assert load_config(write("base: b.yaml\n"))["rl_steps"] == 5            # a file of just a base
+
+
+def test_overrides_win_over_file_and_base(write):
+    write("rl_steps: 5\nseed: 3\n", "b.yaml")
+    cfg = load_config(write("base: b.yaml\nrl_steps: 6\n"), ["--rl_steps=7", "--seed=4"])
+    assert cfg["rl_steps"] == 7 and cfg["seed"] == 4
+
+
+def test_a_base_is_relative_to_the_folder_of_the_file_naming_it(tmp_path, monkeypatch):
+    (tmp_path / "sub" / "deeper").mkdir(parents=True)
+    (tmp_path / "top.yaml").write_text("rl_steps: 3\n")
+    (tmp_path / "sub" / "mid.yaml").write_text("base: ../top.yaml\nseed: 5\n")
+    (tmp_path / "sub" / "deeper" / "leaf.yaml").write_text("base: ../mid.yaml\n")
+    monkeypatch.chdir(tmp_path / "sub")               # not the folder of any base's naming file
+    cfg = load_config("deeper/leaf.yaml")
+    assert cfg["rl_steps"] == 3 and cfg["seed"] == 5
+    assert load_config(str(tmp_path / "sub" / "deeper" / "leaf.yaml")) == cfg
+
+
+def test_a_missing_base_names_it_and_its_naming_file(write, tmp_path):
+    child = write("base: nope.yaml\n", "child.yaml")
+    msg = error_of(child)
+    assert "base file not found" in msg and str(tmp_path / "nope.yaml") in msg and child in msg
+    assert "\n" not in msg
+
+
+def test_a_missing_base_further_down_the_chain(write, tmp_path):
+    parent = write("base: gone.yaml\n", "parent.yaml")
+    msg = error_of(write("base: parent.yaml\n", "child.yaml"))
+    assert str(tmp_path / "gone.yaml") in msg and f"the base of {parent}" in msg
+
+
+@pytest.mark.parametrize("files, start", [
+    ({"a.yaml": "base: b.yaml\n", "b.yaml": "base: a.yaml\n"}, "a.yaml"),
+    ({"a.yaml": "base: b.yaml\n", "b.yaml": "base: c.yaml\n", "c.yaml": "base: a.yaml\n"}, "a.yaml"),
+    ({"a.yaml": "base: a.yaml\n"}, "a.yaml"),
+    ({"a.yaml": "base: ./sub/../a.yaml\n"}, "a.yaml"),        # the same file by another name
+])
+def test_a_cycle_of_bases(write, tmp_path, files, start):
+    (tmp_path / "sub").mkdir()
+    for name, text in files.items():
+        write(text, name)
+    msg = error_of(str(tmp_path / start))
+    assert "cycle of bases" in msg and str(tmp_path / "a.yaml") in msg and "\n" not in msg
+
+
+def test_a_diamond_is_not_a_cycle(write):
+    write("rl_steps: 3\n", "root.yaml")
+    write("base: root.yaml\nseed: 4\n", "mid.yaml")
+    assert load_config(write("base: mid.yaml\n"))["rl_steps"] == 3
+    assert load_config(write("base: root.yaml\n", "other.yaml"))["rl_steps"] == 3
+
+
+@pytest.mark.parametrize("text", ["base: 5\n", "base:\n", "base: ''\n", "base: [a.yaml]\n",
+                                  "base: true\n"])
+def test_base_must_be_a_path(write, text):
+    path = write(text)
+    msg = error_of(path)
+    assert "'base'" in msg and path in msg
+
+
+def test_a_bad_key_in_a_base_names_the_base(write):
+    grand = write("rl_step: 5\n", "grand.yaml")
+    parent = write("base: grand.yaml\nseed: 1\n", "parent.yaml")
+    child = write("base: parent.yaml\n", "child.yaml")
+    msg = error_of(child)
+    assert f"in {grand} (the base of {parent})" in msg
+    assert "'rl_step'" in msg and "did you mean 'rl_steps'?" in msg
+    assert f"in {grand} (the base of {parent})" in error_of(parent)       # loaded directly: the same
+
+
+@pytest.mark.parametrize("text, key", [("lr: fast\n", "'lr'"), ("coverage: 2\n", "'coverage'"),
+                                       ("env_mode: dream\n", "'env_mode'")])
+def test_a_bad_value_in_a_base_names_the_base(write, text, key):
+    base = write(text, "b.yaml")
+    child = write("base: b.yaml\n", "child.yaml")
+    msg = error_of(child)
+    assert f"in {base} (the base of {child})" in msg and key in msg
+
+
+def test_a_bad_key_in_the_child_does_not_blame_the_base(write):
+    write("rl_steps: 5\n", "b.yaml")
+    msg = error_of(write("base: b.yaml\nrl_step: 5\n"))
+    assert msg.startswith("unknown config key 'rl_step'") and "b.yaml" not in msg
+
+
+@pytest.mark.parametrize("text, needle", [("a: 1\nb: 2\n  c: 3\n", "at line 3"),
+                                          ("- 1\n", "flat mapping")])
+def test_a_broken_base_file_names_the_base(write, text, needle):
+    base = write(text, "b.yaml")
+    msg = error_of(write("base: b.yaml\n", "child.yaml"))
+    assert base in msg and needle in msg
+
+
+def test_the_checks_across_keys_apply_to_the_final_config(write):
+    write("n_embd: 130\n", "b.yaml")                    # not runnable by itself (130 % 4)
+    assert load_config(write("base: b.yaml\nn_head: 5\n"))["n_embd"] == 130
+    assert "n_head" in error_of(write("base: b.yaml\n", "c2.yaml"))
+
+
+@pytest.mark.parametrize("arg", ["--base=other.yaml", "--base=", "--base=../small.yaml"])
+def test_base_is_not_an_override(write, arg):
+    write("rl_steps: 5\n", "other.yaml")
+    msg = error_of(write(""), [arg])
+    assert "base" in msg and "override" in msg and "\n" not in msg
+
+
+def test_main_missing_base_is_one_line(write, capsys, tmp_path):
+    assert train.main(["--config", write("base: nope.yaml\n")]) == 2
+    lines = stderr_lines(capsys)
+    assert len(lines) == 1 and lines[0].startswith("error: base file not found")
+    assert str(tmp_path / "nope.yaml") in lines[0]
+
+
+def test_the_saved_resolved_config_reloads_without_its_base(write, tmp_path):
+    """A run saves yaml.safe_dump(cfg) as out_dir/config.yaml; evaluate.py and --resume reload it."""
+    import yaml
+    write("rl_steps: 5\nlr: 0.5\n", "b.yaml")
+    cfg = load_config(write("base: b.yaml\nseed: 3\n"))
+    saved = tmp_path / "saved" / "config.yaml"
+    saved.parent.mkdir()
+    saved.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert "base" not in saved.read_text()
+    assert load_config(str(saved)) == cfg
+
+
 # ----------------------------------------------------------------------------- main's error path
 
 def stderr_lines(capsys):
@@ -287,3 +430,37 @@ def test_every_shipped_config_loads():
         cfg = load_config(path)
         if cfg["format"] == "plain" and cfg["model"] == "tiny":   # the toy experiment arms
             assert cfg["n_new_logged"] == 48 and cfg["rl_steps"] in (0, 200), path
+
+
+def shipped(name):
+    return load_config(os.path.join(REPO, name))
+
+
+def differing(a, b):
+    return {k for k in a if a[k] != b[k]}
+
+
+def test_shipped_deltas_differ_in_the_keys_they_name():
+    """The arms are small deltas (base: ...): these sets are computed by hand from the files."""
+    small = shipped("small.yaml")
+    assert differing(shipped("configs/real.yaml"), small) == {"env_mode", "out_dir", "eval_every"}
+    assert differing(shipped("configs/rehearse.yaml"), small) == {"out_dir", "eval_every"}
+    rehearse = shipped("configs/rehearse.yaml")
+    assert differing(shipped("configs/coverage.yaml"), rehearse) == {"out_dir", "coverage", "min_fidelity"}
+    assert differing(shipped("configs/guard_kl.yaml"), rehearse) == {"out_dir", "kl_rehearse_coef"}
+    separate = shipped("configs/separate.yaml")
+    assert differing(separate, rehearse) == {"out_dir", "rehearsal_context", "advantage_groups"}
+    assert differing(shipped("configs/guard_rolewise.yaml"), separate) == {"out_dir", "advantage_groups"}
+    assert differing(shipped("configs/guard_ground.yaml"), separate) == {"out_dir", "grounding_examples"}
+    assert differing(shipped("configs/guard_all.yaml"), separate) == {
+        "out_dir", "grounding_examples", "advantage_groups", "kl_rehearse_coef", "rehearse_check"}
+    assert differing(shipped("configs/warmstart_ground.yaml"), shipped("configs/warmstart.yaml")) == {
+        "out_dir", "rehearsal_context", "advantage_groups", "grounding_examples"}
+
+
+def test_shipped_small_yaml_is_a_short_delta():
+    import yaml
+    with open(os.path.join(REPO, "small.yaml")) as f:
+        keys = yaml.safe_load(f)
+    assert "base" not in keys and len(keys) <= 12
+    assert shipped("small.yaml") == {**DEFAULTS, **keys}

@@ -27,9 +27,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import world
-from envace import build_tokenizer, encode, tag_ids, token_logprobs
+from envace import encode, tag_ids, token_logprobs
+from checkpoint import build_tokenizer
 from rollout import sample_episodes
-from train import DEFAULTS, load_policy, make_batch, rl_step
+from train import make_batch, rl_step
+from config import DEFAULTS
+from checkpoint import load_policy
 
 SIZES = {  # name: (layers, width, heads, kv heads, mlp width); the larger two have Qwen2.5-0.5B and
     # Qwen3-1.7B shapes without their big vocabularies (the toy tokenizer has 54 words)

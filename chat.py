@@ -41,6 +41,10 @@ import re
 from types import SimpleNamespace
 
 import world as toy_world
+import rehearse
+from checkpoint import load_policy
+from chat_reward import make_judge
+from config import ConfigError
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, encode
 
 SENTINEL = "\u00a7{}\u00a7"                    # rendered content markers, found by string search
@@ -616,7 +620,7 @@ def task_examples(task, name, k):
 
 
 def separate_prompt(tokenizer, k, episode, world):
-    """rollout.sample_separate's prompt for the rehearsal of an actor row's last call (the row's
+    """separate.sample_separate's prompt for the rehearsal of an actor row's last call (the row's
     world, chat.task_world, carries its task), with up to k of the task's examples."""
     calls = [json.loads(c) for c in episode["calls"]]
     return rehearse_prompt_ids(tokenizer, world.task, list(zip(calls, episode["responses"])), calls[-1],
@@ -653,3 +657,91 @@ def separate_warm_start_sequences(tokenizer, tags, logged, tasks, k=0):
         if rows:
             seqs.append({"rows": rows})
     return seqs
+
+
+def chat_tasks(cfg):
+    """Chat JSONL splits (read_chat_jsonl): tasks_file for RL, test_file (default: the same
+    file) for evaluation, logged_file (optional) for the warm start."""
+    try:
+        rl = read_chat_jsonl(cfg["tasks_file"], "tasks")
+        test = read_chat_jsonl(cfg["test_file"], "tasks") if cfg["test_file"] else rl
+        logged = read_chat_jsonl(cfg["logged_file"], "trajectories") if cfg["logged_file"] else []
+    except toy_world.DataError as e:
+        raise ConfigError(str(e)) from None
+    if cfg["env_mode"] == "real" and not all(t.get("env") == "toy" for t in rl):
+        raise ConfigError(f"env_mode: real needs tasks a real environment executes ('env': 'toy'); "
+                          f"{cfg['tasks_file']} has tasks without one")
+    return {"rl": rl, "test": test, "logged": logged}
+
+
+def chat_tags(tokenizer):
+    """The hand-offs derived from the tokenizer's chat template (chat_format), checked."""
+    try:
+        return chat_format(tokenizer)
+    except TemplateError as e:
+        raise ConfigError(str(e)) from None
+
+
+def check_chat_prompts(cfg, tokenizer, tasks):
+    """The template fits (chat_tags) and every task's rendered prompt leaves room for an episode."""
+    prompts, _ = episode_inputs(tokenizer, chat_tags(tokenizer), tasks)
+    longest = max(range(len(tasks)), key=lambda i: len(prompts[i]))
+    if len(prompts[longest]) >= cfg["max_tokens"]:
+        raise ConfigError(f"max_tokens ({cfg['max_tokens']}) leaves no room for an episode: a task's "
+                          f"prompt (messages + tools) is {len(prompts[longest])} tokens "
+                          f"({tasks[longest]['messages'][-1]['content'][:40]!r})")
+
+
+def executed(tasks, episodes):
+    """(tasks, episodes) of those a real executor ran (env: toy)."""
+    pairs = [(t, e) for t, e in zip(tasks, episodes) if t.get("env") == "toy"]
+    return [t for t, _ in pairs], [e for _, e in pairs]
+
+
+def would_rehearse_inline(model, tokenizer, tasks, episodes, tags):
+    """[(call, matched)] of real-world chat episodes: would the model, greedy, have written each
+    real response and its stop (rehearse.would_rehearse_calls with the template's stop)?"""
+    return rehearse.would_rehearse_calls(model, tokenizer, episodes, env_end=tags["env_end"]) if episodes else []
+
+
+def would_rehearse_separate(model, tokenizer, tasks, episodes, tags, k=0):
+    """The same, asked in separate rehearse rows (`rehearse_rows`, k grounding examples)."""
+    rows = [r for t, e in zip(tasks, episodes) for r in rehearse_rows(
+        tokenizer, tags, t, [json.loads(c) for c in e["calls"]], e["responses"], k)]
+    return rehearse.would_rehearse_rows(model, rows, tokenizer.pad_token_id)
+
+
+def by_kind(pairs, tasks):
+    """[(call, matched)] -> {tool kind: [matches, total]}, kinds from the tasks' worlds."""
+    return rehearse.by_kind(pairs, tasks[0]["world"]) if pairs else {}
+
+
+def diagnostics(episodes, tasks):
+    """An RL step's rehearsal fidelity against a real replay, when the toy executes every task."""
+    if not all(t.get("env") == "toy" for t in tasks):
+        return {}
+    return {"fidelity": rehearse.replay_fidelity(episodes, tasks[0]["world"])}
+
+
+_JUDGES = {}
+
+
+def load_judge(cfg, device):
+    """chat_reward's judge from cfg judge_model (loaded once per path), or None."""
+    if not cfg["judge_model"]:
+        return None
+    if cfg["judge_model"] not in _JUDGES:
+        model, tokenizer = load_policy(cfg["judge_model"], device)
+        _JUDGES[cfg["judge_model"]] = make_judge(model.eval(), tokenizer)
+    return _JUDGES[cfg["judge_model"]]
+
+
+if __name__ == "__main__":
+    import argparse
+    parser = argparse.ArgumentParser(description="Export the toy world's tasks as chat JSONL (tools as JSON schemas).")
+    parser.add_argument("--export", required=True, metavar="DIR")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--n", type=int, default=None, help="at most N lines per file")
+    args = parser.parse_args()
+    sizes = {} if args.n is None else {"n_logged": args.n, "n_new_logged": 0, "n_rl": args.n, "n_test": args.n}
+    print("wrote rl.jsonl, test.jsonl, logged.jsonl to", export_toy(args.export, args.seed, **sizes))

@@ -1,6 +1,6 @@
 """The trajectory format: one episode = one token sequence, one role per token.
 
-This is the data structure of the paper's world rehearsal (Sec. 3): a single policy writes both
+This is the data structure of the paper's world rehearsal: a single policy writes both
 its actions and the environment's responses into one context. Every token carries a role:
 
     PROMPT    the task (and any context the policy did not write)      no loss
@@ -37,9 +37,6 @@ forced `<env>` at t=7 is predicted at t=6 and gets no loss (mask[6] = 0); the re
 mask[8] = 0. The same episode's advantage A sits on every position whose mask is 1, times
 `act_coef` for ACT targets and `rehearse_coef` for REHEARSE targets.
 """
-import os
-import shutil
-
 import torch
 import torch.nn.functional as F
 
@@ -49,45 +46,17 @@ TAGS = {"bos": "<bos>", "pad": "<pad>", "unk": "<unk>", "act": "<act>", "act_end
         "env": "<env>", "env_end": "</env>"}
 
 
-# ----------------------------------------------------------------------------- tokenizer / model
-
-def build_tokenizer(words):
-    """A word-level tokenizer (digits split one per token) wrapped as a transformers tokenizer, so
-    that save_pretrained / from_pretrained work exactly as for a real model's tokenizer."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
-    from transformers import PreTrainedTokenizerFast
-    vocab = {w: i for i, w in enumerate(list(TAGS.values()) + list(words))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=TAGS["unk"]))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Digits(individual_digits=True)])
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)   # joins tokens with spaces
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=TAGS["bos"],
-                                   pad_token=TAGS["pad"], unk_token=TAGS["unk"])
-
-
-def build_model(cfg, tokenizer):
-    """`model: tiny` builds a small Llama from the config's n_layer/n_embd/n_head (random init,
-    seeded); any other value is a local path or hub name loaded with from_pretrained."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
-    if cfg["model"] != "tiny":
-        return AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=cfg["n_embd"],
-                         intermediate_size=4 * cfg["n_embd"], num_hidden_layers=cfg["n_layer"],
-                         num_attention_heads=cfg["n_head"], num_key_value_heads=cfg["n_head"],
-                         max_position_embeddings=256, tie_word_embeddings=True,
-                         bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.convert_tokens_to_ids(TAGS["act_end"]))
-    torch.manual_seed(cfg["seed"])
-    return LlamaForCausalLM(config)
-
-
 def tag_ids(tokenizer):
-    """The ids the sampler forces and stops on. Each forced tag is a list (a real chat template's
-    hand-off is several tokens); each stop is one id."""
+    """The ids the sampler forces and stops on, in the form chat.chat_format derives from a chat
+    template: each forced hand-off is a list (a template's is several tokens; first_act is the
+    one after the prompt), each stop one id, the text a role writes before its stop (none here),
+    and `stops`, the tags no role may write itself."""
     def one(tag):
         return tokenizer.convert_tokens_to_ids(TAGS[tag])
-    return {"bos": [one("bos")], "act": [one("act")], "env": [one("env")],
-            "act_end": one("act_end"), "env_end": one("env_end"), "pad": one("pad")}
+    tags = {"bos": [one("bos")], "first_act": [one("act")], "act": [one("act")], "env": [one("env")],
+            "act_end": one("act_end"), "env_end": one("env_end"), "pad": one("pad"), "act_pre": "", "env_pre": ""}
+    tags["stops"] = set(tags["act"] + tags["env"] + tags["bos"] + [tags["pad"], tags["act_end"], tags["env_end"]])
+    return tags
 
 
 def encode(tokenizer, text):
@@ -179,31 +148,53 @@ def token_logprobs(model, ids, temperature=1.0, with_entropy=False):
     return target_logp, -(logp.exp() * logp).sum(-1)
 
 
-def save_checkpoint(model, tokenizer, path, extra_files=None, state=None, state_dict=None):
-    """save_pretrained for model and tokenizer, plus `extra_files` ({name: text}) and an optional
-    trainer `state` (torch.save), written whole to <path>.tmp and then swapped in by two renames
-    (<path> -> <path>.old, <path>.tmp -> <path>). A crash at any moment leaves a complete
-    checkpoint at <path> or at <path>.old (find_checkpoint looks at both), never a half-written one.
-    `state_dict`: the weights to write instead of the model's own (a sharded model's, gathered)."""
-    tmp, old = path + ".tmp", path + ".old"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, state_dict=state_dict)
-    tokenizer.save_pretrained(tmp)
-    for name, text in (extra_files or {}).items():
-        with open(os.path.join(tmp, name), "w") as f:
-            f.write(text)
-    if state is not None:
-        torch.save(state, os.path.join(tmp, "trainer_state.pt"))
-    if os.path.isdir(path):
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-    os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
 
 
-def find_checkpoint(path):
-    """`path`, or `path`.old if a crash struck between save_checkpoint's two renames; else None."""
-    for candidate in (path, path + ".old"):
-        if os.path.isfile(os.path.join(candidate, "config.json")):
-            return candidate
-    return None
+# ----------------------------------------------------------------------------- the loss
+
+
+def clipped_pg_loss(new_logprobs, old_logprobs, advantages, loss_mask, n_tokens, ref_logprobs=None,
+                    eps_low=0.2, eps_high=0.2, dual_clip=3.0, kl_coef=0.0):
+    """PPO's clipped surrogate with dual clip and a k3 KL to a reference, per token, summed over
+    the trained tokens and divided by `n_tokens`, the count of trained tokens in the WHOLE batch
+    (all micro-batches), so that accumulating micro-batches gives the one-big-batch gradient.
+
+    All inputs are [B, T] (targets); loss_mask is bool. Returns (loss, stats); every stat is also
+    a sum over this micro-batch divided by n_tokens, so stats of micro-batches add up too.
+
+    Worked example (eps 0.2, dual clip 3):  A = +1, ratio 1.5 -> loss -1.2 (clipped at 1+eps);
+    A = -1, ratio 0.5 -> loss 0.8 (clipped at 1-eps); A = -1, ratio 5 -> loss 3 (dual clip).
+    kl_coef: a number, or [B, T] per target (train.py gives each token its role's coefficient:
+    `token_kl_coefs`)."""
+    mask = loss_mask.float()
+    log_ratio = new_logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)                                   # pi_new / pi_old, per token
+    surr = -advantages * ratio                                     # policy-gradient surrogate (as a loss)
+    surr_clipped = -advantages * ratio.clamp(1 - eps_low, 1 + eps_high)  # no credit beyond the trust region
+    ppo = torch.maximum(surr, surr_clipped)                        # pessimistic bound: PPO's clip
+    dual = torch.minimum(ppo, -advantages * dual_clip)             # A < 0: loss capped at c|A| if ratio >> 1
+    per_token = torch.where(advantages < 0, dual, ppo)             # dual clip applies to negative A only
+    kl = torch.zeros_like(per_token)
+    if ref_logprobs is not None:
+        d = ref_logprobs - new_logprobs
+        kl = torch.exp(d) - d - 1                                  # k3 estimator of KL(new || ref), >= 0
+        per_token = per_token + kl_coef * kl
+    loss = (per_token * mask).sum() / n_tokens
+    with torch.no_grad():
+        stats = {
+            "clip_frac": ((surr_clipped > surr) * mask).sum().item() / n_tokens,
+            "dual_clip_frac": (((advantages < 0) & (dual < ppo)) * mask).sum().item() / n_tokens,
+            "approx_kl": ((-log_ratio) * mask).sum().item() / n_tokens,   # k1 estimate of KL(old || new)
+            "kl_ref": (kl * mask).sum().item() / n_tokens,
+        }
+    return loss, stats
+
+
+
+def token_kl_coefs(roles, kl_coef, kl_rehearse_coef):
+    """[B, L] roles -> [B, L-1] coefficient of the KL to the reference per target: `kl_coef` on
+    ACT targets, `kl_rehearse_coef` on REHEARSE targets, 0 elsewhere. The KL is added only where
+    the loss mask is, so a role whose coefficient (act_coef/rehearse_coef) is 0 gets none."""
+    # token_advantages with A = 1 per row puts each role's coefficient on its targets, with the
+    # same shift by one as the advantages (target t+1 is predicted at position t)
+    return token_advantages(roles, torch.ones(roles.shape[0]), kl_coef, kl_rehearse_coef)

@@ -5,50 +5,32 @@ that response becomes the context of its next action. Here the hand-off is inlin
 forces the `<env>` tag after the actor's `</act>`, the policy writes the response in the same
 sequence (role REHEARSE) and closes it with `</env>`. This file holds:
 
-- `parse_response`: what counts as a well-formed rehearsed response (a number, or `error WORD`
-  with a known error word). Anything else ends the episode with reward 0 ("bad_rehearsal"),
-  like the official simulator's format check.
 - rehearsal fidelity, the caveat the write-ups stress: the internal world model is only as good
   as the calls it has seen, so wherever the real world exists, compare each rehearsed response
   with the real one (exact match), per tool kind. Two ways:
-    `replay_fidelity`:  for episodes sampled in `rehearse` mode, replay the same calls in a fresh
-                        real world and compare. Diagnostic only: never feeds reward or loss.
-    `would_rehearse`:   for episodes run in the real world, whether the model (greedy) would
-                        have rehearsed at each call exactly what the world said.
-- collusion (`collusion_counts`): the world model can learn to fix the actor's mistakes (a
-  wrong call answered as if it were right), the reward hacking that task reward alone invites.
-  Counted like fidelity, against a real replay; diagnostic only.
+    `replay_fidelity`:      for episodes sampled in `rehearse` mode, replay the same calls in a
+                            fresh real world and compare. Diagnostic only: never feeds reward or loss.
+    `would_rehearse_calls`: for episodes run in the real world, whether the model (greedy) would
+                            have rehearsed at each call exactly what the world said;
+                            `coverage_fidelity` buckets it by how often the warm start saw the call.
+- collusion (`collusion_counts`, `imagined_world`): the world model can learn to fix the actor's
+  mistakes (a wrong call answered as if it were right), the reward hacking that task reward
+  alone invites. Counted like fidelity, against a real replay; diagnostic only.
 - the `rehearse_check` guard (`check_rehearsal`): a response must have the form its call implies,
   as the official simulator's format/whitelist/schema checks demand.
 - test-time private rehearsal (`private_rehearsal_plans`): the paper's use of the internal
   world model at test time: imagine whole episodes before committing one real execution.
-- rehearsal_context separate (the official implementation's layout): `rehearse_prompt`, the
-  prompt of a rehearse row of its own (tool signature, grounding examples, dialogue, call);
-  `rehearsal_rows`, those rows for logged or real episodes (warm start, would-rehearse);
-  `grounding`, the logged (call, response) examples that prompt may carry (issue 7);
-  `would_rehearse_rows` asks in such rows (the chat format's are chat.rehearse_rows).
+What a well-formed rehearsed response is lives with its world (world.parse_response); the
+separate rehearse rows' prompt with its layout (separate.py).
 """
-import functools
 from collections import defaultdict
 
 import torch
 
-import rollout  # a module import: rollout imports this file too
+import rollout
 import world as toy_world
-from envace import OBS, PROMPT, REHEARSE, TAG, collate, encode, micro_batches, tag_ids
+from envace import OBS, REHEARSE, collate, encode_episode, micro_batches, tag_ids
 from reward import task_reward
-
-ERROR_WORDS = ("item", "args", "funds", "call")
-
-
-def parse_response(text, world=toy_world):
-    """'1 2' -> '12', 'error funds' -> 'error funds', anything else -> None."""
-    w = world.join_digits(text)
-    if len(w) == 1 and w[0].isdigit():
-        return w[0]
-    if len(w) == 2 and w[0] == "error" and w[1] in ERROR_WORDS:
-        return " ".join(w)
-    return None
 
 
 def check_rehearsal(call, response, world=toy_world):
@@ -127,11 +109,6 @@ def replay_fidelity(episodes, world=toy_world):
     return by_kind(calls, world)
 
 
-def would_rehearse(model, tokenizer, episodes, world=toy_world, token_budget=4096):
-    """Per tool kind [matches, total] of `would_rehearse_calls`."""
-    return by_kind(would_rehearse_calls(model, tokenizer, episodes, token_budget), world)
-
-
 @torch.no_grad()
 def greedy_hits(model, rows, pad_id, token_budget=4096):
     """One teacher-forced forward over `rows` (micro-batched): hits[i, t] is whether the argmax
@@ -193,8 +170,8 @@ def rates(counts):
 # ----------------------------------------------------------------------------- private rehearsal
 
 def private_rehearsal_plans(policy, tokenizer, prompts, budget, mode="parallel", rehearser=None,
-                            temperature=1.0, generator=None, world=toy_world, context="inline",
-                            examples=None, **limits):
+                            temperature=1.0, generator=None, world=toy_world, sample=rollout.sample_episodes,
+                            **limits):
     """Test-time private rehearsal: before acting for real on each task, imagine up to `budget`
     complete act/rehearse episodes in which the policy (or `rehearser`, e.g. the warm-start model)
     plays the world, and turn them into a plan for the one committed real execution.
@@ -212,13 +189,10 @@ def private_rehearsal_plans(policy, tokenizer, prompts, budget, mode="parallel",
                 answer (or the budget is spent), so it spends imagination only where the
                 earlier attempts disagreed. Same vote, at most `budget` imaginations.
     An imagined episode that ends without an answer (bad call, truncation) has no vote.
-    context "separate": imagined rehearsals are separate rows (rollout.sample_separate, with the
-    grounding `examples`), as the model was trained; the committed execution is the same.
+    sample: the sampler of the imagined episodes, the model's rehearsal layout (features.py):
+    rollout.sample_episodes (inline), or separate.sample_separate; the committed one is the same.
     Returns (plans, imaginations used per task)."""
     env_mode = "rehearse" if rehearser is None else "frozen"
-    sample = rollout.sample_episodes                 # separate context: imagine in separate rows
-    if context == "separate":
-        sample = functools.partial(rollout.sample_separate, examples=examples)
     imagined = [[] for _ in prompts]
     per_task = budget if mode == "parallel" else 1
     for _ in range(budget if mode == "sequential" else 1):
@@ -250,71 +224,6 @@ def _vote(episodes):
 
 # ----------------------------------------------------------------------------- separate context
 
-def rehearse_prompt(tokenizer, dialogue, call, examples=(), world=toy_world):
-    """The prompt of a separate rehearse row, as ids (the only place it is rendered for the toy's
-    plain tags; a chat-template model gets its own: chat.rehearse_prompt_ids). A rehearse tag with the called tool's signature, the
-    grounding `examples` ([(call, response)] of that tool, logged), the dialogue so far and the
-    call (`dialogue`: the actor's own ids after <bos>, up to the call's </act>), then the <env>
-    hand-off; the policy writes the response and </env> after it. The actor never sees it.
-
-        <bos> rehearse price item example <act> price jam </act> <env> 8 </env>
-              dialogue buy milk <act> price milk </act> <env>
-    """
-    tags = tag_ids(tokenizer)
-    ids = tags["bos"] + encode(tokenizer, f"rehearse {world.SIGNATURES[world.parse_call(call)[0]]}")
-    for example_call, response in examples:
-        ids += (encode(tokenizer, "example") + tags["act"] + encode(tokenizer, example_call) + [tags["act_end"]]
-                + tags["env"] + encode(tokenizer, response) + [tags["env_end"]])
-    return ids + encode(tokenizer, "dialogue") + list(dialogue) + tags["env"]
-
-
-def rehearsal_rows(tokenizer, episode, examples=None, world=toy_world):
-    """The separate rehearse rows of a logged or real episode ({ids, roles, calls, responses}):
-    per call with a response, `rehearse_prompt` over the episode's own ids up to that call's
-    </act>, then the response and </env> as REHEARSE. The warm start trains on these rows and
-    would_rehearse_separate asks the model in them: the rows the sampler builds in RL."""
-    if not episode["calls"]:
-        return []
-    tags = tag_ids(tokenizer)
-    first_turn = episode["roles"].index(TAG)       # a call's </act> comes after the task prompt
-    ends = [t for t in range(first_turn, len(episode["ids"])) if episode["ids"][t] == tags["act_end"]]
-    rows = []
-    for k, (call, response) in enumerate(zip(episode["calls"], episode["responses"])):
-        prompt = rehearse_prompt(tokenizer, episode["ids"][len(tags["bos"]):ends[k] + 1], call,
-                                 examples(call) if examples else (), world)
-        target = encode(tokenizer, response) + [tags["env_end"]]
-        rows.append({"ids": prompt + target, "roles": [PROMPT] * len(prompt) + [REHEARSE] * len(target),
-                     "call": call, "turn": k})
-    return rows
-
-
-def grounding(trajectories, k, world=toy_world):
-    """The grounding guard (issue 7): returns examples(call) -> up to k logged (call, response)
-    pairs of the called tool, for the separate rehearse prompt only (the actor never sees them).
-    Deterministic: the pairs of the first k + 1 distinct calls of each tool in `trajectories`
-    ([(calls, responses)], the warm-start data in its order), less the rehearsed call itself, so
-    that the prompt never hands over the answer to the very call it asks about."""
-    pool = defaultdict(list)
-    for calls, responses in trajectories:
-        for call, response in zip(calls, responses):
-            seen = pool[world.parse_call(call)[0]]
-            if len(seen) <= k and call not in (c for c, _ in seen):
-                seen.append((call, response))
-
-    def examples(call):
-        return [pair for pair in pool.get(world.parse_call(call)[0], []) if pair[0] != call][:k]
-    return examples
-
-
-@torch.no_grad()
-def would_rehearse_separate(model, tokenizer, episodes, examples=None, world=toy_world, token_budget=4096):
-    """would_rehearse_calls for a model trained with rehearsal_context separate: asked in the
-    context it rehearses in (a separate row per call, with the same grounding examples), would it
-    write exactly the real response and its </env> greedily? One teacher-forced forward over
-    those rows. Returns [(call, matched)]."""
-    rows = [r for e in episodes for r in rehearsal_rows(tokenizer, e, examples, world)]
-    return would_rehearse_rows(model, rows, tokenizer.pad_token_id, token_budget)
-
 
 @torch.no_grad()
 def would_rehearse_rows(model, rows, pad_id, token_budget=4096):
@@ -325,3 +234,38 @@ def would_rehearse_rows(model, rows, pad_id, token_budget=4096):
     hits, roles = greedy_hits(model, rows, pad_id, token_budget)
     target = roles[:, 1:] == REHEARSE
     return [(r["call"], bool(hits[i][target[i]].all())) for i, r in enumerate(rows)]
+
+
+def coverage_fidelity(model, tokenizer, tasks, warm_start_counts, would_rehearse=would_rehearse_calls,
+                      world=toy_world):
+    """The coverage caveat: would-rehearse fidelity on the EXPERT's calls of `tasks` (their real
+    responses replayed), bucketed by how often each exact call was in the warm-start data. The
+    expert's calls, not the policy's: a policy that never calls an unseen item would hide it."""
+    expert = []
+    for t in tasks:
+        if t.get("calls"):
+            responses = world.replay(t["calls"])
+            expert.append({**encode_episode(tokenizer, t["prompt"], t["calls"], responses, t["answer"]),
+                           "calls": t["calls"], "responses": responses})
+    return fidelity_by_coverage(would_rehearse(model, tokenizer, expert), warm_start_counts)
+
+
+
+def imagined_world(model, tokenizer, tasks, cfg, generator=None, world=toy_world, batch_size=512,
+                   sample=rollout.sample_episodes):
+    """The world model's honesty on `tasks`: the policy acts and rehearses (rehearse mode, the
+    eval sampling, no real call in the loop; `sample` is the layout's sampler), and the episodes
+    are scored against a real replay. Returns imagined_success (the task reward in that imagined
+    world), imagined_fidelity (per tool kind) and collusion ({calls, wrong, colluding, rate},
+    collusion_counts)."""
+    model.eval()
+    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+    episodes = []
+    for i in range(0, len(tasks), batch_size):
+        episodes += sample(model, tokenizer, [t["prompt"] for t in tasks[i:i + batch_size]], "rehearse",
+                           world=world, temperature=cfg["eval_temperature"], top_p=cfg["top_p"],
+                           generator=generator, **limits)
+    fidelity = replay_fidelity(episodes, world)
+    return {"imagined_success": sum(task_reward(e, t) for e, t in zip(episodes, tasks)) / len(tasks),
+            "imagined_fidelity": rates(fidelity), "imagined_fidelity_counts": fidelity,
+            "collusion": collusion_rate(collusion_counts(episodes, tasks, world))}

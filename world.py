@@ -22,9 +22,9 @@ Tasks (1 to 5 calls; the answer is always a number that only the last tool respo
 
 The warm start logs a scripted expert on these *plain* phrasings. RL and test tasks use *new*
 phrasings with a distractor the shopper does not want, `not DIS buy 2 apple` or `buy 2 apple not
-DIS`, seen only `sft_new_phrasing` times in the logged data. That is the skill RL must add: the
+DIS`, seen only `n_new_logged` times in the logged data. That is the skill RL must add: the
 actor's decisions (which item to look up), while every tool response stays memorisable, so that
-rehearsal can be faithful (see ../shared/NOTES-toy-demo.md for why this matters).
+rehearsal can be faithful (a world model that is wrong makes rehearsed rewards noise).
 
 Example:
     >>> state = new_state(); step(state, "price apple"), step(state, "pay 3"), step(state, "pay 7")
@@ -41,11 +41,6 @@ TOOL_KINDS = {"price": "lookup", "mul": "compute", "pay": "stateful"}
 QUANTITIES = range(2, 10)
 WORDS = ["price", "cost", "buy", "and", "not", "mul", "pay", "answer", "error", "item", "args",
          "funds", ","] + [str(d) for d in range(10)] + ITEMS
-# the separate rehearse prompt (rehearse.rehearse_prompt): its words, and each tool's signature
-# (the toy's one-line stand-in for a JSON schema). In the vocabulary only with rehearsal_context
-# separate, so that the inline model (and its figures) stay exactly as they were.
-SEPARATE_WORDS = ["rehearse", "example", "dialogue", "number"]
-SIGNATURES = {"price": "price item", "mul": "mul number , number", "pay": "pay number"}
 
 
 def join_digits(text):
@@ -333,18 +328,27 @@ def export(out_dir, seed=0, n_logged=3000, n_new_logged=20, n_rl=4000, n_test=50
     return out_dir
 
 
-if __name__ == "__main__":
+ERROR_WORDS = ("item", "args", "funds", "call")
+
+
+
+def parse_response(text):
+    """A rehearsed response: '1 2' -> '12', 'error funds' -> 'error funds', anything else -> None
+    (the sampler then ends the episode: bad_rehearsal, as the official simulator's format check)."""
+    w = join_digits(text)
+    if len(w) == 1 and w[0].isdigit():
+        return w[0]
+    if len(w) == 2 and w[0] == "error" and w[1] in ERROR_WORDS:
+        return " ".join(w)
+    return None
+
+
+if __name__ == "__main__":          # the chat JSONL form of the same tasks: python chat.py --export DIR
     import argparse
     parser = argparse.ArgumentParser(description="Export the toy world's tasks as JSONL files.")
     parser.add_argument("--export", required=True, metavar="DIR")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--format", choices=("plain", "chat"), default="plain",
-                        help="chat: the chat JSONL format of chat.py (tools as JSON schemas)")
     parser.add_argument("--n", type=int, default=None, help="at most N lines per file")
     args = parser.parse_args()
     sizes = {} if args.n is None else {"n_logged": args.n, "n_new_logged": 0, "n_rl": args.n, "n_test": args.n}
-    if args.format == "chat":
-        import chat
-        print("wrote rl.jsonl, test.jsonl, logged.jsonl to", chat.export_toy(args.export, args.seed, **sizes))
-    else:
-        print("wrote rl.jsonl, test.jsonl, logged.jsonl to", export(args.export, args.seed, **sizes))
+    print("wrote rl.jsonl, test.jsonl, logged.jsonl to", export(args.export, args.seed, **sizes))

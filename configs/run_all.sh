@@ -20,4 +20,4 @@ for s in ${SEEDS:-1 2 3}; do
   python evaluate.py --ckpt $R/rehearse/seed$s --sweep --rehearser $R/warmstart/seed$s/warmstart \
     --eval_temperature=0.6 --top_p=0.95 --imagine_temperature=0.6
 done
-python evaluate.py --compare $R
+python experiments.py --compare $R

@@ -6,8 +6,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import world
-from envace import build_tokenizer
-from train import DEFAULTS
+from checkpoint import build_tokenizer
+from config import DEFAULTS
 
 
 def toy_tokenizer():

@@ -11,7 +11,11 @@ import torch
 from transformers import Qwen2Config
 
 import chat
+import chat_reward
+import checkpoint
+import config
 import evaluate
+import features
 import reward
 import train
 import world
@@ -208,7 +212,7 @@ def test_a_bad_call_ends_the_episode_with_its_cause_and_reward_0():
         _, _, episodes = sample(pay_task(), "rehearse", [{"name": name, "arguments": args}], ["6"], "6", n=2)
         assert [e["cause"] for e in episodes] == [cause, cause]
         assert reward.cause_counts(episodes) == {cause: 2}
-        assert reward.chat_reward(episodes[0], pay_task()) == 0.0
+        assert chat_reward.chat_reward(episodes[0], pay_task()) == 0.0
         assert episodes[0]["roles"][-1] == ACT and tokens(episodes[0]["ids"][-1]) == "<|im_end|>"
 
 
@@ -216,9 +220,9 @@ def test_a_bad_call_ends_the_episode_with_its_cause_and_reward_0():
 
 def test_answer_match_normalises_strings_and_numbers():
     for a, b in (("6", "6.0"), (" The  Apple.", "the apple"), ("1,200", "1200"), ("-2", "-2.00")):
-        assert reward.answer_match(a, b), (a, b)
+        assert chat_reward.answer_match(a, b), (a, b)
     for a, b in (("7", "6"), ("apple", "apples"), ("6 coins", "6")):
-        assert not reward.answer_match(a, b), (a, b)
+        assert not chat_reward.answer_match(a, b), (a, b)
 
 
 def test_tool_call_match_is_ast_style():
@@ -226,27 +230,27 @@ def test_tool_call_match_is_ast_style():
             {"name": "pay", "arguments": {"amount": 3}}]
     same = [{"name": "find", "arguments": {"open": True, "radius": 2.0, "city": " rome"}},
             {"name": "pay", "arguments": {"amount": 3}}]
-    assert reward.calls_match(same, gold)
-    assert not reward.calls_match(same[::-1], gold)                       # order matters by default
-    assert reward.calls_match(same[::-1], gold, "any")
-    assert not reward.calls_match(same + same[:1], gold, "any")           # one call too many
-    assert not reward.calls_match([same[0], {"name": "pay", "arguments": {"amount": 4}}], gold)
-    assert not reward.calls_match([{"name": "find", "arguments": {"city": "Rome", "radius": 2, "open": 1}},
+    assert chat_reward.calls_match(same, gold)
+    assert not chat_reward.calls_match(same[::-1], gold)                       # order matters by default
+    assert chat_reward.calls_match(same[::-1], gold, "any")
+    assert not chat_reward.calls_match(same + same[:1], gold, "any")           # one call too many
+    assert not chat_reward.calls_match([same[0], {"name": "pay", "arguments": {"amount": 4}}], gold)
+    assert not chat_reward.calls_match([{"name": "find", "arguments": {"city": "Rome", "radius": 2, "open": 1}},
                                    same[1]], gold)                        # 1 is not true
-    assert not reward.calls_match([{"name": "find", "arguments": {"city": "Rome", "radius": 2}}, same[1]], gold)
-    assert reward.value_match([1, {"a": "X"}], [1.0, {"a": "x"}]) and not reward.value_match([1, 2], [2, 1])
+    assert not chat_reward.calls_match([{"name": "find", "arguments": {"city": "Rome", "radius": 2}}, same[1]], gold)
+    assert chat_reward.value_match([1, {"a": "X"}], [1.0, {"a": "x"}]) and not chat_reward.value_match([1, 2], [2, 1])
 
 
 def test_chat_reward_combines_answer_calls_and_judge():
     e = {"cause": "answer", "answer": "6", "calls": ['{"name": "pay", "arguments": {"amount": 3}}'],
          "responses": ["6"]}
-    assert reward.chat_reward(e, pay_task()) == 1.0
-    assert reward.chat_reward({**e, "answer": "7"}, pay_task()) == 0.0
-    assert reward.chat_reward({**e, "calls": []}, pay_task()) == 0.0
-    assert reward.chat_reward({**e, "cause": "token_limit"}, pay_task()) == 0.0
+    assert chat_reward.chat_reward(e, pay_task()) == 1.0
+    assert chat_reward.chat_reward({**e, "answer": "7"}, pay_task()) == 0.0
+    assert chat_reward.chat_reward({**e, "calls": []}, pay_task()) == 0.0
+    assert chat_reward.chat_reward({**e, "cause": "token_limit"}, pay_task()) == 0.0
     task = pay_task(checklist=["paid?", "polite?"])
-    assert reward.chat_reward(e, task, judge=lambda ep, t: [0.2, 0.6]) == pytest.approx(0.4)
-    assert reward.chat_reward({**e, "answer": "7"}, task, judge=lambda ep, t: [1.0, 1.0]) == 0.0
+    assert chat_reward.chat_reward(e, task, judge=lambda ep, t: [0.2, 0.6]) == pytest.approx(0.4)
+    assert chat_reward.chat_reward({**e, "answer": "7"}, task, judge=lambda ep, t: [1.0, 1.0]) == 0.0
 
 
 def test_judge_probability_of_yes_by_hand(tmp_path):
@@ -260,8 +264,8 @@ def test_judge_probability_of_yes_by_hand(tmp_path):
     z = sum(math.exp(v) for v in logits)
     p = {t: math.exp(logits[TOK.convert_tokens_to_ids(t)]) / z for t in ("y", "Y", "no", "N")}
     want = (p["y"] + p["Y"]) / (p["y"] + p["Y"] + p["no"] + p["N"])
-    assert reward.judge_yes_probability(judge, TOK, [prompt]) == [pytest.approx(want, rel=1e-5)]
-    scores = reward.make_judge(judge, TOK)({"calls": [], "responses": [], "answer": "6"},
+    assert chat_reward.judge_yes_probability(judge, TOK, [prompt]) == [pytest.approx(want, rel=1e-5)]
+    scores = chat_reward.make_judge(judge, TOK)({"calls": [], "responses": [], "answer": "6"},
                                            pay_task(checklist=["a?", "b?", "c?"]))
     assert len(scores) == 3 and all(0 < s < 1 for s in scores)
 
@@ -348,12 +352,12 @@ def test_toy_export_round_trips_and_the_toy_world_executes_json_calls(tmp_path):
 
 def test_train_resume_and_evaluate_on_the_chat_path(tmp_path, monkeypatch):
     # a random model never answers right: reward episode-length parity so that steps update
-    monkeypatch.setattr(train, "chat_reward", lambda e, t, judge=None: float(len(e["ids"]) % 2))
+    monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(len(e["ids"]) % 2))
     tiny_qwen(TOK, tmp_path / "qwen")
     overrides = [f"--model={tmp_path / 'qwen'}", f"--out_dir={tmp_path / 'run'}", "--max_act_tokens=12",
                  "--max_tokens=640", "--temperature=2.0", "--lr=0.01"]
     monkeypatch.chdir(ROOT)
-    cfg = train.load_config(os.path.join(ROOT, "configs", "chat_tiny.yaml"), overrides)
+    cfg = config.load_config(os.path.join(ROOT, "configs", "chat_tiny.yaml"), overrides)
     assert train.run(cfg) == 0
     assert train.run({**cfg, "rl_steps": 3}, resume=True) == 0
     out = cfg["out_dir"]
@@ -362,13 +366,13 @@ def test_train_resume_and_evaluate_on_the_chat_path(tmp_path, monkeypatch):
     assert any(m["status"] == "updated" for m in lines)
     for m in lines:
         assert sum(m["causes"].values()) == 4 and m["tokens_act"] > 0
-    final = train.load_policy(os.path.join(out, "ckpt"))[0]
-    warm = train.load_policy(os.path.join(out, "warmstart"))[0]
+    final = checkpoint.load_policy(os.path.join(out, "ckpt"))[0]
+    warm = checkpoint.load_policy(os.path.join(out, "warmstart"))[0]
     assert max((a - b).abs().max().item() for a, b in zip(final.parameters(), warm.parameters())) > 0
     os.remove(os.path.join(out, "eval.json"))
     assert evaluate.main(["--ckpt", out, "--n_test=3"]) == 0
     result = json.load(open(os.path.join(out, "eval.json")))
-    assert result["n_tasks"] == 3 and result["real_tasks"] == 3 and 0 <= result["success"] <= 1
+    assert result["n_tasks"] == 3 and result["executed_tasks"] == 3 and 0 <= result["success"] <= 1
 
 
 def test_max_tokens_shorter_than_a_prompt_is_one_line(tmp_path, capsys):
@@ -390,12 +394,13 @@ def test_evaluation_of_tasks_without_an_executor_scores_by_criteria_and_judge(tm
     tags = chat.chat_format(TOK)
     prompts, _ = chat.episode_inputs(TOK, tags, [dict(task)])
     script = chat.assemble(TOK, tags, prompts[0], [{"name": "pay", "arguments": {"amount": 3}}], ["6"], "6")
-    cfg = {**train.DEFAULTS, "format": "chat", "judge_model": str(tmp_path / "judge"), "max_act_tokens": 40,
+    cfg = {**config.DEFAULTS, "format": "chat", "judge_model": str(tmp_path / "judge"), "max_act_tokens": 40,
            "max_tokens": 200}
-    result = evaluate.evaluate(Script(script["ids"][len(prompts[0]):]), TOK, [task], cfg)
-    judge = train.load_policy(str(tmp_path / "judge"))[0]
+    fx = features.setup(cfg, TOK, {"logged": [], "rl": [task], "test": [task]})   # loads the judge
+    result = evaluate.evaluate(Script(script["ids"][len(prompts[0]):]), TOK, [task], cfg, fx)
+    judge = checkpoint.load_policy(str(tmp_path / "judge"))[0]
     episode = {"calls": ['{"name": "pay", "arguments": {"amount": 3}}'], "responses": ["6"], "answer": "6"}
-    want = reward.make_judge(judge, TOK)(episode, task)
+    want = chat_reward.make_judge(judge, TOK)(episode, task)
     assert result["causes"] == {"answer": 1} and result["rehearsed_tasks"] == 1
     assert result["success"] == pytest.approx(sum(want) / 2, rel=1e-5) and 0 < result["success"] < 1
     assert not result["fidelity_measured"]
@@ -405,13 +410,13 @@ def test_the_qwen3_config_runs_its_keys_together_on_a_tiny_model(tmp_path, monke
     """configs/qwen3-1.7b.yaml (chat format, gradient checkpointing, KL 1e-4 to the reference,
     lr 1e-6, dual clip) with only the model and the sizes swapped for a tiny random Qwen2: a step
     runs, updates and logs the reference KL of the act tokens."""
-    monkeypatch.setattr(train, "chat_reward", lambda e, t, judge=None: float(len(e["ids"]) % 2))
+    monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(len(e["ids"]) % 2))
     tiny_qwen(TOK, tmp_path / "qwen")
     overrides = [f"--model={tmp_path / 'qwen'}", f"--out_dir={tmp_path / 'run'}", "--rl_steps=1",
                  "--tasks_per_step=2", "--group_size=4", "--max_act_tokens=12", "--max_env_tokens=12",
                  "--max_tokens=640", "--micro_batch_tokens=2048", "--eval_every=0", "--temperature=2.0"]
     monkeypatch.chdir(ROOT)
-    cfg = train.load_config(os.path.join(ROOT, "configs", "qwen3-1.7b.yaml"), overrides)
+    cfg = config.load_config(os.path.join(ROOT, "configs", "qwen3-1.7b.yaml"), overrides)
     assert cfg["gradient_checkpointing"] and cfg["kl_coef"] == 1e-4 and cfg["format"] == "chat"
     assert train.run(cfg) == 0
     [line] = [json.loads(text) for text in open(os.path.join(cfg["out_dir"], "metrics.jsonl"))]

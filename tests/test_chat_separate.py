@@ -13,13 +13,18 @@ import torch
 from transformers import Qwen2Config
 
 import chat
+import chat_reward
+import config
 import evaluate
+import features
 import rehearse
 import reward
+import separate
 import train
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask
 from helpers import assert_rehearse_logprobs_match_a_forward, chat_tokenizer, tiny_qwen
-from rollout import _chat_rehearse_row, sample_episodes, sample_separate
+from rollout import sample_episodes
+from separate import _chat_rehearse_row, sample_separate
 
 chat_separate_warm_start = chat.separate_warm_start_sequences
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -185,14 +190,17 @@ def test_warm_start_rows_are_the_rows_rl_samples():
     e, = sample(pay_task(), k=1)
     task = pay_task()
     logged = {"messages": task["messages"], "tools": task["tools"], "call_dicts": CALLS,
+              "calls": [json.dumps(c) for c in CALLS],      # as chat.check_task writes a logged line
               "responses": ["6", "4"], "answer": "4", "examples": task["examples"]}
-    cfg = {**train.DEFAULTS, "format": "chat", "rehearsal_context": "separate", "grounding_examples": 1}
-    groups = train.warm_start_sequences(cfg, TOK, {"logged": [logged], "rl": [task]})
+    cfg = {**config.DEFAULTS, "format": "chat", "rehearsal_context": "separate", "grounding_examples": 1,
+           "max_tokens": 300}
+    fx = features.setup(cfg, TOK, {"logged": [logged], "rl": [task], "test": [task]})
+    groups = fx.warm_start_sequences()
     (actor, w1, w2), examples = groups[0]["rows"], groups[1]["rows"]
     assert actor["ids"] == e["ids"] and actor["roles"] == e["roles"]
     for w, r in ((w1, e["rehearsals"][0]), (w2, e["rehearsals"][1])):
         assert w["ids"] == r["ids"] and w["roles"] == r["roles"]
-    assert train.warm_start_roles(cfg) == (ACT, REHEARSE)          # the actor row's OBS: context only
+    assert fx.warm_start_roles == (ACT, REHEARSE)                  # the actor row's OBS: context only
     # the task's examples: a rehearse row each (empty dialogue, the example's call and result)
     assert [x["call"] for x in examples] == [json.dumps(c) for c, _ in task["examples"]]
     assert TOK.convert_ids_to_tokens(examples[0]["ids"][-2:]) == ["8", "<|im_end|>"]
@@ -241,11 +249,11 @@ def test_separate_warm_start_teaches_the_rows_the_sampler_then_writes():
     samples that episode back in separate rows: its calls, its results rehearsed in the rehearse
     rows, row for row the warm start's ids and roles. An RL step then updates on those rows."""
     task = pay_task()
-    cfg = {**train.DEFAULTS, "format": "chat", "rehearsal_context": "separate", "grounding_examples": 1,
+    cfg = {**config.DEFAULTS, "format": "chat", "rehearsal_context": "separate", "grounding_examples": 1,
            "sft_steps": 150, "sft_batch_size": 1, "sft_lr": 0.01, "micro_batch_tokens": 4096}
     logged = {"messages": task["messages"], "tools": task["tools"], "call_dicts": CALLS, "responses": ["6", "4"],
               "answer": "4", "examples": task["examples"]}
-    (group,) = train.warm_start_sequences(cfg, TOK, {"logged": [logged], "rl": []})
+    (group,) = chat.separate_warm_start_sequences(TOK, TAGS, [logged], [], cfg["grounding_examples"])
     model = tiny_qwen(TOK)
     train.warm_start(model, model, [group], cfg, TOK.pad_token_id)
     prompts, worlds = chat.episode_inputs(TOK, TAGS, [task] * 4)
@@ -288,11 +296,11 @@ def test_rl_step_on_chat_separate_rows():
     e2, = sample_separate(PrefixScript(scripts_for(task, 1, answer="5")), TOK, prompts, world=worlds, tags=TAGS,
                           rehearse_prompt=functools.partial(chat.separate_prompt, TOK, 1), max_act_tokens=40,
                           max_env_tokens=8, max_tokens=300)
-    rewards = [reward.chat_reward(e, task) for e in (e1, e2)]
+    rewards = [chat_reward.chat_reward(e, task) for e in (e1, e2)]
     assert rewards == [1.0, 0.0]
     rows, row_rewards, groups = reward.training_rows([e1, e2], rewards, [0, 0])
     assert groups == [0, 1, 1, 0, 1, 1] and row_rewards == [1, 1, 1, 0, 0, 0]
-    cfg = {**train.DEFAULTS, "reuse_sampler_logprobs": False, "micro_batch_tokens": 4096}
+    cfg = {**config.DEFAULTS, "reuse_sampler_logprobs": False, "micro_batch_tokens": 4096}
     batch = train.make_batch(rows, row_rewards, groups, cfg, TOK.pad_token_id)
     assert batch["n_tokens"] == 2 * 42 + 4 * 2
     adv, mask = batch["advantages"], batch["mask"]
@@ -312,28 +320,40 @@ def test_chat_evaluation_asks_would_rehearse_in_separate_rows(monkeypatch):
         asked.extend(rows)
         return [(r["call"], r["turn"] == 0) for r in rows]
     monkeypatch.setattr(rehearse, "would_rehearse_rows", spy)
-    cfg = {**train.DEFAULTS, "format": "chat", "rehearsal_context": "separate", "grounding_examples": 2,
+    cfg = {**config.DEFAULTS, "format": "chat", "rehearsal_context": "separate", "grounding_examples": 2,
            "max_act_tokens": 40, "max_env_tokens": 8, "max_tokens": 300}
-    result = evaluate.evaluate_chat(PrefixScript(scripts_for(task, 2)), TOK, [task], cfg)
+    fx = features.setup(cfg, TOK, {"logged": [], "rl": [task], "test": [task]})
+    result = evaluate.evaluate(PrefixScript(scripts_for(task, 2)), TOK, [task], cfg, fx)
     assert result["success"] == 1.0 and result["fidelity_counts"] == {"stateful": [1, 2]}
+    assert result["executed_tasks"] == 1 and result["rehearsed_tasks"] == 0 and result["fidelity_measured"]
     want = chat.rehearse_rows(TOK, TAGS, task, CALLS, ["6", "4"], 2)
+    # asked in those rows once: the answers give fidelity per kind and fidelity by warm-start
+    # coverage (the task's examples are other calls: both calls seen 0 times)
     assert [r["ids"] for r in asked] == [r["ids"] for r in want]
+    assert result["fidelity_by_coverage"]["seen 0 times"] == [1, 2]
 
 
-def test_config_accepts_separate_chat(tmp_path):
+def test_config_accepts_separate_chat(tmp_path, monkeypatch):
     tiny_qwen(TOK, tmp_path / "qwen")
-    cfg = train.load_config(os.path.join(ROOT, "configs", "chat_tiny.yaml"),
+    cfg = config.load_config(os.path.join(ROOT, "configs", "chat_tiny.yaml"),
                             [f"--model={tmp_path / 'qwen'}", "--rehearsal_context=separate", "--grounding_examples=1"])
     assert cfg["rehearsal_context"] == "separate" and cfg["format"] == "chat"
-    train.check_separate_vocabulary(cfg, TOK)                # the toy's words are not asked of a chat model
-    prompt = train.separate_prompt(cfg, TOK)
+    asked = []                                               # the toy's words are not asked of a chat model
+    monkeypatch.setattr(separate, "check_vocabulary", lambda *a: asked.append(a))
+    fx = features.setup(cfg, TOK, {"logged": [], "rl": [pay_task()], "test": [pay_task()]})
+    assert asked == []
+    assert fx.sample.func is separate.sample_separate
+    prompt = fx.sample.keywords["rehearse_prompt"]
     assert prompt.func is chat.separate_prompt and prompt.args == (TOK, 1)
-    assert train.separate_prompt({**cfg, "format": "plain"}, TOK) is None
+    plain = {**config.DEFAULTS, "rehearsal_context": "separate", "grounding_examples": 1}
+    fx = features.setup(plain, TOK, {"logged": []})          # the toy's plain rehearse prompt: no chat builder
+    assert asked == [(plain, TOK)]
+    assert fx.sample.func is separate.sample_separate and "rehearse_prompt" not in fx.sample.keywords
 
 
 def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
     # a random model never answers right: reward episode-length parity so that steps update
-    monkeypatch.setattr(train, "chat_reward", lambda e, t, judge=None: float(len(e["ids"]) % 2))
+    monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(len(e["ids"]) % 2))
     asked = []
     would = rehearse.would_rehearse_rows
 
@@ -347,7 +367,7 @@ def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
     def sample_spy(*args, **kw):                              # RL samples in separate rows
         sampled.append((kw["tags"]["act_end"], kw["rehearse_prompt"].args[1]))
         return sample_separate(*args, **kw)
-    monkeypatch.setattr(train, "sample_separate", sample_spy)
+    monkeypatch.setattr(separate, "sample_separate", sample_spy)     # features binds it at setup
     monkeypatch.setattr(chat, "separate_warm_start_sequences",
                         lambda *a: built.append(a[-1]) or chat_separate_warm_start(*a))
     tiny_qwen(TOK, tmp_path / "qwen")
@@ -355,7 +375,7 @@ def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
                  "--max_tokens=640", "--lr=0.01", "--rehearsal_context=separate", "--grounding_examples=1",
                  "--temperature=2.0"]
     monkeypatch.chdir(ROOT)
-    cfg = train.load_config(os.path.join(ROOT, "configs", "chat_tiny.yaml"), overrides)
+    cfg = config.load_config(os.path.join(ROOT, "configs", "chat_tiny.yaml"), overrides)
     assert train.run(cfg) == 0
     out = cfg["out_dir"]
     lines = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
@@ -363,15 +383,16 @@ def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
     for m in lines:
         assert sum(m["causes"].values()) == 4 and m["tokens_act"] > 0
     assert sampled == [(TAGS["act_end"], 1)] * 2 and built == [1]
-    assert len(asked) == 2                                     # before and after RL
+    assert len(asked) == 2                     # before and after RL (coverage reuses the same answers)
     os.remove(os.path.join(out, "eval.json"))
     assert evaluate.main(["--ckpt", out, "--n_test=3"]) == 0
     result = json.load(open(os.path.join(out, "eval.json")))
-    assert result["n_tasks"] == 3 and result["real_tasks"] == 3 and len(asked) == 3
+    assert result["n_tasks"] == 3 and result["executed_tasks"] == 3
+    assert len(asked) == 3                     # and evaluate.py's
 
 
 @pytest.mark.parametrize("bad", ["--rehearse_check=true", "--rehearsal_budget=2"])
 def test_what_chat_still_refuses(tmp_path, bad):
-    with pytest.raises(train.ConfigError):
-        train.load_config(os.path.join(ROOT, "configs", "chat_tiny.yaml"), [f"--model={tmp_path}",
+    with pytest.raises(config.ConfigError):
+        config.load_config(os.path.join(ROOT, "configs", "chat_tiny.yaml"), [f"--model={tmp_path}",
                                                                               "--rehearsal_context=separate", bad])

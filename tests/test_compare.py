@@ -1,4 +1,6 @@
 """evaluate.py --compare: the table's arithmetic on made-up metrics, and the files it writes."""
+import rehearse
+import experiments
 import json
 from types import SimpleNamespace
 
@@ -15,15 +17,15 @@ def fake_eval(success, errors=0.0, calls=2.0, lookup=1.0, before=None):
 
 
 def test_mean_and_range():
-    assert evaluate.mean_and_range([0.5, 0.75, 1.0]) == "0.750 (0.500-1.000)"
-    assert evaluate.mean_and_range([0.25]) == "0.250"
-    assert evaluate.mean_and_range([None, None]) == "-"
+    assert experiments.mean_and_range([0.5, 0.75, 1.0]) == "0.750 (0.500-1.000)"
+    assert experiments.mean_and_range([0.25]) == "0.250"
+    assert experiments.mean_and_range([None, None]) == "-"
 
 
 def test_compare_table_arithmetic():
     runs = {"rehearse": [fake_eval(0.9, 0.02, 2.0, 0.95), fake_eval(0.7, 0.0, 3.0, 0.85)],
             "real": [fake_eval(1.0)]}
-    lines = evaluate.compare_table(runs).splitlines()
+    lines = experiments.compare_table(runs).splitlines()
     assert lines[0].startswith("| arm | seeds | success |") and len(lines) == 4
     assert lines[2] == ("| rehearse | 2 | 0.800 (0.700-0.900) | 0.900 / 0.700 | 0.010 (0.000-0.020) | "
                         "2.500 (2.000-3.000) | 0.900 (0.850-0.950) | 1.000 (1.000-1.000) | "
@@ -38,10 +40,10 @@ def test_coverage_table_pools_seeds_before_and_after():
                           "fidelity_by_coverage": cov([0, 2], [10, 10])},
                          {"before": {"fidelity_by_coverage": cov([0, 4], [19, 20])},
                           "fidelity_by_coverage": cov([1, 2], [20, 20])}]}
-    lines = evaluate.coverage_table(runs).splitlines()
+    lines = experiments.coverage_table(runs).splitlines()
     assert lines[2] == "| coverage | seen 0 times | 0.125 (1/8) | 0.250 (1/4) |"
     assert lines[3] == "| coverage | seen 50+ times | 0.933 (28/30) | 1.000 (30/30) |"
-    assert evaluate.coverage_table({"real": [fake_eval(1.0)]}) == ""
+    assert experiments.coverage_table({"real": [fake_eval(1.0)]}) == ""
 
 
 def test_compare_writes_table_and_figures(tmp_path):
@@ -57,10 +59,10 @@ def test_compare_writes_table_and_figures(tmp_path):
     (tmp_path / "rehearse" / "seed1" / "private_rehearsal.json").write_text(json.dumps(sweep))
     (tmp_path / "real" / "seed1" / "coverage.json").write_text(json.dumps(          # evaluate.py --coverage
         {"before": {"seen 0 times": [1, 4]}, "after": {"seen 0 times": [3, 4]}}))
-    runs, curves, sweeps = evaluate.load_runs(str(tmp_path))
+    runs, curves, sweeps = experiments.load_runs(str(tmp_path))
     assert curves["rehearse"][0] == [(0, 0.5), (2, 0.6), (4, 0.9)]         # before, during, after
     assert len(sweeps) == 4 and sweeps[0]["seed"] == "seed1"
-    text = evaluate.compare(str(tmp_path))
+    text = experiments.compare(str(tmp_path))
     assert "| policy | parallel | 4 | 0.900 | 4.00 | 2.00 |" in text
     assert "| real | seen 0 times | 0.250 (1/4) | 0.750 (3/4) |" in text
     for name in ("results.md", "success.png", "private_rehearsal.png"):
@@ -68,7 +70,7 @@ def test_compare_writes_table_and_figures(tmp_path):
 
 
 def test_compare_of_an_empty_folder_is_one_line(tmp_path, capsys):
-    assert evaluate.main(["--compare", str(tmp_path)]) == 2
+    assert experiments.main(["--compare", str(tmp_path)]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
@@ -92,8 +94,7 @@ def test_coverage_fidelity_scores_the_experts_calls_by_warm_start_count():
              {"prompt": "price milk", "calls": ["price milk"], "answer": "2"},
              {"prompt": "price tea", "answer": "4"}]                  # no expert calls: skipped
     counts = {"price milk": 60, "mul 2 , 8": 10}
-    cfg = {"rehearsal_context": "inline"}
-    seen = evaluate.coverage_fidelity(Oracle(len(tok)), tok, tasks, cfg, counts)
+    seen = rehearse.coverage_fidelity(Oracle(len(tok)), tok, tasks, counts)
     assert seen == {"seen 0 times": [1, 1], "seen 1-49 times": [1, 1], "seen 50+ times": [1, 1]}
-    blind = evaluate.coverage_fidelity(Oracle(len(tok), blind=True), tok, tasks, cfg, counts)
+    blind = rehearse.coverage_fidelity(Oracle(len(tok), blind=True), tok, tasks, counts)
     assert blind == {"seen 0 times": [0, 1], "seen 1-49 times": [0, 1], "seen 50+ times": [0, 1]}

@@ -1,5 +1,7 @@
 """Several processes (gloo on CPU): 2 ranks x B/2 rows make the same update as 1 rank x B rows,
 and a 2-process torchrun run of a small config finishes and writes one metrics file."""
+import envace
+import config
 import json
 import os
 import random
@@ -43,7 +45,7 @@ def one_update(rank, world_size):
     ddp_model = DDP(model) if world_size > 1 else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     share = slice(rank * 12 // world_size, (rank + 1) * 12 // world_size)    # whole groups per rank
-    cfg = {**train.DEFAULTS, "micro_batch_tokens": BUDGET, "kl_coef": 0.0}
+    cfg = {**config.DEFAULTS, "micro_batch_tokens": BUDGET, "kl_coef": 0.0}
     _, status = train.rl_step(model, ddp_model, opt, episodes[share], rewards[share], groups[share],
                               cfg, tok.pad_token_id, world_size=world_size)
     assert status == "updated"
@@ -65,7 +67,7 @@ def _worker(rank, world_size, init_file, result_file):
 def test_two_ranks_make_the_one_rank_update(tmp_path):
     torch.set_num_threads(1)
     lengths = [len(e["ids"]) for e in fixed_step_inputs()[1]]
-    assert [len(train.micro_batches(half, BUDGET)) for half in (lengths[:6], lengths[6:])] == [3, 5]
+    assert [len(envace.micro_batches(half, BUDGET)) for half in (lengths[:6], lengths[6:])] == [3, 5]
     result = str(tmp_path / "two_ranks.pt")
     mp.spawn(_worker, args=(2, str(tmp_path / "init"), result), nprocs=2, join=True)
     two, two_grads = torch.load(result)

@@ -2,8 +2,7 @@
 the role bookkeeping of logged episodes and tool snippets."""
 import torch
 
-from envace import (ACT, OBS, PAD, PROMPT, REHEARSE, TAG, collate, encode_episode, loss_mask,
-                    tag_ids, token_advantages)
+from envace import ACT, OBS, PAD, PROMPT, REHEARSE, TAG, collate, encode_episode, loss_mask, tag_ids, token_advantages
 from helpers import toy_tokenizer
 
 P, A, R, O, T = PROMPT, ACT, REHEARSE, OBS, TAG

@@ -1,6 +1,11 @@
 """Faults: non-finite steps are skipped without touching weights or optimizer and three in a row
 stop the run with the last good state; malformed data files stop the run before training with
 the line and what is wrong; bf16 autocast only on CUDA."""
+import features
+import envace
+import distributed
+import config
+import checkpoint
 import json
 import os
 import warnings
@@ -17,7 +22,7 @@ TOK = toy_tokenizer()
 
 def nan_loss_on(monkeypatch, calls):
     """Make clipped_pg_loss return NaN on the given call numbers (0-based), all if None."""
-    real, count = train.clipped_pg_loss, [0]
+    real, count = envace.clipped_pg_loss, [0]
 
     def patched(*args, **kwargs):
         loss, stats = real(*args, **kwargs)
@@ -36,7 +41,7 @@ def one_group():
 def test_nonfinite_step_leaves_weights_and_optimizer_untouched(monkeypatch):
     model = tiny_llama(TOK)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    cfg = {**train.DEFAULTS, "micro_batch_tokens": 24}      # 2 rows of 12 tokens per micro-batch
+    cfg = {**config.DEFAULTS, "micro_batch_tokens": 24}      # 2 rows of 12 tokens per micro-batch
     eps, rewards, groups = one_group()
     assert train.rl_step(model, model, opt, eps, rewards, groups, cfg, TOK.pad_token_id)[1] == "updated"
     weights = {k: v.clone() for k, v in model.state_dict().items()}
@@ -51,7 +56,7 @@ def test_nonfinite_step_leaves_weights_and_optimizer_untouched(monkeypatch):
 
 
 def test_three_nonfinite_steps_in_a_row_stop_with_the_last_good_state(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(train, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    monkeypatch.setattr(features, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
     nan_loss_on(monkeypatch, None)
     cfg = tiny_cfg(tmp_path, rl_steps=10)
     assert train.run(cfg) == 1
@@ -61,13 +66,13 @@ def test_three_nonfinite_steps_in_a_row_stop_with_the_last_good_state(tmp_path, 
     assert lines[-1]["nonfinite_steps"] == 3
     state = torch.load(os.path.join(cfg["out_dir"], "ckpt", "trainer_state.pt"), weights_only=False)
     assert state["step"] == 3
-    saved = train.load_policy(os.path.join(cfg["out_dir"], "ckpt"))[0].state_dict()
-    warm = train.load_policy(os.path.join(cfg["out_dir"], "warmstart"))[0].state_dict()
+    saved = checkpoint.load_policy(os.path.join(cfg["out_dir"], "ckpt"))[0].state_dict()
+    warm = checkpoint.load_policy(os.path.join(cfg["out_dir"], "warmstart"))[0].state_dict()
     assert all(torch.equal(saved[k], warm[k]) for k in saved)
 
 
 def test_one_nonfinite_step_is_counted_and_training_goes_on(tmp_path, monkeypatch):
-    monkeypatch.setattr(train, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    monkeypatch.setattr(features, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
     nan_loss_on(monkeypatch, {0})               # the first micro-batch of step 1
     cfg = tiny_cfg(tmp_path, rl_steps=3)
     assert train.run(cfg) == 0
@@ -94,7 +99,7 @@ def test_malformed_data_line_stops_before_training(tmp_path, key, lines, message
     path = tmp_path / "data.jsonl"
     path.write_text("\n".join(lines) + "\n")
     cfg = tiny_cfg(tmp_path, **{key: str(path)})
-    with pytest.raises(train.ConfigError, match=message):
+    with pytest.raises(config.ConfigError, match=message):
         train.run(cfg)
     assert not os.path.exists(cfg["out_dir"])            # nothing was built, trained or written
 
@@ -104,7 +109,7 @@ def test_data_files_replace_the_generated_splits(tmp_path):
     (tmp_path / "logged.jsonl").write_text(TRAJ + "\n" + TRAJ + "\n")
     cfg = tiny_cfg(tmp_path, tasks_file=str(tmp_path / "rl.jsonl"),
                    logged_file=str(tmp_path / "logged.jsonl"))
-    splits = train.build_tasks(cfg)
+    splits = features.build_tasks(cfg)
     assert [t["prompt"] for t in splits["rl"]] == ["price apple"] and len(splits["logged"]) == 2
     assert len(splits["test"]) == cfg["n_test"]           # not named: still generated
 
@@ -118,10 +123,10 @@ def test_missing_data_file_is_one_line(tmp_path, capsys):
 
 
 def test_bf16_autocast_only_on_cuda():
-    on = {**train.DEFAULTS, "bf16": True}
-    assert not isinstance(train.autocast(on, "cpu"), torch.autocast)
-    assert not isinstance(train.autocast({**on, "bf16": False}, "cuda"), torch.autocast)
+    on = {**config.DEFAULTS, "bf16": True}
+    assert not isinstance(distributed.autocast(on, "cpu"), torch.autocast)
+    assert not isinstance(distributed.autocast({**on, "bf16": False}, "cuda"), torch.autocast)
     with warnings.catch_warnings():          # a CPU-only torch warns that it disables it
         warnings.simplefilter("ignore")
-        ctx = train.autocast(on, "cuda:0")
+        ctx = distributed.autocast(on, "cuda:0")
     assert isinstance(ctx, torch.autocast) and ctx.device == "cuda" and ctx.fast_dtype == torch.bfloat16

@@ -2,6 +2,13 @@
 (same loss and gradients, sampler untouched), model_init random (architecture without weights),
 FSDP2 on gloo (2 ranks make the one-rank update; a full-state save loads with from_pretrained;
 gathered weights let ranks sample different numbers of steps) and every config under configs/."""
+import features
+import reward
+import envace
+import distributed
+import config
+import checkpoint
+from config import ConfigError
 import datetime
 import glob
 import json
@@ -17,7 +24,7 @@ import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import train
-from envace import save_checkpoint
+from checkpoint import save_checkpoint
 from helpers import tiny_cfg, tiny_llama, toy_tokenizer
 from rollout import sample_episodes
 from test_distributed import BUDGET, fixed_step_inputs, one_update
@@ -35,9 +42,9 @@ def toy_shapes(tied=True):
 
 
 def test_memory_estimate_by_hand_under_fsdp():
-    cfg = {**train.DEFAULTS, "micro_batch_tokens": 100, "bf16": True, "fsdp": True, "gradient_checkpointing": True,
+    cfg = {**config.DEFAULTS, "micro_batch_tokens": 100, "bf16": True, "fsdp": True, "gradient_checkpointing": True,
            "kl_coef": 0.1, "tasks_per_step": 4, "group_size": 2, "max_tokens": 50}
-    e = train.memory_estimate(1000, cfg, toy_shapes(), world_size=2)
+    e = distributed.memory_estimate(1000, cfg, toy_shapes(), world_size=2)
     by_hand = {"params": 4 * 1000 / 2, "grads": 4 * 1000 / 2, "adam": 8 * 1000 / 2, "reference": 4 * 1000 / 2,
                "activations_full": 100 * 2 * 8 * 34,               # tokens x layers x hidden x 34 bytes
                "activations_checkpointed": 100 * 8 * (2 * 2 + 34),  # 2 layer inputs in bf16 + 1 layer
@@ -53,21 +60,21 @@ def test_memory_estimate_by_hand_under_fsdp():
 
 
 def test_memory_estimate_by_hand_one_gpu_without_checkpointing():
-    cfg = {**train.DEFAULTS, "micro_batch_tokens": 100, "bf16": True, "fsdp": True, "gradient_checkpointing": False,
+    cfg = {**config.DEFAULTS, "micro_batch_tokens": 100, "bf16": True, "fsdp": True, "gradient_checkpointing": False,
            "kl_coef": 0.0, "env_mode": "rehearse", "tasks_per_step": 4, "group_size": 2, "max_tokens": 50}
-    e = train.memory_estimate(1000, cfg, toy_shapes(tied=False), world_size=1)   # fsdp needs > 1 rank
+    e = distributed.memory_estimate(1000, cfg, toy_shapes(tied=False), world_size=1)   # fsdp needs > 1 rank
     assert e["params"] * GIB == pytest.approx(4000) and e["reference"] == 0 and e["gathered_weights"] == 0
     assert e["fsdp_unsharded"] == 0 and e["kv_cache"] * GIB == pytest.approx(8 * 50 * 2 * 2 * 1 * 4 * 2)
     assert e["train"] * GIB == pytest.approx(4000 + 4000 + 8000 + 54400 + 20000)
-    line = train.memory_line(e, cfg, 1)
+    line = distributed.memory_line(e, cfg, 1)
     assert "unsharded" in line and f"train {e['train']:.1f}" in line
 
 
 def test_memory_estimate_of_qwen3_8b_under_fsdp_8():
     shapes = SimpleNamespace(num_hidden_layers=36, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
                              head_dim=128, vocab_size=151936, tie_word_embeddings=False)
-    cfg = train.load_config(os.path.join(ROOT, "configs", "qwen3-8b.yaml"))
-    e = train.memory_estimate(8_190_735_360, cfg, shapes, world_size=8)
+    cfg = config.load_config(os.path.join(ROOT, "configs", "qwen3-8b.yaml"))
+    e = distributed.memory_estimate(8_190_735_360, cfg, shapes, world_size=8)
     assert e["params"] + e["grads"] + e["adam"] == pytest.approx(16 * 8_190_735_360 / 8 / GIB)   # 15.26 GiB
 
 
@@ -75,13 +82,13 @@ def test_memory_estimate_of_qwen3_8b_under_fsdp_8():
 
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
     tok, episodes, rewards, groups = fixed_step_inputs()
-    cfg = {**train.DEFAULTS, "micro_batch_tokens": BUDGET, "kl_coef": 0.0}
+    cfg = {**config.DEFAULTS, "micro_batch_tokens": BUDGET, "kl_coef": 0.0}
     batch = train.make_batch(episodes, rewards, groups, cfg, tok.pad_token_id)
     old = torch.zeros(batch["ids"].shape[0], batch["ids"].shape[1] - 1)
     results = []
     for checkpointing in (False, True):
         model = tiny_llama(tok, seed=0)
-        train.parallel_model(model, {**cfg, "gradient_checkpointing": checkpointing}, "cpu", 1)
+        distributed.parallel_model(model, {**cfg, "gradient_checkpointing": checkpointing}, "cpu", 1)
         calls = []
         for layer in model.model.layers:
             if checkpointing:
@@ -94,7 +101,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
         totals = train.accumulate_gradients(model, batch, old, None, cfg)
         results.append((totals["loss"], {n: p.grad for n, p in model.named_parameters()}, eps, len(calls)))
     (loss0, grads0, eps0, _), (loss1, grads1, eps1, n_calls) = results
-    assert n_calls == 2 * len(train.micro_batches(batch["lengths"], BUDGET))     # 2 layers per forward
+    assert n_calls == 2 * len(envace.micro_batches(batch["lengths"], BUDGET))     # 2 layers per forward
     assert loss1 == pytest.approx(loss0, rel=1e-6) and loss0 != 0
     for name, g in grads0.items():
         assert torch.allclose(g, grads1[name], rtol=1e-5, atol=1e-7), name
@@ -104,8 +111,8 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
 def test_a_rank_with_no_rows_to_train_runs_weight_zero_passes(monkeypatch):
     # all its groups had equal rewards (rows left out) while another rank has 2 micro-batches:
     # it must still run 2 forward/backward passes (row 0, weight 0), not crash on an empty batch
-    monkeypatch.setattr(train, "all_max", lambda n: max(n, 2))
-    steps = [(index.tolist(), n, w) for index, n, w in train.in_step(train.micro_batches([], 50), [10, 12], None)]
+    monkeypatch.setattr(distributed, "all_max", lambda n: max(n, 2))
+    steps = [(index.tolist(), n, w) for index, n, w in distributed.in_step(envace.micro_batches([], 50), [10, 12], None)]
     assert steps == [([0], 10, 0.0), ([0], 10, 0.0)]
 
 
@@ -125,9 +132,9 @@ def test_model_init_random_builds_the_architecture_without_weights(tmp_path):
     config = saved_tiny_qwen2(tmp_path)
     for f in glob.glob(str(tmp_path / "*.safetensors")):
         os.remove(f)                                          # the weights are gone: only the config is left
-    with pytest.raises(train.ConfigError, match="cannot load the checkpoint"):
-        train.load_policy(str(tmp_path))
-    model, tok = train.load_policy(str(tmp_path), "cpu", "random")
+    with pytest.raises(ConfigError, match="cannot load the checkpoint"):
+        checkpoint.load_policy(str(tmp_path))
+    model, tok = checkpoint.load_policy(str(tmp_path), "cpu", "random")
     assert type(model) is Qwen2ForCausalLM and len(model.model.layers) == 3
     assert model.model.layers[0].self_attn.k_proj.weight.shape == (2 * 12, 48)   # 2 kv heads x head dim 12
     assert sum(p.numel() for p in model.parameters()) == sum(
@@ -137,7 +144,7 @@ def test_model_init_random_builds_the_architecture_without_weights(tmp_path):
 
 def test_run_with_random_init_and_checkpointing_prints_the_memory_line(tmp_path, capsys, monkeypatch):
     saved_tiny_qwen2(tmp_path / "qwen")
-    monkeypatch.setattr(train, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    monkeypatch.setattr(features, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
     cfg = tiny_cfg(tmp_path, model=str(tmp_path / "qwen"), model_init="random", gradient_checkpointing=True,
                    rl_steps=1, sft_steps=2, n_test=4)
     assert train.run(cfg) == 0
@@ -155,25 +162,25 @@ def _fsdp_worker(rank, world_size, init_file, out_dir):
     torch.set_num_threads(1)
     tok, episodes, rewards, groups = fixed_step_inputs()
     model = tiny_llama(tok, seed=0)
-    cfg = {**train.DEFAULTS, "micro_batch_tokens": BUDGET, "kl_coef": 0.0, "fsdp": True}
-    train.parallel_model(model, cfg, "cpu", world_size)
-    assert isinstance(model.model.layers[0], train.FSDPModule) and isinstance(model, train.FSDPModule)
+    cfg = {**config.DEFAULTS, "micro_batch_tokens": BUDGET, "kl_coef": 0.0, "fsdp": True}
+    distributed.parallel_model(model, cfg, "cpu", world_size)
+    assert isinstance(model.model.layers[0], distributed.FSDPModule) and isinstance(model, distributed.FSDPModule)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     share = slice(rank * 6, (rank + 1) * 6)
     _, status = train.rl_step(model, model, opt, episodes[share], rewards[share], groups[share], cfg,
                               tok.pad_token_id, world_size=world_size)
     assert status == "updated"
     grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
-    with train.gathered(model):           # the ranks sample different numbers of steps: no collectives
+    with distributed.gathered(model):           # the ranks sample different numbers of steps: no collectives
         eps = sample_episodes(model, tok, PROMPTS if rank == 0 else PROMPTS[:1], max_tokens=40 if rank == 0 else 12,
                               generator=torch.Generator().manual_seed(3))
-    weights, optimizer = train.full_state_dict(model), train.optimizer_state(model, opt)
+    weights, optimizer = distributed.full_state_dict(model), distributed.optimizer_state(model, opt)
     box = [optimizer]
     dist.broadcast_object_list(box, src=0)             # resume: every rank reads the full state
     model.zero_grad(set_to_none=True)                   # as after a restart
     fresh = torch.optim.AdamW(model.parameters(), lr=1e-3)
     before = [p.to_local().clone() for p in model.parameters()]
-    train.load_optimizer_state(model, fresh, box[0])
+    distributed.load_optimizer_state(model, fresh, box[0])
     assert all(torch.equal(a, p.to_local()) for a, p in zip(before, model.parameters()))
     for p in model.parameters():
         for k in ("exp_avg", "exp_avg_sq"):
@@ -184,7 +191,7 @@ def _fsdp_worker(rank, world_size, init_file, out_dir):
     # the whole of train.run on this process group (as under torchrun): warm start, the frozen
     # reference sharded too, KL, checkpoints; then a resume that takes the optimizer back
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
-    train.task_reward = lambda e, t: float(len(e["ids"]) % 2)      # every group has variance
+    features.task_reward = lambda e, t: float(len(e["ids"]) % 2)    # every group has variance
     cfg = tiny_cfg(Path(out_dir), fsdp=True, gradient_checkpointing=True, env_mode="frozen", kl_coef=0.1,
                    rl_steps=2, save_every=1, n_test=4)
     assert train.run(cfg) == 0
@@ -231,7 +238,7 @@ def test_fsdp_two_ranks_make_the_one_rank_update_and_save_a_normal_folder(tmp_pa
 def test_qwen3_configs_have_the_paper_settings():
     # (every YAML under configs/ loads: tests/test_config.py::test_every_shipped_config_loads)
     for name, fsdp in (("qwen3-1.7b", False), ("qwen3-8b", True)):
-        cfg = train.load_config(os.path.join(ROOT, "configs", f"{name}.yaml"))
+        cfg = config.load_config(os.path.join(ROOT, "configs", f"{name}.yaml"))
         assert cfg["model"] == {"qwen3-1.7b": "Qwen/Qwen3-1.7B", "qwen3-8b": "Qwen/Qwen3-8B"}[name]
         assert (cfg["lr"], cfg["eps_low"], cfg["eps_high"], cfg["dual_clip"], cfg["kl_coef"]) == (1e-6, 0.2, 0.2, 3.0, 1e-4)
         assert (cfg["tasks_per_step"], cfg["group_size"], cfg["weight_decay"], cfg["grad_clip"]) == (16, 4, 0.01, 1.0)

@@ -1,6 +1,10 @@
 """Keeping the rehearsed world honest: the collusion count on hand-made episodes, the
 `rehearse_check` guard (form of a rehearsed response), the per-role KL to the warm start
 (`kl_rehearse_coef`), and their plumbing through a few-step run."""
+import features
+import envace
+import distributed
+import config
 import json
 import math
 import os
@@ -77,17 +81,16 @@ def test_collusion_rates_add_up_over_ranks_as_counts():
     """Two ranks' sums (1 of 3 wrong, 1 of 1 wrong) make 2 / 4 = 0.5, not the mean of rates."""
     def sums(episodes):
         rewards = [task_reward(e, TASK) for e in episodes]
-        return {**train.episode_sums([dict(e, ids=[0] * 5) for e in episodes], rewards, "rehearse",
-                                     [TASK] * len(episodes)),
+        return {**train.episode_sums([dict(e, ids=[0] * 5) for e in episodes], rewards),
+                "fidelity": rehearse.replay_fidelity(episodes),
+                "collusion": rehearse.collusion_counts(episodes, [TASK] * len(episodes)),
                 "all_equal_groups": 0, **{f"{k}_{r}": 0 for k in ("tokens", "adv_sum")
                                           for r in ("act", "rehearse", "obs")}}
-    total = train.add_up([sums([COLLUDING, HONEST_WRONG]), sums([COLLUDING])])
+    total = distributed.add_up([sums([COLLUDING, HONEST_WRONG]), sums([COLLUDING])])
     record = train.metrics_record(1, total, "updated", {}, {"time_step": 1.0})
     assert record["collusion"] == {"calls": 6, "wrong": 4, "colluding": 2, "rate": 0.5}
     assert record["fidelity"] == {"lookup": pytest.approx(1 / 3), "compute": 1.0}
     assert record["fidelity_counts"] == {"lookup": [1, 3], "compute": [3, 3]}
-    real = train.episode_sums([dict(HONEST, ids=[0] * 5)], [1.0], "real", [TASK])
-    assert "collusion" not in real and "fidelity" not in real
 
 
 # ----------------------------------------------------------------------------- rehearse_check
@@ -132,7 +135,7 @@ def test_rehearse_check_ends_the_episode_with_reward_0():
     tasks = [{"answer": "6"}, {"answer": "5"}, {"answer": "6"}]
     policy = ScriptedModel(TOK, scripts)
     off = sample_episodes(policy, TOK, list(scripts), "rehearse", temperature=0)
-    on = sample_episodes(policy, TOK, list(scripts), "rehearse", temperature=0, rehearse_check=True)
+    on = sample_episodes(policy, TOK, list(scripts), "rehearse", temperature=0, rehearse_check=rehearse.check_rehearsal)
     assert [task_reward(e, t) for e, t in zip(off, tasks)] == [1.0, 1.0, 1.0]
     assert [task_reward(e, t) for e, t in zip(on, tasks)] == [0.0, 0.0, 1.0]
     assert cause_counts(on) == {"rehearse_check": 2, "answer": 1}
@@ -150,14 +153,14 @@ K3_LOG2 = 2 - math.log(2) - 1            # k3 with ref - new = log 2
 def test_kl_coefficient_per_role_hand_computed():
     # roles P T A A T R R: targets T A A T R R, trained A A R R
     roles = torch.tensor([[PROMPT, TAG, ACT, ACT, TAG, REHEARSE, REHEARSE]])
-    coefs = train.token_kl_coefs(roles, 0.1, 2.0)
+    coefs = envace.token_kl_coefs(roles, 0.1, 2.0)
     assert coefs.tolist() == [pytest.approx([0.0, 0.1, 0.1, 0.0, 2.0, 2.0])]
     mask = torch.tensor([[False, True, True, False, True, True]])
     adv = torch.tensor([[0.0, 0.5, 0.5, 0.0, 0.5, 0.5]], dtype=torch.float64)
     old = torch.full((1, 6), -1.0, dtype=torch.float64)
     new = old.clone().requires_grad_(True)                       # ratio 1
     ref = old + math.log(2)                                      # ref above new by log 2 everywhere
-    loss, stats = train.clipped_pg_loss(new, old, adv, mask, 4, ref, kl_coef=coefs.double())
+    loss, stats = envace.clipped_pg_loss(new, old, adv, mask, 4, ref, kl_coef=coefs.double())
     # per trained token: -A * 1 = -0.5, plus coef * k3; act 0.1, rehearse 2.0; over 4 tokens
     assert loss.item() == pytest.approx((4 * -0.5 + 2 * 0.1 * K3_LOG2 + 2 * 2.0 * K3_LOG2) / 4, abs=1e-9)
     assert stats["kl_ref"] == pytest.approx(K3_LOG2, abs=1e-9)
@@ -183,14 +186,14 @@ def test_rows_with_rehearse_kl_are_kept_and_match_the_one_batch_gradient():
     model = tiny_llama(TOK)
     rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     for extra, kept in (({}, 12), ({"rehearse_coef": 0.0}, 6)):
-        cfg = {**train.DEFAULTS, "kl_coef": 0.0, "kl_rehearse_coef": 0.5, **extra}
+        cfg = {**config.DEFAULTS, "kl_coef": 0.0, "kl_rehearse_coef": 0.5, **extra}
         batch = rehearsed_batch(cfg, rewards)
         with torch.no_grad():
             old = token_logprobs(model, batch["ids"]) + 0.1
         ref = old - 0.3
         model.zero_grad(set_to_none=True)
         new = token_logprobs(model, batch["ids"])
-        loss, _ = train.clipped_pg_loss(new, old, batch["advantages"], batch["mask"], batch["n_tokens"],
+        loss, _ = envace.clipped_pg_loss(new, old, batch["advantages"], batch["mask"], batch["n_tokens"],
                                         ref, kl_coef=batch["kl_coefs"])
         loss.backward()
         g_all = [p.grad.clone() for p in model.parameters()]
@@ -202,7 +205,7 @@ def test_rows_with_rehearse_kl_are_kept_and_match_the_one_batch_gradient():
             assert torch.allclose(a, p.grad, atol=1e-6, rtol=1e-5)
         assert stats["kl_count_rehearse"] == (0 if extra else int((batch["roles"][:, 1:] == REHEARSE).sum()))
     # without any KL coefficient the reference is not needed at all
-    assert not train.uses_kl(train.DEFAULTS) and train.uses_kl({**train.DEFAULTS, "kl_rehearse_coef": 0.1})
+    assert not train.uses_kl(config.DEFAULTS) and train.uses_kl({**config.DEFAULTS, "kl_rehearse_coef": 0.1})
 
 
 def test_rehearse_kl_changes_the_loss_only_through_rehearse_tokens():
@@ -210,7 +213,7 @@ def test_rehearse_kl_changes_the_loss_only_through_rehearse_tokens():
     rewards = [1.0, 0.0, 0.0] * 4
     losses = {}
     for kl_coef, kl_rehearse in ((0.0, 0.0), (0.0, 1.0), (1.0, 0.0)):
-        cfg = {**train.DEFAULTS, "kl_coef": kl_coef, "kl_rehearse_coef": kl_rehearse}
+        cfg = {**config.DEFAULTS, "kl_coef": kl_coef, "kl_rehearse_coef": kl_rehearse}
         batch = rehearsed_batch(cfg, rewards)
         with torch.no_grad():
             old = token_logprobs(model, batch["ids"])
@@ -229,7 +232,7 @@ def test_rehearse_kl_changes_the_loss_only_through_rehearse_tokens():
 # ----------------------------------------------------------------------------- plumbing
 
 def test_guarded_run_logs_kl_per_role_collusion_and_fidelity(tmp_path, monkeypatch):
-    monkeypatch.setattr(train, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    monkeypatch.setattr(features, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
     cfg = tiny_cfg(tmp_path, rl_steps=2, kl_rehearse_coef=0.1, rehearse_check=True, n_collusion=8)
     assert train.run(cfg) == 0
     out = cfg["out_dir"]

@@ -1,5 +1,6 @@
 """evaluate.py --compare, the honesty part: pooled fidelity and collusion from made-up
 metrics.jsonl lines, the honesty table's arithmetic, and the figure it writes."""
+import experiments
 import json
 
 import pytest
@@ -22,21 +23,21 @@ REAL = [{"step": s} for s in (1, 2, 3, 4)]          # real mode: no rehearsed ca
 
 
 def test_pooled_is_a_rate_of_sums():
-    fidelity, collusion = evaluate.pooled(SEED1, 3, 4)
+    fidelity, collusion = experiments.pooled(SEED1, 3, 4)
     assert fidelity == {"compute": 0.9, "lookup": 0.5}          # (4+5)/10, (6+4)/20
     assert collusion == pytest.approx(5 / 8)                     # (3+2)/(6+2), not mean(1/2, 1)
-    assert evaluate.pooled(SEED2, 1, 1) == ({"compute": 1.0, "lookup": 1.0}, None)   # no wrong call
-    assert evaluate.pooled(REAL, 1, 4) == ({}, None)
+    assert experiments.pooled(SEED2, 1, 1) == ({"compute": 1.0, "lookup": 1.0}, None)   # no wrong call
+    assert experiments.pooled(REAL, 1, 4) == ({}, None)
 
 
 def test_honesty_curves_mean_over_seeds_per_window():
-    steps, fidelity, collusion = evaluate.honesty_curves([SEED1, SEED2], window=2)
+    steps, fidelity, collusion = experiments.honesty_curves([SEED1, SEED2], window=2)
     assert steps == [2, 4]
     # window 1-2: lookup 17/20 and 20/20 -> 0.925; collusion 1/6 (seed 1), 0/1 (seed 2) -> 1/12
     # window 3-4: lookup 10/20 and 16/20 -> 0.65;  collusion 5/8, 1/4 -> 7/16
     assert fidelity == pytest.approx([0.925, 0.65])
     assert collusion == pytest.approx([1 / 12, 7 / 16])
-    assert evaluate.honesty_curves([REAL], window=2) == ([2, 4], [None, None], [None, None])
+    assert experiments.honesty_curves([REAL], window=2) == ([2, 4], [None, None], [None, None])
 
 
 def test_honesty_table_arithmetic():
@@ -44,7 +45,7 @@ def test_honesty_table_arithmetic():
                           {"imagined_success": 0.7, "collusion": {"wrong": 5, "colluding": 3, "rate": 0.6}}],
              "real": [{"success": 1.0}]}                   # an older eval.json: nothing measured
     rl = {"rehearse": [SEED1, SEED2], "real": [REAL]}
-    lines = evaluate.honesty_table(evals, rl, kinds=("lookup", "compute"), last=2).splitlines()
+    lines = experiments.honesty_table(evals, rl, kinds=("lookup", "compute"), last=2).splitlines()
     assert lines[0] == ("| arm | seeds | imagined success | collusion (eval) | colluding / wrong calls (eval) | "
                         "collusion (RL, last 2 steps) | fidelity lookup (RL, last 2) | "
                         "fidelity compute (RL, last 2) |")
@@ -53,7 +54,7 @@ def test_honesty_table_arithmetic():
     assert lines[2] == ("| rehearse | 2 | 0.800 (0.700-0.900) | 0.400 (0.200-0.600) | 5 / 15 | "
                         "0.438 (0.250-0.625) | 0.650 (0.500-0.800) | 0.850 (0.800-0.900) |")
     assert len(lines) == 3                       # real: nothing to measure, left out
-    assert evaluate.honesty_table({"real": evals["real"]}, {"real": [REAL]}) == ""
+    assert experiments.honesty_table({"real": evals["real"]}, {"real": [REAL]}) == ""
 
 
 def test_compare_adds_the_honesty_table_and_figure(tmp_path):
@@ -67,8 +68,8 @@ def test_compare_adds_the_honesty_table_and_figure(tmp_path):
     # a run trained before collusion was measured, measured later with evaluate.py --collusion
     (tmp_path / "rehearse" / "seed1" / "collusion.json").write_text(json.dumps(
         {"imagined_success": 0.5, "collusion": {"calls": 9, "wrong": 4, "colluding": 1, "rate": 0.25}}))
-    text = evaluate.compare(str(tmp_path))
+    text = experiments.compare(str(tmp_path))
     # the last 20 steps are all 4 here: collusion 6/14 and 1/5
     assert "| rehearse | 2 | 0.500 | 0.250 | 1 / 4 | 0.314 (0.200-0.429) |" in text
     assert (tmp_path / "honesty.png").stat().st_size > 0
-    assert evaluate.compare(str(tmp_path)) == text        # again, beside its own outputs
+    assert experiments.compare(str(tmp_path)) == text        # again, beside its own outputs

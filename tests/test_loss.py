@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from train import clipped_pg_loss
+from envace import clipped_pg_loss
 
 F64 = torch.float64
 OLD = -1.7          # any old logprob; only the ratio matters

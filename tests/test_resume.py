@@ -1,6 +1,9 @@
 """Checkpoints: a stopped-and-resumed run writes the same metrics as one never stopped; bad
 --resume requests get one clear line; a crash mid-save never breaks the latest checkpoint;
 Ctrl-C during RL saves and exits 0."""
+import features
+import config
+import checkpoint
 import json
 import os
 import signal
@@ -13,7 +16,7 @@ import torch
 import yaml
 
 import train
-from envace import find_checkpoint, save_checkpoint
+from checkpoint import find_checkpoint, save_checkpoint
 from helpers import tiny_cfg, tiny_llama, toy_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,7 +26,7 @@ TIMING = ("time_sample", "time_logprobs", "time_update", "time_step", "tok_per_s
 def parity_reward(monkeypatch):
     # a 5-step warm start answers nothing right: reward episode-length parity instead, so that
     # groups have variance and steps really update (optimizer state matters for the resume)
-    monkeypatch.setattr(train, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    monkeypatch.setattr(features, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
 
 
 def metrics(cfg):
@@ -42,8 +45,8 @@ def test_stopped_and_resumed_run_matches_the_uninterrupted_one(tmp_path, monkeyp
     assert [m["step"] for m in got] == [1, 2, 3, 4, 5]
     assert sum(m["status"] == "updated" for m in expected) >= 3
     assert got == expected
-    a = train.load_policy(os.path.join(whole["out_dir"], "ckpt"))[0].state_dict()
-    b = train.load_policy(os.path.join(part["out_dir"], "ckpt"))[0].state_dict()
+    a = checkpoint.load_policy(os.path.join(whole["out_dir"], "ckpt"))[0].state_dict()
+    b = checkpoint.load_policy(os.path.join(part["out_dir"], "ckpt"))[0].state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -58,7 +61,7 @@ def test_resume_without_a_checkpoint_says_so(tmp_path, capsys):
 def test_resume_with_another_model_shape_says_so(tmp_path, monkeypatch):
     cfg = tiny_cfg(tmp_path, rl_steps=1)
     assert train.run(cfg) == 0
-    with pytest.raises(train.ConfigError, match="n_layer=2 but the config says n_layer=3"):
+    with pytest.raises(config.ConfigError, match="n_layer=2 but the config says n_layer=3"):
         train.run({**cfg, "n_layer": 3, "rl_steps": 2}, resume=True)
 
 

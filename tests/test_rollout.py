@@ -147,9 +147,9 @@ def test_replay_fidelity_and_would_rehearse():
               "<act> pay 7 </act> <env> x x x <act> answer 6 </act>")
     real, = run([script], ["buy apple"], "real")
     assert real["responses"] == ["3", "6", "error funds"]
-    assert rehearse.would_rehearse(Oracle(False), TOK, [real]) == {"lookup": [1, 1], "stateful": [2, 2]}
+    assert rehearse.by_kind(rehearse.would_rehearse_calls(Oracle(False), TOK, [real])) == {"lookup": [1, 1], "stateful": [2, 2]}
     # off by one on digits: '3' and '6' are missed, 'error funds' has no digit and still matches
-    assert rehearse.would_rehearse(Oracle(True), TOK, [real]) == {"lookup": [0, 1], "stateful": [1, 2]}
+    assert rehearse.by_kind(rehearse.would_rehearse_calls(Oracle(True), TOK, [real])) == {"lookup": [0, 1], "stateful": [1, 2]}
 
 
 def test_shared_prompt_prefill_and_dropped_rows_match_a_full_forward():

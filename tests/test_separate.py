@@ -2,6 +2,7 @@
 actor row and its rehearse rows, the copied response (context, no loss), the grounding examples
 (in the rehearse prompt only), truncations, advantage groups, the warm start's and evaluation's
 rows in the same format as RL's, the config check, and a short train.run."""
+import functools
 import json
 import math
 import os
@@ -10,20 +11,26 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import config
+import envace
 import evaluate
+import features
 import rehearse
+import separate
 import train
 import world
-from envace import (ACT, OBS, PROMPT, REHEARSE, TAG, build_tokenizer, collate, loss_mask, tag_ids)
+from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask, tag_ids
+from checkpoint import build_tokenizer
 from helpers import assert_rehearse_logprobs_match_a_forward, ScriptedModel, tiny_cfg, tiny_llama
 from reward import group_advantages, training_rows
-from rollout import _rehearse_row, sample_episodes, sample_separate
+from rollout import sample_episodes
+from separate import _rehearse_row, sample_separate
 
 P, A, R, O, T = PROMPT, ACT, REHEARSE, OBS, TAG
-TOK = build_tokenizer(world.WORDS + world.SEPARATE_WORDS)
+TOK = build_tokenizer(world.WORDS + separate.SEPARATE_WORDS)
 # logged data for the grounding examples: price pool [milk, apple], pay pool [pay 5]
 LOGGED = [(["price milk", "pay 5", "price apple"], ["2", "4", "3"])]
-EXAMPLES = rehearse.grounding(LOGGED, 1)
+EXAMPLES = separate.grounding(LOGGED, 1)
 RH1 = "rehearse price item example <act> price milk </act> <env> 2 </env> dialogue buy apple <act> price apple </act> <env>"
 RH2 = ("rehearse pay number example <act> pay 5 </act> <env> 4 </env> dialogue buy apple "
        "<act> price apple </act> <env> 3 </env> <act> pay 3 </act> <env>")
@@ -76,7 +83,7 @@ def test_actor_row_and_its_rehearse_rows():
     assert words(r2["ids"]) == "<bos> " + RH2 + " 6 </env>" and r2["roles"][-3:] == [P, R, R]
     # the copied response is the rehearse row's sampled ids, and the actor never sees the prompt
     assert e["ids"][8:10] == r1["ids"][-2:] and e["ids"][15:17] == r2["ids"][-2:]
-    for word in world.SEPARATE_WORDS + ["milk", "item"]:
+    for word in separate.SEPARATE_WORDS + ["milk", "item"]:
         assert word not in words(e["ids"]).split()
 
 
@@ -84,10 +91,10 @@ def test_grounding_examples_pick_the_first_distinct_calls_but_never_the_call_its
     assert EXAMPLES("price apple") == [("price milk", "2")]
     assert EXAMPLES("price milk") == [("price apple", "3")]          # the call itself is skipped
     assert EXAMPLES("pay 5") == [] and EXAMPLES("mul 2 , 3") == []
-    two = rehearse.grounding(LOGGED + [(["price egg", "price milk"], ["1", "2"])], 2)
+    two = separate.grounding(LOGGED + [(["price egg", "price milk"], ["1", "2"])], 2)
     assert two("price fish") == [("price milk", "2"), ("price apple", "3")]
     assert two("price apple") == [("price milk", "2"), ("price egg", "1")]
-    assert rehearse.grounding(LOGGED, 0)("price fish") == []
+    assert separate.grounding(LOGGED, 0)("price fish") == []
     # examples sit in the rehearse prompt only: the rows of a run without them lack them
     bare = {k.replace(" example <act> price milk </act> <env> 2 </env>", "")
              .replace(" example <act> pay 5 </act> <env> 4 </env>", ""): v for k, v in SCRIPTS.items()}
@@ -139,7 +146,7 @@ def test_rehearse_rows_logprobs_equal_a_teacher_forced_forward():
     actors = []
     for prompt, calls in (("buy apple", ["price apple"]), ("not pear buy 2 milk and egg", ["price milk"]),
                           ("cost 3 fish", ["price fish", "mul 3 , 9"])):
-        e = train.encode_episode(TOK, prompt, calls[:-1], world.replay(calls)[:-1])
+        e = envace.encode_episode(TOK, prompt, calls[:-1], world.replay(calls)[:-1])
         e["ids"] += TOK.convert_tokens_to_ids(["<act>"] + calls[-1].split() + ["</act>"])
         actors.append({**e, "calls": calls, "episode": len(actors)})
     tags = tag_ids(TOK)
@@ -177,7 +184,7 @@ def test_batch_of_separate_rows_advantage_per_row_and_global_token_count():
     other, = sample({**SCRIPTS, "buy apple": "<act> answer 9 </act>"}, ["buy apple"])   # no calls
     rows, rewards, groups = training_rows([e, other], [1.0, 0.0], [0, 0], "task_role")
     assert len(rows) == 4 and groups == [0, 1, 1, 0]
-    batch = train.make_batch(rows, rewards, groups, train.DEFAULTS, TOK.pad_token_id)
+    batch = train.make_batch(rows, rewards, groups, config.DEFAULTS, TOK.pad_token_id)
     # 9 ACT targets + 2 + 2 REHEARSE targets in e's rows, 3 ACT targets in the other episode
     assert batch["n_tokens"] == 9 + 2 + 2 + 3
     adv, mask = batch["advantages"], batch["mask"]
@@ -191,17 +198,21 @@ def test_warm_start_rows_are_the_rows_rl_samples():
     e, = sample(SCRIPTS, ["buy apple"])
     splits = {"logged": [{"prompt": "buy apple", "calls": ["price apple", "pay 3"], "responses": ["3", "6"],
                           "answer": "6"}]}
-    cfg = {**train.DEFAULTS, "rehearsal_context": "separate", "snippet_repeats": 0}
-    (group,) = train.warm_start_sequences(cfg, TOK, splits, EXAMPLES)
+    cfg = {**config.DEFAULTS, "rehearsal_context": "separate", "snippet_repeats": 0}
+    logged = [(t, t["responses"]) for t in splits["logged"]]
+
+    def snippets_of(cfg):
+        return world.tool_snippets(cfg["data_seed"], cfg["snippet_repeats"], cfg["coverage"])
+    (group,) = separate.warm_start_sequences(TOK, logged, snippets_of(cfg), EXAMPLES)
     actor, r1, r2 = group["rows"]
     assert actor["ids"] == e["ids"] and actor["roles"] == e["roles"]
     assert r1["ids"] == e["rehearsals"][0]["ids"] and r1["roles"] == e["rehearsals"][0]["roles"]
     assert r2["ids"] == e["rehearsals"][1]["ids"] and r2["roles"] == e["rehearsals"][1]["roles"]
-    assert train.warm_start_roles(cfg) == (ACT, REHEARSE)        # the actor row's OBS: context
-    assert train.warm_start_roles(train.DEFAULTS) == (ACT, REHEARSE, OBS)
+    assert features.plain_features(cfg, TOK, splits).warm_start_roles == (ACT, REHEARSE)   # actor OBS: context
+    assert features.plain_features(config.DEFAULTS, TOK, splits).warm_start_roles == (ACT, REHEARSE, OBS)
     # tool traffic: a group of rehearse rows per snippet, one per call
     cfg["snippet_repeats"] = 1
-    groups = train.warm_start_sequences(cfg, TOK, splits, EXAMPLES)[1:]
+    groups = separate.warm_start_sequences(TOK, logged, snippets_of(cfg), EXAMPLES)[1:]
     snippets = world.tool_snippets(0, 1)
     assert len(groups) == len(snippets)
     for g, snippet in zip(groups, snippets):
@@ -221,7 +232,7 @@ def test_warm_start_draws_a_group_of_rows_as_one_sequence(monkeypatch):
         return collate(batch, pad_id)
     monkeypatch.setattr(train, "collate", spy)
     model = tiny_llama(TOK)
-    cfg = {**train.DEFAULTS, "sft_steps": 6, "sft_batch_size": 2, "rehearsal_context": "separate"}
+    cfg = {**config.DEFAULTS, "sft_steps": 6, "sft_batch_size": 2, "rehearsal_context": "separate"}
     train.warm_start(model, model, seqs, cfg, TOK.pad_token_id)
     assert len(seen) == 6 and set(seen) == {2, 3}
 
@@ -249,48 +260,48 @@ def test_would_rehearse_asks_in_the_separate_context():
               "<act> pay 7 </act> <env> x x x <act> answer 6 </act>")
     real, = sample_episodes(ScriptedModel(TOK, {"buy apple": script}), TOK, ["buy apple"], "real")
     assert real["responses"] == ["3", "6", "error funds"]
-    pairs = rehearse.would_rehearse_separate(SeparateOracle(), TOK, [real], EXAMPLES)
+    pairs = separate.would_rehearse_separate(SeparateOracle(), TOK, [real], EXAMPLES)
     assert pairs == [("price apple", True), ("pay 3", True), ("pay 7", True)]
     inline = rehearse.would_rehearse_calls(SeparateOracle(), TOK, [real])
     assert inline == [("price apple", False), ("pay 3", False), ("pay 7", True)]
-    rows = rehearse.rehearsal_rows(TOK, real, EXAMPLES)
+    rows = separate.rehearsal_rows(TOK, real, EXAMPLES)
     assert words(rows[1]["ids"]) == "<bos> " + RH2 + " 6 </env>"
 
 
 def test_private_rehearsal_imagines_in_separate_rows():
     plans, used = rehearse.private_rehearsal_plans(PrefixScripted(TOK, SCRIPTS), TOK, ["buy apple"], 2,
-                                                   context="separate", examples=EXAMPLES)
+                                                   sample=functools.partial(sample_separate, examples=EXAMPLES))
     assert plans == [[("price apple", "3"), ("pay 3", "6")]] and used == [2]
 
 
 def test_grounding_needs_separate_context(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     path.write_text("grounding_examples: 2\n")
-    with pytest.raises(train.ConfigError, match="grounding_examples .2. needs rehearsal_context: separate"):
-        train.load_config(str(path))
-    assert train.load_config(str(path), ["--rehearsal_context=separate"])["grounding_examples"] == 2
+    with pytest.raises(config.ConfigError, match="grounding_examples .2. needs rehearsal_context: separate"):
+        config.load_config(str(path))
+    assert config.load_config(str(path), ["--rehearsal_context=separate"])["grounding_examples"] == 2
     assert train.main(["--config", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "grounding_examples" in err[0]
-    with pytest.raises(train.ConfigError, match="advantage_groups"):
-        train.load_config(str(path), ["--rehearsal_context=separate", "--advantage_groups=role"])
+    with pytest.raises(config.ConfigError, match="advantage_groups"):
+        config.load_config(str(path), ["--rehearsal_context=separate", "--advantage_groups=role"])
     # a toy model whose vocabulary lacks the rehearse prompt's words: one clear line
-    with pytest.raises(train.ConfigError, match="lacks the rehearse prompt's words"):
-        train.check_separate_vocabulary({**train.DEFAULTS, "rehearsal_context": "separate"},
-                                        build_tokenizer(world.WORDS))
+    with pytest.raises(config.ConfigError, match="lacks the rehearse prompt's words"):
+        separate.check_vocabulary({**config.DEFAULTS, "rehearsal_context": "separate"},
+                                  build_tokenizer(world.WORDS))
 
 
 def test_train_run_with_separate_rows(tmp_path, monkeypatch):
     # a short warm start answers little right: reward by episode length parity, so that groups vary
-    monkeypatch.setattr(train, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    monkeypatch.setattr(features, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
     cfg = tiny_cfg(tmp_path, rehearsal_context="separate", grounding_examples=2, rl_steps=2,
                    sft_steps=40, sft_batch_size=32, sft_lr=1e-2, tasks_per_step=4, group_size=4)
     asked = []                        # evaluation asks would-rehearse in separate rows
 
-    def would_rehearse_separate(model, tokenizer, episodes, examples, world):
+    def would_rehearse_separate(model, tokenizer, episodes, examples, world=world):
         asked.append((len(episodes), examples("price apple")))
         return []
-    monkeypatch.setattr(rehearse, "would_rehearse_separate", would_rehearse_separate)
+    monkeypatch.setattr(separate, "would_rehearse_separate", would_rehearse_separate)   # features binds it
     assert train.run(cfg) == 0
     # the grounding examples: the first two distinct price calls in the logged data (not apple)
     logged = world.make_splits(0, 40, 2, 40, 16)["logged"]
@@ -310,10 +321,11 @@ def test_train_run_with_separate_rows(tmp_path, monkeypatch):
 
 
 def test_the_imagined_world_at_evaluation_rehearses_in_separate_rows():
-    """evaluate.imagined_world (collusion at evaluation) samples the way the model was trained: in
+    """rehearse.imagined_world (collusion at evaluation) samples the way the model was trained: in
     separate rows with the grounding examples (the scripted model only knows those prefixes)."""
     task = {"prompt": "buy apple", "answer": "6", "family": "buy1", "calls": ["price apple", "pay 3"]}
-    cfg = {**train.DEFAULTS, "rehearsal_context": "separate", "max_tokens": 96}
-    m = evaluate.imagined_world(PrefixScripted(TOK, SCRIPTS), TOK, [task], cfg, examples=EXAMPLES)
+    cfg = {**config.DEFAULTS, "rehearsal_context": "separate", "max_tokens": 96}
+    m = rehearse.imagined_world(PrefixScripted(TOK, SCRIPTS), TOK, [task], cfg,
+                                sample=functools.partial(sample_separate, examples=EXAMPLES))
     assert m["imagined_success"] == 1.0 and m["imagined_fidelity_counts"] == {"lookup": [1, 1], "stateful": [1, 1]}
     assert m["collusion"]["calls"] == 2 and m["collusion"]["wrong"] == 0

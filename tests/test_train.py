@@ -1,5 +1,10 @@
 """The update: micro-batch accumulation equals one big batch, role coefficients, skipped steps,
 and a few-step end-to-end run of train.py that changes the weights and writes finite metrics."""
+import features
+import envace
+import distributed
+import config
+import checkpoint
 import json
 import math
 import os
@@ -41,7 +46,7 @@ def one_batch_grads(model, batch, old, ref, cfg):
     """The simple path: one forward over the whole right-padded batch, one backward."""
     model.zero_grad(set_to_none=True)
     new = token_logprobs(model, batch["ids"], cfg["temperature"])
-    loss, stats = train.clipped_pg_loss(new, old, batch["advantages"], batch["mask"], batch["n_tokens"], ref,
+    loss, stats = envace.clipped_pg_loss(new, old, batch["advantages"], batch["mask"], batch["n_tokens"], ref,
                                         cfg["eps_low"], cfg["eps_high"], cfg["dual_clip"], batch["kl_coefs"])
     loss.backward()
     return [p.grad.clone() for p in model.parameters()], {"loss": loss.item(), **stats}
@@ -49,7 +54,7 @@ def one_batch_grads(model, batch, old, ref, cfg):
 
 def test_length_grouped_micro_batches_give_the_one_batch_gradient():
     model = tiny_llama(TOK)
-    cfg = {**train.DEFAULTS, "kl_coef": 0.1, "kl_rehearse_coef": 0.05}
+    cfg = {**config.DEFAULTS, "kl_coef": 0.1, "kl_rehearse_coef": 0.05}
     batch = rehearsed_batch(cfg)
     with torch.no_grad():
         cur = token_logprobs(model, batch["ids"])
@@ -58,14 +63,14 @@ def test_length_grouped_micro_batches_give_the_one_batch_gradient():
     ref = cur + 0.3 * torch.randn(cur.shape, generator=gen)
     g_all, s_all = one_batch_grads(model, batch, old, ref, cfg)
     budget = 60                                                # 1-3 rows per micro-batch
-    assert len(train.micro_batches(batch["lengths"], budget)) >= 5
+    assert len(envace.micro_batches(batch["lengths"], budget)) >= 5
     g_mb, s_mb = grads_with_micro_batch(model, batch, old, ref, cfg, mb=budget)
     assert s_all["clip_frac"] > 0 and s_all["kl_ref"] > 0
     for a, b in zip(g_all, g_mb):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
     for k in ("loss", "clip_frac", "approx_kl", "kl_ref"):
         assert s_all[k] == pytest.approx(s_mb[k], rel=1e-5, abs=1e-7)
-    assert s_mb["pad_frac"] < train.padded_fraction(batch["lengths"], [list(range(len(batch["lengths"])))])
+    assert s_mb["pad_frac"] < envace.padded_fraction(batch["lengths"], [list(range(len(batch["lengths"])))])
 
 
 def test_rows_of_all_equal_groups_are_left_out_only_without_kl():
@@ -74,7 +79,7 @@ def test_rows_of_all_equal_groups_are_left_out_only_without_kl():
     model = tiny_llama(TOK)
     rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     for kl_coef, kept in ((0.0, 6), (0.1, 12)):
-        cfg = {**train.DEFAULTS, "kl_coef": kl_coef}
+        cfg = {**config.DEFAULTS, "kl_coef": kl_coef}
         batch = rehearsed_batch(cfg, rewards=rewards)
         with torch.no_grad():
             old = token_logprobs(model, batch["ids"]) + 0.1
@@ -88,12 +93,12 @@ def test_rows_of_all_equal_groups_are_left_out_only_without_kl():
 
 
 def test_micro_batches_pack_by_length_within_the_budget():
-    assert train.micro_batches([50, 12, 48, 10], 100) == [[0, 2], [1, 3]]
-    assert train.padded_fraction([50, 12, 48, 10], [[0, 2], [1, 3]]) == pytest.approx(1 - 120 / 124)
-    assert train.padded_fraction([50, 12, 48, 10], [[0, 1, 2, 3]]) == pytest.approx(1 - 120 / 200)
-    assert train.micro_batches([70, 5], 60) == [[0], [1]]          # a row over budget goes alone
-    assert train.micro_batches([3] * 5, 9) == [[0, 1, 2], [3, 4]]
-    assert train.padded_fraction([50, 12, 48, 10], [[1, 3]]) == pytest.approx(1 - 22 / 24)   # rows left out
+    assert envace.micro_batches([50, 12, 48, 10], 100) == [[0, 2], [1, 3]]
+    assert envace.padded_fraction([50, 12, 48, 10], [[0, 2], [1, 3]]) == pytest.approx(1 - 120 / 124)
+    assert envace.padded_fraction([50, 12, 48, 10], [[0, 1, 2, 3]]) == pytest.approx(1 - 120 / 200)
+    assert envace.micro_batches([70, 5], 60) == [[0], [1]]          # a row over budget goes alone
+    assert envace.micro_batches([3] * 5, 9) == [[0, 1, 2], [3, 4]]
+    assert envace.padded_fraction([50, 12, 48, 10], [[1, 3]]) == pytest.approx(1 - 22 / 24)   # rows left out
 
 
 def test_sampler_logprobs_equal_the_recomputed_old_logprobs():
@@ -102,18 +107,18 @@ def test_sampler_logprobs_equal_the_recomputed_old_logprobs():
     eps = sample_episodes(model, TOK, prompts, "rehearse", max_tokens=40,
                           generator=torch.Generator().manual_seed(3))
     batch = train.make_batch(eps, [float(i % 2) for i in range(12)], [i // 3 for i in range(12)],
-                             train.DEFAULTS, TOK.pad_token_id)
-    recomputed = train.batch_logprobs(model, batch["ids"], batch["lengths"], train.DEFAULTS)
+                             config.DEFAULTS, TOK.pad_token_id)
+    recomputed = train.batch_logprobs(model, batch["ids"], batch["lengths"], config.DEFAULTS)
     sampled = batch["sampled_logprobs"]
     trained = batch["mask"]
     assert trained.sum() > 30
     assert (sampled[trained] - recomputed[trained]).abs().max() < 1e-5
-    assert train.reuse_sampler_logprobs(train.DEFAULTS, "cpu")
+    assert distributed.reuse_sampler_logprobs(config.DEFAULTS, "cpu")
 
 
 def test_role_coefficients_shape_mask_and_advantages():
-    both = rehearsed_batch(train.DEFAULTS)
-    act_only = rehearsed_batch({**train.DEFAULTS, "rehearse_coef": 0.0})
+    both = rehearsed_batch(config.DEFAULTS)
+    act_only = rehearsed_batch({**config.DEFAULTS, "rehearse_coef": 0.0})
     target_roles = both["roles"][:, 1:]
     assert both["mask"].eq(torch.isin(target_roles, torch.tensor([ACT, REHEARSE]))).all()
     assert act_only["mask"].eq(target_roles == ACT).all()
@@ -127,7 +132,7 @@ def test_all_equal_groups_skip_the_step():
     eps = sample_episodes(model, TOK, PROMPTS * 2, "rehearse", max_tokens=40)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sums, status = train.rl_step(model, model, opt, eps, [1.0] * 8, [i // 2 for i in range(8)],
-                                 train.DEFAULTS, TOK.pad_token_id)
+                                 config.DEFAULTS, TOK.pad_token_id)
     assert status == "skipped" and sums["all_equal_groups"] == 4
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
@@ -136,7 +141,7 @@ def test_all_equal_groups_skip_the_step():
 def test_end_to_end_few_steps(tmp_path, monkeypatch, env_mode):
     # a 5-step warm start answers nothing right; reward by episode length parity instead, so
     # that every group has variance and every step updates (the plumbing is what is tested)
-    monkeypatch.setattr(train, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    monkeypatch.setattr(features, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
     cfg = tiny_cfg(tmp_path, env_mode=env_mode, kl_coef=0.1 if env_mode == "rehearse" else 0.0)
     assert train.run(cfg) == 0
     out = cfg["out_dir"]
@@ -149,8 +154,8 @@ def test_end_to_end_few_steps(tmp_path, monkeypatch, env_mode):
         assert ("fidelity" in line) == (env_mode != "real")     # rehearsal fidelity: a diagnostic
         # only rehearse mode has REHEARSE tokens; only real/frozen have OBS tokens
         assert line["tokens_obs" if env_mode == "rehearse" else "tokens_rehearse"] == 0
-    final = train.load_policy(os.path.join(out, "ckpt"))[0]
-    warm = train.load_policy(os.path.join(out, "warmstart"))[0]
+    final = checkpoint.load_policy(os.path.join(out, "ckpt"))[0]
+    warm = checkpoint.load_policy(os.path.join(out, "warmstart"))[0]
     diff = max((a - b).abs().max().item() for a, b in zip(final.parameters(), warm.parameters()))
     assert diff > 0
     result = json.load(open(os.path.join(out, "eval.json")))

@@ -1,15 +1,15 @@
 """The toy shop world (world.py): tools, errors, wallet state, parsing, task generation, splits."""
+import config
 import random
 from collections import Counter
 
 import pytest
 
 import world
-from world import (ITEMS, covered_items, join_digits, make_splits, new_state, parse_answer,
-                   parse_call, random_task, replay, step, tool_snippets)
+from world import ITEMS, covered_items, join_digits, make_splits, new_state, parse_answer, parse_call, random_task, replay, step, tool_snippets
 
 # The DEFAULTS sizes of train.py, written out so this file never imports torch (checked against
-# train.DEFAULTS in test_config.py::test_world_sizes_match_train_defaults).
+# config.DEFAULTS in test_config.py::test_world_sizes_match_train_defaults).
 SIZES = dict(n_logged=3000, n_new_logged=20, n_rl=4000, n_test=500)
 
 

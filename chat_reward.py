@@ -1,0 +1,138 @@
+"""Chat-format task success: answer match, tool calls against gold calls, a checklist judge.
+
+The paper scores episodes with a checklist judge; BFCL compares calls AST-style. A chat task
+(chat.py) gives any of: `answer` (the final answer, normalised string or number match),
+`gold_calls` (the episode's calls compared AST-style: type-aware values, `call_order` exact or
+any), `checklist` (yes/no questions for a local causal LM judge, scored p(yes) / (p(yes) + p(no))
+of its next token). `chat_reward` is 0 unless the episode ended with an answer.
+"""
+import json
+
+import torch
+
+from envace import encode
+
+
+def normalise(text):
+    """Lower case, whitespace collapsed, surrounding quotes/periods dropped: 'The  Apple.' -> 'the apple'."""
+    return " ".join(str(text).lower().split()).strip(" .'\"")
+
+
+
+def as_number(text):
+    """'1,200' -> 1200.0, '7' -> 7.0, 'seven' -> None."""
+    try:
+        value = float(str(text).replace(",", "").strip())
+    except ValueError:
+        return None
+    return value if value == value and abs(value) != float("inf") else None
+
+
+
+def answer_match(answer, expected):
+    """The final answer against the task's: numbers compare as numbers (7 == '7.0'), anything
+    else as normalised strings."""
+    a, b = as_number(normalise(answer)), as_number(normalise(expected))
+    if a is not None and b is not None:
+        return abs(a - b) <= 1e-9 * max(1.0, abs(b))
+    return normalise(answer) == normalise(expected)
+
+
+
+def value_match(got, want):
+    """AST-style comparison of one argument value (BFCL's spirit): numbers by value but never a
+    bool for a number (2 == 2.0, True != 1), strings normalised, lists in order, dicts by key."""
+    if isinstance(want, bool) or isinstance(got, bool):
+        return type(got) is type(want) and got == want
+    if isinstance(want, (int, float)):
+        return isinstance(got, (int, float)) and abs(got - want) <= 1e-9 * max(1.0, abs(want))
+    if isinstance(want, str):
+        return isinstance(got, str) and normalise(got) == normalise(want)
+    if isinstance(want, list):
+        return isinstance(got, list) and len(got) == len(want) and all(map(value_match, got, want))
+    if isinstance(want, dict):
+        return (isinstance(got, dict) and set(got) == set(want)
+                and all(value_match(got[k], want[k]) for k in want))
+    return got == want
+
+
+
+def call_match(got, want):
+    """One call {name, arguments} against a gold one: same name, same argument names, values equal."""
+    return got["name"] == want["name"] and value_match(got["arguments"], want["arguments"])
+
+
+
+def calls_match(calls, gold, order="exact"):
+    """The episode's calls against the gold calls: as many, each matching; 'exact' in order,
+    'any' in any order (each gold call matched by a different call)."""
+    if len(calls) != len(gold):
+        return False
+    if order == "exact":
+        return all(map(call_match, calls, gold))
+    left = list(calls)
+    for want in gold:
+        hit = next((k for k, got in enumerate(left) if call_match(got, want)), None)
+        if hit is None:
+            return False
+        left.pop(hit)
+    return True
+
+
+
+def chat_reward(episode, task, judge=None):
+    """Task success of a chat episode: 0 unless it ended with an answer; then 1 if every hard
+    criterion the task gives holds (answer, gold_calls), times the mean judge p(yes) over the
+    task's checklist when a judge is given (`judge(episode, task) -> [p(yes)]`)."""
+    if episode["cause"] != "answer":
+        return 0.0
+    if "answer" in task and not answer_match(episode["answer"], task["answer"]):
+        return 0.0
+    calls = [json.loads(c) for c in episode["calls"]]
+    if "gold_calls" in task and not calls_match(calls, task["gold_calls"], task.get("call_order", "exact")):
+        return 0.0
+    if judge is not None and task.get("checklist"):
+        scores = judge(episode, task)
+        return sum(scores) / len(scores)
+    return 1.0
+
+
+
+@torch.no_grad()
+def judge_yes_probability(model, tokenizer, prompts):
+    """For each prompt (text that ends where the judge's answer begins): p(yes) / (p(yes) + p(no))
+    from the judge's next-token distribution, "yes" and "no" counting the first token of each
+    casing ('yes', 'Yes' / 'no', 'No')."""
+    yes = sorted({encode(tokenizer, w)[0] for w in ("yes", "Yes")})
+    no = sorted({encode(tokenizer, w)[0] for w in ("no", "No")})
+    device = next(model.parameters()).device
+    out = []
+    for prompt in prompts:
+        ids = torch.tensor([encode(tokenizer, prompt)], device=device)
+        probs = torch.softmax(model(input_ids=ids).logits[0, -1].float(), -1)
+        p_yes, p_no = probs[yes].sum().item(), probs[no].sum().item()
+        out.append(p_yes / (p_yes + p_no) if p_yes + p_no > 0 else 0.5)
+    return out
+
+
+
+def judge_prompt(tokenizer, task, transcript, question):
+    """The judge's question about one episode, in its own chat template when it has one."""
+    user = next((m["content"] for m in task["messages"] if m["role"] == "user"), "")
+    text = (f"Task: {user}\n\nWhat the assistant did:\n{transcript}\n\nQuestion: {question}\n"
+            f"Answer yes or no.")
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+    return text + "\nAnswer:"
+
+
+
+def make_judge(model, tokenizer):
+    """judge(episode, task) -> [p(yes) per checklist question] for chat_reward."""
+    def judge(episode, task):
+        lines = [f"call: {c}\nresult: {r}" for c, r in zip(episode["calls"], episode["responses"])]
+        transcript = "\n".join(lines + [f"answer: {episode['answer']}"])
+        return judge_yes_probability(model, tokenizer, [judge_prompt(tokenizer, task, transcript, q)
+                                                        for q in task["checklist"]])
+    return judge

@@ -1,0 +1,138 @@
+"""Features chosen once at setup: the task format and the rehearsal layout, as one small object.
+
+    format: plain               the toy's tags and world (world.py, the demo)
+            chat                the model's chat template, JSON tool calls, JSONL tasks (chat.py)
+    rehearsal_context: inline   the response written in the actor's own row (rollout.py, the demo)
+                       separate every rehearsal a row of its own (separate.py)
+
+`setup(cfg, tokenizer, splits)` looks at these two keys once and returns a namespace of plain
+functions; train.py and evaluate.py call them and never branch on the format or the layout:
+
+    inputs(tasks, repeat)   (prompts, worlds, tags) for the sampler, each task `repeat` times
+    sample                  the sampler when the policy rehearses (rollout.sample_episodes inline,
+                            separate.sample_separate); real-world episodes are always inline
+    reward(episode, task)   task success (reward.task_reward, or chat_reward.chat_reward)
+    warm_start_sequences()  the logged data as rows of ids + roles; warm_start_roles: those trained
+    diagnostics(episodes, tasks)   an RL step's rehearsal fidelity and collusion sums, against a
+                            real replay (empty when no real world exists for the tasks)
+    executes(task)          whether a real executor runs the task at evaluation
+    would_rehearse(model, tokenizer, tasks, episodes)   [(call, matched)]: would the model, greedy,
+                            have rehearsed each real response of these real-world episodes?
+    by_kind(pairs, tasks)   those per tool kind {kind: [matches, total]}
+    coverage(model, tokenizer, tasks, pairs)   fidelity bucketed by warm-start coverage (plain:
+                            on the expert's calls of `tasks`; chat: on `pairs`)
+    honesty(model, tokenizer, tasks, cfg, generator)   imagined success and collusion
+    call_counts             {call: count} in the warm-start data
+    examples                the grounding examples of separate rehearse prompts (plain only)
+"""
+import functools
+import json
+from collections import Counter
+from types import SimpleNamespace
+
+import chat
+import chat_reward
+import rehearse
+import separate
+import world
+from config import ConfigError
+from envace import ACT, OBS, PROMPT, REHEARSE, encode_episode
+from reward import task_reward
+from rollout import sample_episodes
+
+
+def build_tasks(cfg):
+    """The splits: generated from the toy world (data_seed), or read from JSONL files where the
+    config names them (chat: always files, chat.read_chat_jsonl). Every file line is checked
+    here, before anything is built or trained."""
+    if cfg["format"] == "chat":
+        return chat.chat_tasks(cfg)
+    splits = world.make_splits(cfg["data_seed"], cfg["n_logged"], cfg["n_new_logged"],
+                               cfg["n_rl_tasks"], cfg["n_test"], cfg["coverage"])
+    try:
+        for key, split, kind in (("tasks_file", "rl", "tasks"), ("test_file", "test", "tasks"),
+                                 ("logged_file", "logged", "trajectories")):
+            if cfg[key]:
+                splits[split] = world.read_jsonl(cfg[key], kind)
+    except world.DataError as e:
+        raise ConfigError(str(e)) from None
+    for t in splits["rl"] + splits["test"]:
+        t.setdefault("family", "file")
+    return splits
+
+
+def tiny_words(cfg):
+    """The vocabulary of `model: tiny`: the toy world's words (and the separate prompt's)."""
+    return world.WORDS + (separate.SEPARATE_WORDS if cfg["rehearsal_context"] == "separate" else [])
+
+
+def setup(cfg, tokenizer, splits, device="cpu"):
+    """The namespace of functions described in the module docstring, for this cfg."""
+    if cfg["format"] == "chat":
+        return chat_features(cfg, tokenizer, splits, device)
+    return plain_features(cfg, tokenizer, splits)
+
+
+def plain_features(cfg, tokenizer, splits, world=world):
+    """The toy's plain tags and world; inline or separate rehearsal rows."""
+    snippets = world.tool_snippets(cfg["data_seed"], cfg["snippet_repeats"], cfg["coverage"])
+    logged = [(t, t.get("responses") or world.replay(t["calls"])) for t in splits["logged"]]
+    counts = Counter([c for t, _ in logged for c in t["calls"]] + [c for s in snippets for c in s["calls"]])
+    fx = SimpleNamespace(
+        inputs=lambda tasks, repeat=1: ([t["prompt"] for t in tasks for _ in range(repeat)], world, None),
+        executes=lambda task: True, reward=task_reward, call_counts=counts, examples=None,
+        diagnostics=lambda episodes, tasks: {"fidelity": rehearse.replay_fidelity(episodes, world),
+                                             "collusion": rehearse.collusion_counts(episodes, tasks, world)})
+    if cfg["rehearsal_context"] == "inline":
+        fx.sample, fx.warm_start_roles = sample_episodes, (ACT, REHEARSE, OBS)
+        fx.warm_start_sequences = lambda: (
+            [encode_episode(tokenizer, t["prompt"], t["calls"], responses, t["answer"]) for t, responses in logged]
+            + [encode_episode(tokenizer, s["prompt"], s["calls"], world.replay(s["calls"]), act_role=PROMPT)
+               for s in snippets])
+        would_rehearse = rehearse.would_rehearse_calls
+    else:
+        separate.check_vocabulary(cfg, tokenizer)
+        fx.examples = separate.logged_examples(cfg, logged, snippets)
+        fx.sample = functools.partial(separate.sample_separate, examples=fx.examples)
+        fx.warm_start_roles = (ACT, REHEARSE)     # the responses in actor rows are context only
+        fx.warm_start_sequences = lambda: separate.warm_start_sequences(tokenizer, logged, snippets, fx.examples)
+        would_rehearse = functools.partial(separate.would_rehearse_separate, examples=fx.examples)
+    fx.would_rehearse = lambda model, tokenizer, tasks, episodes: would_rehearse(model, tokenizer, episodes)
+    fx.by_kind = lambda pairs, tasks: rehearse.by_kind(pairs, world)
+    fx.coverage = lambda model, tokenizer, tasks, pairs=(): rehearse.coverage_fidelity(   # the expert's calls
+        model, tokenizer, tasks, counts, would_rehearse, world)
+    fx.honesty = lambda model, tokenizer, tasks, cfg, generator: rehearse.imagined_world(
+        model, tokenizer, tasks, cfg, generator, world, sample=fx.sample)
+    return fx
+
+
+def chat_features(cfg, tokenizer, splits, device):
+    """A chat model on chat JSONL tasks (chat.py); inline or separate rehearsal rows."""
+    tags = chat.chat_tags(tokenizer)          # a template that does not fit: one line, here
+    chat.check_chat_prompts(cfg, tokenizer, splits["rl"] + splits["test"])
+    k = cfg["grounding_examples"]
+    counts = Counter([c for t in splits["logged"] for c in t["calls"]]
+                     + [json.dumps(c, ensure_ascii=False) for t in splits["rl"] for c, _ in t.get("examples", [])])
+
+    def inputs(tasks, repeat=1):
+        prompts, worlds = chat.episode_inputs(tokenizer, tags, tasks)
+        return [p for p in prompts for _ in range(repeat)], [w for w in worlds for _ in range(repeat)], tags
+
+    fx = SimpleNamespace(inputs=inputs, executes=lambda task: task.get("env") == "toy",
+                         reward=functools.partial(chat_reward.chat_reward, judge=chat.load_judge(cfg, device)),
+                         call_counts=counts, examples=None, diagnostics=chat.diagnostics,
+                         honesty=lambda *args: {})        # collusion needs the toy's expert calls
+    if cfg["rehearsal_context"] == "inline":
+        fx.sample, fx.warm_start_roles = sample_episodes, (ACT, REHEARSE, OBS)
+        fx.warm_start_sequences = lambda: chat.warm_start_sequences(tokenizer, tags, splits["logged"], splits["rl"])
+        would_rehearse = functools.partial(chat.would_rehearse_inline, tags=tags)
+    else:
+        fx.sample = functools.partial(separate.sample_separate,
+                                      rehearse_prompt=functools.partial(chat.separate_prompt, tokenizer, k))
+        fx.warm_start_roles = (ACT, REHEARSE)
+        fx.warm_start_sequences = lambda: chat.separate_warm_start_sequences(
+            tokenizer, tags, splits["logged"], splits["rl"], k)
+        would_rehearse = functools.partial(chat.would_rehearse_separate, tags=tags, k=k)
+    fx.would_rehearse, fx.by_kind = would_rehearse, chat.by_kind
+    fx.coverage = lambda model, tokenizer, tasks, pairs=(): rehearse.fidelity_by_coverage(pairs, counts)
+    return fx

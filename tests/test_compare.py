@@ -65,8 +65,13 @@ def test_compare_writes_table_and_figures(tmp_path):
     text = experiments.compare(str(tmp_path))
     assert "| policy | parallel | 4 | 0.900 | 4.00 | 2.00 |" in text
     assert "| real | seen 0 times | 0.250 (1/4) | 0.750 (3/4) |" in text
-    for name in ("results.md", "success.png", "private_rehearsal.png"):
-        assert (tmp_path / name).stat().st_size > 0
+    assert (tmp_path / "results.md").read_text() == text + "\n"
+    from matplotlib import colors, image
+    for name, size, lines in (("success.png", (540, 840), 2), ("private_rehearsal.png", (480, 720), 1)):
+        png = image.imread(tmp_path / name)          # figsize x dpi 120: (7, 4.5) and (6, 4) inches
+        assert png.shape == (*size, 4), name
+        for c in range(lines):                       # each arm's (each sweep's) line in its cycle colour
+            assert (abs(png[..., :3] - colors.to_rgb(f"C{c}")).max(-1) < 0.05).sum() > 20, (name, c)
 
 
 def test_compare_of_an_empty_folder_is_one_line(tmp_path, capsys):

@@ -238,11 +238,17 @@ def test_guarded_run_logs_kl_per_role_collusion_and_fidelity(tmp_path, monkeypat
     out = cfg["out_dir"]
     lines = [json.loads(text) for text in open(os.path.join(out, "metrics.jsonl"))]
     for line in lines:
-        assert line["kl_ref"] >= 0 and "kl_ref_act" in line
+        per_role = [line[k] for k in ("kl_ref_act", "kl_ref_rehearse") if k in line]
+        if line["step"] == 1:         # the policy is still the warm start, its reference: KL 0
+            assert line["kl_ref"] < 1e-9 and max(per_role) < 1e-9
+        else:                         # moved; the mean over trained tokens is at most the largest role's
+            assert 0 < line["kl_ref"] <= max(per_role) * (1 + 1e-6)
         assert set(line["collusion"]) == {"calls", "wrong", "colluding", "rate"}
         assert sum(n for _, n in line["fidelity_counts"].values()) == line["collusion"]["calls"]
     result = json.load(open(os.path.join(out, "eval.json")))
-    assert result["collusion"]["calls"] >= 0 and 0 <= result["imagined_success"] <= 1
+    c = result["collusion"]           # the same imagined calls, counted twice; 8 imagined episodes
+    assert c["calls"] == sum(n for _, n in result["imagined_fidelity_counts"].values())
+    assert c["colluding"] <= c["wrong"] <= c["calls"] and (result["imagined_success"] * 8).is_integer()
     assert "collusion" in result["before"]
     before = open(os.path.join(out, "eval.json")).read()
     assert evaluate.main(["--ckpt", out, "--collusion"]) == 0

@@ -71,5 +71,10 @@ def test_compare_adds_the_honesty_table_and_figure(tmp_path):
     text = experiments.compare(str(tmp_path))
     # the last 20 steps are all 4 here: collusion 6/14 and 1/5
     assert "| rehearse | 2 | 0.500 | 0.250 | 1 / 4 | 0.314 (0.200-0.429) |" in text
-    assert (tmp_path / "honesty.png").stat().st_size > 0
+    from matplotlib import colors, image
+    png = image.imread(tmp_path / "honesty.png")      # figsize (11, 4.2) x dpi 120
+    assert png.shape == (504, 1320, 4)
+    # the rehearse arm's curves (real has none), in the first cycle colour, in both panels
+    line = abs(png[..., :3] - colors.to_rgb("C0")).max(-1) < 0.05
+    assert line[:, :660].sum() > 20 and line[:, 660:].sum() > 20
     assert experiments.compare(str(tmp_path)) == text        # again, beside its own outputs

@@ -4,7 +4,6 @@ actor row and its rehearse rows, the copied response (context, no loss), the gro
 rows in the same format as RL's, the config check, and a short train.run."""
 import functools
 import json
-import math
 import os
 from types import SimpleNamespace
 
@@ -233,7 +232,7 @@ def test_warm_start_draws_a_group_of_rows_as_one_sequence(monkeypatch):
     monkeypatch.setattr(train, "collate", spy)
     model = tiny_llama(TOK)
     cfg = {**config.DEFAULTS, "sft_steps": 6, "sft_batch_size": 2, "rehearsal_context": "separate"}
-    train.warm_start(model, model, seqs, cfg, TOK.pad_token_id)
+    train.warm_start(model, model, seqs, cfg, TOK.pad_token_id, roles=(ACT, REHEARSE))
     assert len(seen) == 6 and set(seen) == {2, 3}
 
 
@@ -312,8 +311,13 @@ def test_train_run_with_separate_rows(tmp_path, monkeypatch):
     lines = [json.loads(text) for text in open(os.path.join(out, "metrics.jsonl"))]
     assert [line["step"] for line in lines] == [1, 2]
     for line in lines:
-        assert line["status"] == "updated" and math.isfinite(line["loss"])
-        assert line["tokens_rehearse"] > 0 and line["rehearse_rows"] > 0 and line["tokens_obs"] > 0
+        assert line["status"] == "updated"
+        # one epoch at ratio 1: the loss is minus the mean advantage over the trained tokens
+        n = line["tokens_act"] + line["tokens_rehearse"]
+        assert line["loss"] == pytest.approx(
+            -(line["adv_act"] * line["tokens_act"] + line["adv_rehearse"] * line["tokens_rehearse"]) / n, abs=1e-4)
+        # each rehearse row trains at least one token; the actor rows hold copies of responses (OBS)
+        assert 0 < line["rehearse_rows"] <= line["tokens_rehearse"] and 0 < line["tokens_obs"] <= line["tokens_rehearse"]
     result = json.load(open(os.path.join(out, "eval.json")))
     assert result["n_tasks"] == 16
     os.remove(os.path.join(out, "eval.json"))

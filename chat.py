@@ -42,6 +42,7 @@ from types import SimpleNamespace
 
 import world as toy_world
 import rehearse
+import taskfiles
 from checkpoint import load_policy
 from chat_reward import make_judge
 from config import ConfigError
@@ -62,8 +63,8 @@ class TemplateError(Exception):
     """The tokenizer's chat template cannot host the sampler's hand-offs: says where."""
 
 
-class DataError(toy_world.DataError):
-    """A malformed line in a chat task file (same style as world.read_jsonl's errors)."""
+class DataError(taskfiles.DataError):
+    """A malformed line in a chat task file (same style as taskfiles.read_jsonl's errors)."""
 
 
 # ----------------------------------------------------------------------------- the template
@@ -522,7 +523,7 @@ def _trajectory(turns, schemas, where):
 def read_chat_jsonl(path, kind):
     """Chat tasks or logged chat trajectories, one JSON object per line; blank lines skipped.
     Every line is checked before anything trains; the first bad one raises DataError."""
-    rows = [check_task(row, where, kind) for where, row in toy_world.json_lines(path, kind)]
+    rows = [check_task(row, where, kind) for where, row in taskfiles.json_lines(path, kind)]
     if not rows:
         raise DataError(f"{path}: no {kind} in the file")
     return rows
@@ -666,7 +667,7 @@ def chat_tasks(cfg):
         rl = read_chat_jsonl(cfg["tasks_file"], "tasks")
         test = read_chat_jsonl(cfg["test_file"], "tasks") if cfg["test_file"] else rl
         logged = read_chat_jsonl(cfg["logged_file"], "trajectories") if cfg["logged_file"] else []
-    except toy_world.DataError as e:
+    except taskfiles.DataError as e:
         raise ConfigError(str(e)) from None
     if cfg["env_mode"] == "real" and not all(t.get("env") == "toy" for t in rl):
         raise ConfigError(f"env_mode: real needs tasks a real environment executes ('env': 'toy'); "

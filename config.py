@@ -56,7 +56,7 @@ DEFAULTS = {
     # format: plain (the toy's tags) | chat (the model's chat template, JSON tool calls;
     # tasks_file etc. then hold chat JSONL); judge_model: a causal LM scoring task checklists
     "format": "plain", "judge_model": "",
-    # optional JSONL files replacing the generated splits (plain: world.read_jsonl; chat: chat
+    # optional JSONL files replacing the generated splits (plain: taskfiles.read_jsonl; chat: chat
     # JSONL, tasks_file required)
     "tasks_file": "", "test_file": "", "logged_file": "",
     # --- rehearsal layout (separate.py)

@@ -34,6 +34,7 @@ import chat
 import chat_reward
 import rehearse
 import separate
+import taskfiles
 import world
 from config import ConfigError
 from envace import ACT, OBS, PROMPT, REHEARSE, encode_episode
@@ -53,8 +54,8 @@ def build_tasks(cfg):
         for key, split, kind in (("tasks_file", "rl", "tasks"), ("test_file", "test", "tasks"),
                                  ("logged_file", "logged", "trajectories")):
             if cfg[key]:
-                splits[split] = world.read_jsonl(cfg[key], kind)
-    except world.DataError as e:
+                splits[split] = taskfiles.read_jsonl(cfg[key], kind)
+    except taskfiles.DataError as e:
         raise ConfigError(str(e)) from None
     for t in splits["rl"] + splits["test"]:
         t.setdefault("family", "file")

@@ -20,7 +20,7 @@ import rehearse
 import world as toy_world
 from config import ConfigError
 from envace import OBS, PROMPT, REHEARSE, TAG, encode, encode_episode, tag_ids
-from rollout import _new_row, _next_turn, sample_episodes
+from rollout import _new_row, _next_turn, new_row, sample_episodes
 
 # the separate rehearse prompt's words, and each tool's signature (the toy's one-line stand-in
 # for a JSON schema). In the vocabulary only with rehearsal_context separate, so that the inline
@@ -93,10 +93,8 @@ def _rehearse_row(episode, tags, tokenizer, examples, world):
     call = episode["calls"][-1]
     ids = rehearse_prompt(tokenizer, episode["ids"][len(tags["bos"]):], call,
                                    examples(call) if examples else (), world)
-    return {"world": world, "ids": ids, "roles": [PROMPT] * len(ids), "logprobs": [0.0] * len(ids), "prompt_len": len(ids),
-            "phase": "env", "forced": deque(), "segment": [], "plan": deque(), "calls": [call],
-            "responses": [], "answer": None, "cause": None, "state": None, "stop_at": "response",
-            "episode": episode["episode"], "turn": len(episode["calls"]) - 1}
+    return new_row(ids, world, "env", calls=[call], stop_at="response", episode=episode["episode"],
+                   turn=len(episode["calls"]) - 1)
 
 
 
@@ -104,11 +102,8 @@ def _chat_rehearse_row(episode, world, env_tags, rehearse_prompt):
     """A chat rehearse row for the actor row's last call: its own prompt (`rehearse_prompt`), and a
     world reading its result as an assistant turn (chat.rehearse_tags)."""
     ids = rehearse_prompt(episode, world)
-    return {"world": chat.task_world(world.task, env_tags), "ids": ids, "roles": [PROMPT] * len(ids),
-            "logprobs": [0.0] * len(ids), "prompt_len": len(ids), "phase": "env", "forced": deque(),
-            "segment": [], "plan": deque(), "calls": [episode["calls"][-1]], "responses": [], "answer": None,
-            "cause": None, "state": None, "stop_at": "response", "episode": episode["episode"],
-            "turn": len(episode["calls"]) - 1}
+    return new_row(ids, chat.task_world(world.task, env_tags), "env", calls=[episode["calls"][-1]],
+                   stop_at="response", episode=episode["episode"], turn=len(episode["calls"]) - 1)
 
 
 

@@ -10,32 +10,24 @@
 One run, top to bottom (`run`):
   1. Setup: processes (distributed.py), the tasks, the model, and the features chosen once
      (features.py: the format and the rehearsal layout, as a small object of functions).
-  2. Warm start (`warm_start`): teacher-forced training on logged expert episodes run in the
-     real world, plus logged single-tool traffic, with the same role masks as RL; act AND
-     environment tokens are trained, so the policy starts with a world model.
-  3. Evaluate in the real world and check rehearsal fidelity per tool kind: the gate. Rehearsed
-     rewards are only as good as the rehearsals, so RL in rehearse/frozen mode stops here unless
-     every kind reaches `min_fidelity`.
+  2. Warm start (`warm_start`) on logged expert episodes and logged tool traffic, with the RL
+     role masks; act AND environment tokens are trained, so the policy starts with a world model.
+  3. The gate: real-world evaluation and rehearsal fidelity per tool kind. Rehearsed rewards are
+     only as good as the rehearsals: rehearse/frozen RL stops unless every kind reaches
+     `min_fidelity`.
   4. RL: each step samples `tasks_per_step` tasks x `group_size` episodes (rollout.py) in
-     `env_mode` rehearse (the policy plays the world; no environment is called), real or frozen;
-     rewards task success (reward.py); A = R - mean(group); one hand-written clipped
-     policy-gradient update on ACT and REHEARSE tokens (`rl_step`, envace.clipped_pg_loss). Every
-     step logs the rehearsals' fidelity and collusion against a real replay (diagnostic only).
-  5. Save the policy (save_pretrained) and evaluate it in the real world; print before/after.
+     `env_mode` rehearse (the policy plays the world; nothing is executed), real or frozen;
+     rewards task success (reward.py), A = R - mean(group), and makes one hand-written clipped
+     policy-gradient update on ACT and REHEARSE tokens (`rl_step`, envace.clipped_pg_loss).
+  5. Save (save_pretrained) and evaluate in the real world; print before/after.
+Only rank 0 prints, evaluates and saves. Ctrl-C or SIGTERM saves the current step and exits 0;
+`--resume` continues exactly (checkpoint.py). Each step's figures go to metrics.jsonl (metrics.py).
 
-Only rank 0 prints, evaluates, writes files and saves. Ctrl-C or SIGTERM finishes the current RL
-step, saves a checkpoint and exits 0; `--resume` continues it exactly (checkpoint.py).
-
-What this simplifies against the paper / official code:
-  - inline rehearsal by default: the response is written in the actor's own sequence, so one
-    row holds both roles and a task's group is its (task, role) group too; `rehearsal_context:
-    separate` (separate.py) gives each rehearsal a row and prompt of its own, as the official code;
-  - a toy world whose responses are memorisable, and exact-match task success, not a judge
-    (`format: chat`, chat.py, runs a real chat model on JSONL tool tasks with answer / gold-call
-    rewards and an optional local judge);
-  - one optimizer step per batch by default (ratio = 1 at the first step, as in the official
-    on-policy setting); `ppo_epochs` > 1 reuses the batch and makes the clip bite;
-  - no dynamic sampling: steps where every group has equal rewards are skipped and counted.
+Simplified against the paper / official code: inline rehearsal by default (one row holds both
+roles; `rehearsal_context: separate`, separate.py, gives each rehearsal its own row and prompt);
+a toy world with exact-match success instead of a judge (`format: chat`, chat.py, runs a real
+chat model on JSONL tool tasks); one optimizer step per batch (`ppo_epochs` > 1 makes the clip
+bite); no dynamic sampling (steps whose groups all have equal rewards are skipped and counted).
 """
 import json
 import math
@@ -59,10 +51,11 @@ from config import ConfigError, load_config
 from distributed import (add_up, all_gather, all_sum, autocast, from_rank0, full_state_dict, gathered, in_step,
                          load_device, load_optimizer_state, memory_estimate, memory_line, parallel_model,
                          reuse_sampler_logprobs, setup_distributed)
-from envace import (ACT, OBS, REHEARSE, ROLE_NAMES, clipped_pg_loss, collate, loss_mask, micro_batches, padded_fraction,
+from envace import (ACT, OBS, REHEARSE, clipped_pg_loss, collate, loss_mask, micro_batches, padded_fraction,
                     token_advantages, token_kl_coefs, token_logprobs)
 from evaluate import evaluate, summary
-from reward import cause_counts, group_advantages, training_rows
+from metrics import add_micro_batch, episode_sums, metrics_record, role_sums, start_metrics
+from reward import group_advantages, training_rows
 from rollout import sample_episodes
 
 hf_logging.disable_progress_bar()     # transformers' save/load bars: keep the terminal for ours
@@ -168,8 +161,7 @@ def accumulate_gradients(model, batch, old, ref, cfg, world_size=1):
             if (ref is not None and kl_coefs[i].any()) or batch["advantages"][i].any()]
     kept_lengths = [lengths[i] for i in keep]
     batches = [[keep[j] for j in b] for b in micro_batches(kept_lengths, cfg["micro_batch_tokens"])]
-    totals = {"loss": 0.0, "entropy_act": 0.0, "entropy_rehearse": 0.0, "entropy_count_act": 0,
-              "entropy_count_rehearse": 0, "rows_updated": len(keep),
+    totals = {"loss": 0.0, "rows_updated": len(keep),
               "pad_frac": padded_fraction(lengths, batches) / world_size if keep else 0.0}
     for index, n, weight in in_step(batches, lengths, model):
         index = index.to(device)
@@ -182,27 +174,9 @@ def accumulate_gradients(model, batch, old, ref, cfg, world_size=1):
                                       kl_coefs[index, :n - 1])
         (loss * weight * world_size).backward()   # DDP averages ranks; x world_size makes it the sum
         totals["loss"] += loss.item() * weight
-        for k, v in stats.items():
-            totals[k] = totals.get(k, 0.0) + v * weight
-        roles_mb = target_roles[index, :n - 1]
-        for r, name in ((r, ROLE_NAMES[r]) for r in (ACT, REHEARSE)):
-            totals[f"entropy_{name}"] += float((entropy.detach() * (roles_mb == r)).sum()) * weight
-            totals[f"entropy_count_{name}"] += int((roles_mb == r).sum()) * weight
-        if ref is not None:
-            add_role_kl(totals, new.detach(), ref[index, :n - 1],
-                        roles_mb * mask[index, :n - 1], weight)
+        add_micro_batch(totals, stats, entropy.detach(), new.detach(), None if ref is None else ref[index, :n - 1],
+                        target_roles[index, :n - 1], mask[index, :n - 1], weight)
     return totals
-
-
-def add_role_kl(totals, new, ref, trained_roles, weight):
-    """Sum and count of the k3 KL to the reference per role over trained targets (trained_roles:
-    the target's role where trained, 0 = PROMPT elsewhere), for the per-role KL in metrics."""
-    d = ref - new
-    kl = torch.exp(d) - d - 1
-    for r, name in ((r, ROLE_NAMES[r]) for r in (ACT, REHEARSE)):
-        sel = trained_roles == r
-        totals[f"kl_sum_{name}"] = totals.get(f"kl_sum_{name}", 0.0) + float((kl * sel).sum()) * weight
-        totals[f"kl_count_{name}"] = totals.get(f"kl_count_{name}", 0) + int(sel.sum()) * weight
 
 
 def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, reference=None,
@@ -214,12 +188,7 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
     batch = make_batch(episodes, rewards, group_ids, cfg, pad_id)
     n_tokens, groups_with_signal = all_sum([batch["n_tokens"], batch["n_groups"] - batch["all_equal_groups"]])
     batch["n_tokens"] = int(n_tokens)                     # the global normaliser
-    target_roles = batch["roles"][:, 1:]
-    sums = {"all_equal_groups": batch["all_equal_groups"]}
-    for r, name in ((r, ROLE_NAMES[r]) for r in (ACT, REHEARSE, OBS)):
-        sel = target_roles == r
-        sums[f"tokens_{name}"] = int(sel.sum())
-        sums[f"adv_sum_{name}"] = float(batch["advantages"][sel].sum())
+    sums = {"all_equal_groups": batch["all_equal_groups"], **role_sums(batch["roles"], batch["advantages"])}
     if groups_with_signal == 0:
         return sums, "skipped"
     device = next(model.parameters()).device
@@ -252,46 +221,6 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
     sums["grad_norm"] = float(grad_norm) / world_size    # the same on every rank: sums to it once
     sums["time_update"] = time.time() - t0
     return sums, status
-
-
-def episode_sums(episodes, rewards):
-    """This rank's episode-level metric sums (they add up over ranks)."""
-    return {"n_episodes": len(episodes), "reward_sum": sum(rewards),
-            "calls_sum": sum(len(e["calls"]) for e in episodes),
-            "n_tok": sum(len(r["ids"]) for e in episodes for r in [e] + e.get("rehearsals", [])),
-            "rehearse_rows": sum(len(e.get("rehearsals", [])) for e in episodes),
-            "causes": cause_counts(episodes)}
-
-
-def metrics_record(step, s, status, counters, times):
-    """One metrics.jsonl line from the summed-over-ranks metric sums."""
-    n = s["n_episodes"]
-    record = {"step": step, "status": status, "reward": s["reward_sum"] / n,
-              "success": s["reward_sum"] / n, "mean_calls": s["calls_sum"] / n,
-              "causes": s["causes"], "all_equal_groups": s["all_equal_groups"],
-              "rehearse_rows": s.get("rehearse_rows", 0), **counters}
-    for name in ("act", "rehearse", "obs"):
-        record[f"tokens_{name}"] = s[f"tokens_{name}"]
-        record[f"adv_{name}"] = s[f"adv_sum_{name}"] / max(s[f"tokens_{name}"], 1)
-    for k in ("loss", "clip_frac", "dual_clip_frac", "approx_kl", "kl_ref", "grad_norm", "pad_frac"):
-        if k in s:
-            record[k] = s[k]
-    for name in ("act", "rehearse"):      # over the rows that got a gradient
-        if f"entropy_{name}" in s:
-            record[f"entropy_{name}"] = s[f"entropy_{name}"] / max(s[f"entropy_count_{name}"], 1)
-    if "rows_updated" in s:
-        record["rows_updated"] = s["rows_updated"]
-    if "fidelity" in s:
-        record["fidelity"] = rehearse.rates(s["fidelity"])
-        record["fidelity_counts"] = s["fidelity"]
-    if "collusion" in s:
-        record["collusion"] = rehearse.collusion_rate(s["collusion"])
-    for name in ("act", "rehearse"):      # k3 KL to the reference per role, over trained targets
-        if s.get(f"kl_count_{name}"):
-            record[f"kl_ref_{name}"] = s[f"kl_sum_{name}"] / s[f"kl_count_{name}"]
-    record.update(times)
-    record["tok_per_s"] = s["n_tok"] / times["time_step"]
-    return record
 
 
 # ----------------------------------------------------------------------------- the run
@@ -497,17 +426,6 @@ def final_report(progress, after, cfg, seconds):
             f"real-world success {before['success']:.3f} -> {after['success']:.3f} ({cfg['env_mode']} "
             f"mode, {cfg['rl_steps']} steps, {progress['skipped_steps']} skipped, "
             f"{progress['nonfinite_steps']} non-finite, {seconds:.0f}s); saved to {cfg['out_dir']}/ckpt")
-
-
-def start_metrics(out, first_step, rank):
-    """out_dir/metrics.jsonl, keeping the lines of the steps a resumed checkpoint has."""
-    path = os.path.join(out, "metrics.jsonl")
-    if rank == 0:
-        kept = [line for line in open(path) if json.loads(line)["step"] < first_step] \
-            if first_step > 1 and os.path.exists(path) else []
-        with open(path, "w") as f:
-            f.writelines(kept)
-    return path
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import evaluate
 import features
 import reward
 import train
+import taskfiles
 import world
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, loss_mask
 from helpers import CHAT_TEMPLATE, chat_tokenizer, tiny_qwen
@@ -295,7 +296,7 @@ GOOD = {"messages": [{"role": "user", "content": "pay 3"}], "tools": [PAY], "ans
 ])
 def test_task_file_errors_name_the_line(tmp_path, line, problem):
     path = write(tmp_path, [GOOD, line])
-    with pytest.raises(world.DataError) as e:
+    with pytest.raises(taskfiles.DataError) as e:
         chat.read_chat_jsonl(path, "tasks")
     assert problem in str(e.value) and str(e.value).startswith(path)
 
@@ -307,7 +308,7 @@ def test_logged_trajectory_errors_and_reading(tmp_path):
             "tools": [PAY]}
     two = {**good, "messages": GOOD["messages"] + [{"role": "assistant", "tool_calls": [call, call]}]}
     path = write(tmp_path, [good, two])
-    with pytest.raises(world.DataError, match="line 2: turn 1: one tool call per assistant turn"):
+    with pytest.raises(taskfiles.DataError, match="line 2: turn 1: one tool call per assistant turn"):
         chat.read_chat_jsonl(path, "trajectories")
     (t,) = chat.read_chat_jsonl(write(tmp_path, [good]), "trajectories")
     assert t["calls"] == ['{"name": "pay", "arguments": {"amount": 3}}'] and t["responses"] == ["6"]

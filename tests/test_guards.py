@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import evaluate
+import metrics
 import rehearse
 import train
 import world
@@ -81,13 +82,13 @@ def test_collusion_rates_add_up_over_ranks_as_counts():
     """Two ranks' sums (1 of 3 wrong, 1 of 1 wrong) make 2 / 4 = 0.5, not the mean of rates."""
     def sums(episodes):
         rewards = [task_reward(e, TASK) for e in episodes]
-        return {**train.episode_sums([dict(e, ids=[0] * 5) for e in episodes], rewards),
+        return {**metrics.episode_sums([dict(e, ids=[0] * 5) for e in episodes], rewards),
                 "fidelity": rehearse.replay_fidelity(episodes),
                 "collusion": rehearse.collusion_counts(episodes, [TASK] * len(episodes)),
                 "all_equal_groups": 0, **{f"{k}_{r}": 0 for k in ("tokens", "adv_sum")
                                           for r in ("act", "rehearse", "obs")}}
     total = distributed.add_up([sums([COLLUDING, HONEST_WRONG]), sums([COLLUDING])])
-    record = train.metrics_record(1, total, "updated", {}, {"time_step": 1.0})
+    record = metrics.metrics_record(1, total, "updated", {}, {"time_step": 1.0})
     assert record["collusion"] == {"calls": 6, "wrong": 4, "colluding": 2, "rate": 0.5}
     assert record["fidelity"] == {"lookup": pytest.approx(1 / 3), "compute": 1.0}
     assert record["fidelity_counts"] == {"lookup": [1, 3], "compute": [3, 3]}

@@ -17,6 +17,7 @@ from transformers import LlamaForCausalLM
 import checkpoint
 import envace
 import features
+import metrics
 import rehearse
 import train
 import world
@@ -137,7 +138,7 @@ def record_of(totals):
     s = {"n_episodes": 2, "reward_sum": 1.0, "calls_sum": 3, "causes": {}, "all_equal_groups": 0,
          "n_tok": 10, **{f"{k}_{r}": 0 for k in ("tokens", "adv_sum") for r in ("act", "rehearse", "obs")},
          **totals}
-    return train.metrics_record(1, s, "updated", {}, {"time_step": 1.0})
+    return metrics.metrics_record(1, s, "updated", {}, {"time_step": 1.0})
 
 
 @pytest.mark.parametrize("row, entropy", [
@@ -163,12 +164,12 @@ def test_logged_entropy_is_the_hand_computed_one(row, entropy):
 
 def test_per_role_kl_is_kl_new_to_ref():
     """k3 of KL(new || ref) is exp(ref - new) - (ref - new) - 1, which is not symmetric.
-    Mutation: ref and new swapped in add_role_kl (or at its call in accumulate_gradients)."""
+    Mutation: ref and new swapped in metrics.add_micro_batch (or at its call in accumulate_gradients)."""
     new = torch.tensor([[-1.0, -2.0, -3.0, -0.5]])
     ref = torch.tensor([[-2.0, -1.5, -1.0, -4.0]])
     roles = torch.tensor([[ACT, REHEARSE, PROMPT, ACT]])             # PROMPT: not trained, not counted
     totals = {}
-    train.add_role_kl(totals, new, ref, roles, weight=1.0)
+    metrics.add_micro_batch(totals, {}, torch.zeros_like(new), new, ref, roles, roles != PROMPT, weight=1.0)
     # ACT: d = ref - new = -1 and -3.5; REHEARSE: d = 0.5
     act = (math.exp(-1) + 1 - 1) + (math.exp(-3.5) + 3.5 - 1)
     assert totals["kl_sum_act"] == pytest.approx(act) and totals["kl_count_act"] == 2

@@ -1,0 +1,98 @@
+"""What an RL step logs (out_dir/metrics.jsonl): sums that add up over micro-batches and ranks.
+
+Diagnostics only: nothing here feeds the loss. Each step's line holds its reward (= success in the
+world it was sampled in), how episodes ended, tokens and mean advantage per role, the update's
+stats (loss, clip fractions, entropy and KL to the reference per role, gradient norm, padding),
+rehearsal fidelity and collusion against a real replay, and its timings.
+"""
+import json
+import os
+
+import torch
+
+import rehearse
+from envace import ACT, OBS, REHEARSE, ROLE_NAMES
+from reward import cause_counts
+
+
+def role_sums(roles, advantages):
+    """Trained-target counts and advantage sums per role of a batch ([B, L] roles, [B, L-1] A)."""
+    sums = {}
+    for r in (ACT, REHEARSE, OBS):
+        sel = roles[:, 1:] == r
+        sums[f"tokens_{ROLE_NAMES[r]}"] = int(sel.sum())
+        sums[f"adv_sum_{ROLE_NAMES[r]}"] = float(advantages[sel].sum())
+    return sums
+
+
+def add_micro_batch(totals, stats, entropy, new, ref, target_roles, mask, weight):
+    """Add one micro-batch's loss stats, its entropy per role (over every ACT/REHEARSE target)
+    and the k3 KL to the reference per role over trained targets, into `totals` (weight 0: a
+    rank's padding pass, counted as nothing)."""
+    for k, v in stats.items():
+        totals[k] = totals.get(k, 0.0) + v * weight
+    kl = None
+    if ref is not None:
+        d = ref - new
+        kl = torch.exp(d) - d - 1
+    for r in (ACT, REHEARSE):
+        name, sel = ROLE_NAMES[r], target_roles == r
+        totals[f"entropy_{name}"] = totals.get(f"entropy_{name}", 0.0) + float((entropy * sel).sum()) * weight
+        totals[f"entropy_count_{name}"] = totals.get(f"entropy_count_{name}", 0) + int(sel.sum()) * weight
+        if kl is not None:
+            trained = sel & mask
+            totals[f"kl_sum_{name}"] = totals.get(f"kl_sum_{name}", 0.0) + float((kl * trained).sum()) * weight
+            totals[f"kl_count_{name}"] = totals.get(f"kl_count_{name}", 0) + int(trained.sum()) * weight
+
+
+def episode_sums(episodes, rewards):
+    """This rank's episode-level metric sums (they add up over ranks)."""
+    return {"n_episodes": len(episodes), "reward_sum": sum(rewards),
+            "calls_sum": sum(len(e["calls"]) for e in episodes),
+            "n_tok": sum(len(r["ids"]) for e in episodes for r in [e] + e.get("rehearsals", [])),
+            "rehearse_rows": sum(len(e.get("rehearsals", [])) for e in episodes),
+            "causes": cause_counts(episodes)}
+
+
+
+def metrics_record(step, s, status, counters, times):
+    """One metrics.jsonl line from the summed-over-ranks metric sums."""
+    n = s["n_episodes"]
+    record = {"step": step, "status": status, "reward": s["reward_sum"] / n,
+              "success": s["reward_sum"] / n, "mean_calls": s["calls_sum"] / n,
+              "causes": s["causes"], "all_equal_groups": s["all_equal_groups"],
+              "rehearse_rows": s.get("rehearse_rows", 0), **counters}
+    for name in ("act", "rehearse", "obs"):
+        record[f"tokens_{name}"] = s[f"tokens_{name}"]
+        record[f"adv_{name}"] = s[f"adv_sum_{name}"] / max(s[f"tokens_{name}"], 1)
+    for k in ("loss", "clip_frac", "dual_clip_frac", "approx_kl", "kl_ref", "grad_norm", "pad_frac"):
+        if k in s:
+            record[k] = s[k]
+    for name in ("act", "rehearse"):      # over the rows that got a gradient
+        if f"entropy_{name}" in s:
+            record[f"entropy_{name}"] = s[f"entropy_{name}"] / max(s[f"entropy_count_{name}"], 1)
+    if "rows_updated" in s:
+        record["rows_updated"] = s["rows_updated"]
+    if "fidelity" in s:
+        record["fidelity"] = rehearse.rates(s["fidelity"])
+        record["fidelity_counts"] = s["fidelity"]
+    if "collusion" in s:
+        record["collusion"] = rehearse.collusion_rate(s["collusion"])
+    for name in ("act", "rehearse"):      # k3 KL to the reference per role, over trained targets
+        if s.get(f"kl_count_{name}"):
+            record[f"kl_ref_{name}"] = s[f"kl_sum_{name}"] / s[f"kl_count_{name}"]
+    record.update(times)
+    record["tok_per_s"] = s["n_tok"] / times["time_step"]
+    return record
+
+
+
+def start_metrics(out, first_step, rank):
+    """out_dir/metrics.jsonl, keeping the lines of the steps a resumed checkpoint has."""
+    path = os.path.join(out, "metrics.jsonl")
+    if rank == 0:
+        kept = [line for line in open(path) if json.loads(line)["step"] < first_step] \
+            if first_step > 1 and os.path.exists(path) else []
+        with open(path, "w") as f:
+            f.writelines(kept)
+    return path

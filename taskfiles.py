@@ -1,0 +1,94 @@
+"""Task files: the toy world's splits as JSONL, and JSONL tasks or logged trajectories read back.
+
+    python taskfiles.py --export data/toy          # rl.jsonl, test.jsonl, logged.jsonl
+    python chat.py --export data/toy_chat          # the same tasks in the chat format
+
+A config's tasks_file / test_file / logged_file replace the generated splits (features.py). Every
+line is checked before anything trains; a bad one is a DataError naming its file, line and field.
+"""
+import json
+import os
+
+import world
+
+
+TASK_KEYS = {"prompt": str, "answer": str}
+
+
+
+TRAJECTORY_KEYS = {"prompt": str, "calls": list, "responses": list, "answer": str}
+
+
+
+class DataError(Exception):
+    """A malformed line in a task or trajectory file: says which file, which line, and what."""
+
+
+
+def json_lines(path, kind):
+    """(where, parsed object) for each non-blank line of a JSONL file, `where` being "PATH line N";
+    an unreadable file or a line that is not JSON raises DataError naming it."""
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"cannot read {kind} file {path}: {e}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield f"{path} line {n}", json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path} line {n}: not valid JSON ({e.msg} at column {e.colno})") from None
+
+
+
+def read_jsonl(path, kind):
+    """Tasks ({"prompt", "answer"}) or logged trajectories ({"prompt", "calls", "responses",
+    "answer"}), one JSON object per line; blank lines are skipped. Every line is checked before
+    anything trains, and the first bad one raises DataError naming its line."""
+    keys = TASK_KEYS if kind == "tasks" else TRAJECTORY_KEYS
+    rows = []
+    for where, row in json_lines(path, kind):
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: expected a JSON object with keys {list(keys)}")
+        for key, typ in keys.items():
+            if key not in row:
+                raise DataError(f"{where}: missing key '{key}'")
+            if not isinstance(row[key], typ):
+                raise DataError(f"{where}: '{key}' must be a {typ.__name__}, got {row[key]!r}")
+        if kind == "trajectories":
+            if len(row["calls"]) != len(row["responses"]):
+                raise DataError(f"{where}: {len(row['calls'])} calls but {len(row['responses'])} responses")
+            for i, call in enumerate(row["calls"]):
+                if not isinstance(call, str) or world.parse_call(call) is None:
+                    raise DataError(f"{where}: call {i + 1} {call!r} is not a valid tool call")
+        rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: no {kind} in the file")
+    return rows
+
+
+
+def export(out_dir, seed=0, n_logged=3000, n_new_logged=20, n_rl=4000, n_test=500):
+    """Write the generated splits as JSONL (the format `read_jsonl` reads)."""
+    os.makedirs(out_dir, exist_ok=True)
+    splits = world.make_splits(seed, n_logged, n_new_logged, n_rl, n_test)
+    for name, tasks in (("rl", splits["rl"]), ("test", splits["test"])):
+        with open(os.path.join(out_dir, f"{name}.jsonl"), "w") as f:
+            f.writelines(json.dumps({"prompt": t["prompt"], "answer": t["answer"],
+                                     "family": t["family"]}) + "\n" for t in tasks)
+    with open(os.path.join(out_dir, "logged.jsonl"), "w") as f:
+        f.writelines(json.dumps({"prompt": t["prompt"], "calls": t["calls"], "answer": t["answer"],
+                                 "responses": world.replay(t["calls"])}) + "\n" for t in splits["logged"])
+    return out_dir
+
+
+if __name__ == "__main__":
+    import argparse
+    parser = argparse.ArgumentParser(description="Export the toy world's tasks as JSONL files.")
+    parser.add_argument("--export", required=True, metavar="DIR")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--n", type=int, default=None, help="at most N lines per file")
+    args = parser.parse_args()
+    sizes = {} if args.n is None else {"n_logged": args.n, "n_new_logged": 0, "n_rl": args.n, "n_test": args.n}
+    print("wrote rl.jsonl, test.jsonl, logged.jsonl to", export(args.export, args.seed, **sizes))

@@ -11,6 +11,7 @@ import os
 import torch
 
 import rehearse
+from distributed import add_up, all_gather
 from envace import ACT, OBS, REHEARSE, ROLE_NAMES
 from reward import cause_counts
 
@@ -96,3 +97,15 @@ def start_metrics(out, first_step, rank):
         with open(path, "w") as f:
             f.writelines(kept)
     return path
+
+
+def step_record(step, status, progress, sums, time_sample, time_step):
+    """The step's metrics.jsonl line from this rank's sums (added up over ranks), and the run's
+    counters of skipped and non-finite steps (three non-finite steps in a row stop the run)."""
+    for key, hit in (("skipped_steps", status == "skipped"), ("nonfinite_steps", status == "nonfinite")):
+        progress[key] += hit
+    progress["nonfinite_in_a_row"] = (progress["nonfinite_in_a_row"] + 1) * (status == "nonfinite")
+    times = {"time_sample": time_sample, "time_logprobs": sums.get("time_logprobs", 0.0),
+             "time_update": sums.get("time_update", 0.0), "time_step": time_step}
+    counters = {k: progress[k] for k in ("skipped_steps", "nonfinite_steps")}
+    return metrics_record(step, add_up(all_gather(sums)), status, counters, times)

@@ -48,13 +48,13 @@ import rehearse
 from checkpoint import (StopRequest, build_model, build_tokenizer, load_policy, load_state, reference_model,
                         restore_rngs, save_checkpoint, save_state)
 from config import ConfigError, load_config
-from distributed import (add_up, all_gather, all_sum, autocast, from_rank0, full_state_dict, gathered, in_step,
+from distributed import (all_sum, autocast, from_rank0, full_state_dict, gathered, in_step,
                          load_device, load_optimizer_state, memory_estimate, memory_line, parallel_model,
                          reuse_sampler_logprobs, setup_distributed)
 from envace import (ACT, OBS, REHEARSE, clipped_pg_loss, collate, loss_mask, micro_batches, padded_fraction,
                     token_advantages, token_kl_coefs, token_logprobs)
 from evaluate import evaluate, summary
-from metrics import add_micro_batch, episode_sums, metrics_record, role_sums, start_metrics
+from metrics import add_micro_batch, episode_sums, role_sums, start_metrics, step_record
 from reward import group_advantages, training_rows
 from rollout import sample_episodes
 
@@ -254,6 +254,20 @@ def main(argv=None):
             dist.destroy_process_group()
 
 
+def real_world_eval(model, tokenizer, tasks, cfg, fx, amp, path=None, **extra):
+    """evaluate.evaluate on rank 0 (FSDP: every rank gathers the weights first), written to
+    `path` with `extra`; the result on every rank."""
+    def on_rank0():
+        with amp:
+            result = evaluate(model, tokenizer, tasks, cfg, fx, seed=cfg["seed"])
+        if path:
+            with open(path, "w") as f:
+                json.dump({**result, **extra}, f, indent=1)
+        return result
+    with gathered(model):
+        return from_rank0(on_rank0)
+
+
 def build(cfg, resume, device, world_size):
     """(model, tokenizer, trainer state or None): the checkpoint to resume, the demo's tiny model
     (its tokenizer from the toy world's words) or a saved / hub model."""
@@ -315,18 +329,8 @@ def run(cfg, resume=False):
         f"logged, {len(splits['rl'])} RL, {len(splits['test'])} test | device {device} x {world_size} process(es)")
     t_start, amp = time.time(), autocast(cfg, device)
 
-    def rank0_eval(path=None, **extra):
-        """The held-out test tasks in the real world, on rank 0 (FSDP: all ranks gather first);
-        written to `path`; the result on every rank."""
-        def real_world_eval():
-            with amp:
-                result = evaluate(model, tokenizer, splits["test"], cfg, fx, seed=cfg["seed"])
-            if path:
-                with open(path, "w") as f:
-                    json.dump({**result, **extra}, f, indent=1)
-            return result
-        with gathered(model):
-            return from_rank0(real_world_eval)
+    def rank0_eval(path=None, **extra):       # the held-out tasks in the real world, written to path
+        return real_world_eval(model, tokenizer, splits["test"], cfg, fx, amp, path, **extra)
 
     # 2-3. warm start, evaluation, the fidelity gate (or the checkpoint's state)
     before = None if state is not None else \
@@ -362,16 +366,10 @@ def run(cfg, resume=False):
             rows, row_rewards, row_groups = training_rows(episodes, rewards, group_ids, cfg["advantage_groups"])
             sums, status = rl_step(model, ddp_model, opt, rows, row_rewards, row_groups, cfg,
                                    tokenizer.pad_token_id, reference if uses_kl(cfg) else None, world_size)
-            for key, hit in (("skipped_steps", status == "skipped"), ("nonfinite_steps", status == "nonfinite")):
-                progress[key] += hit
-            progress["nonfinite_in_a_row"] = (progress["nonfinite_in_a_row"] + 1) * (status == "nonfinite")
             diagnostics = fx.diagnostics(episodes, [tasks[g] for g in group_ids]) if cfg["env_mode"] in (
                 "rehearse", "frozen") else {}                     # against a real replay: diagnostic only
-            total = add_up(all_gather({**sums, **episode_sums(episodes, rewards), **diagnostics}))
-            times = {"time_sample": time_sample, "time_logprobs": sums.get("time_logprobs", 0.0),
-                     "time_update": sums.get("time_update", 0.0), "time_step": time.time() - t0}
-            record = metrics_record(step, total, status, {k: progress[k] for k in ("skipped_steps", "nonfinite_steps")},
-                                    times)
+            record = step_record(step, status, progress, {**sums, **episode_sums(episodes, rewards), **diagnostics},
+                                 time_sample, time.time() - t0)
             if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < cfg["rl_steps"]:
                 progress["real_success"] = record["eval_success"] = rank0_eval()["success"]
                 bar.write(f"step {step}: real-world success {progress['real_success']:.3f} (reward "

@@ -738,11 +738,4 @@ def load_judge(cfg, device):
 
 
 if __name__ == "__main__":
-    import argparse
-    parser = argparse.ArgumentParser(description="Export the toy world's tasks as chat JSONL (tools as JSON schemas).")
-    parser.add_argument("--export", required=True, metavar="DIR")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--n", type=int, default=None, help="at most N lines per file")
-    args = parser.parse_args()
-    sizes = {} if args.n is None else {"n_logged": args.n, "n_new_logged": 0, "n_rl": args.n, "n_test": args.n}
-    print("wrote rl.jsonl, test.jsonl, logged.jsonl to", export_toy(args.export, args.seed, **sizes))
+    taskfiles.export_main(export_toy, "chat JSONL (tools as JSON schemas)")

@@ -20,7 +20,8 @@ import torch.distributed as dist
 import yaml
 
 from config import ConfigError
-from distributed import all_gather, autocast, full_state_dict, load_device, optimizer_state, shard
+from distributed import (all_gather, autocast, full_state_dict, load_device, load_optimizer_state, optimizer_state,
+                         shard)
 from envace import TAGS
 
 
@@ -191,3 +192,23 @@ def reference_model(model, cfg, device, world_size, warmstart_path, fresh, neede
     if sharded:
         shard(reference, device, world_size, isinstance(autocast(cfg, device), torch.autocast))
     return reference
+
+
+def rl_state(model, tokenizer, cfg, state, before, rank, log):
+    """(optimizer, the sampler's generator, the task RNG, progress counters, first step): new ones
+    saved as checkpoint 0 after the warm start, or those of the checkpoint being resumed."""
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    generator = torch.Generator().manual_seed(cfg["seed"] * 1000 + rank)   # each rank its own stream
+    task_rng = random.Random(cfg["seed"])                                   # the same on every rank
+    progress = {"skipped_steps": 0, "nonfinite_steps": 0, "nonfinite_in_a_row": 0}
+    if state is None:
+        progress.update(before=before, real_success=before["success"])
+        save_state(cfg["out_dir"], model, tokenizer, opt, 0, yaml.safe_dump(cfg, sort_keys=False), progress,
+                   generator, task_rng)
+        return opt, generator, task_rng, progress, 1
+    load_optimizer_state(model, opt, state["optimizer"])
+    progress.update(state["progress"])
+    task_rng.setstate(state["task_rng"])
+    restore_rngs(state["rngs"][rank], generator)
+    log(f"resumed from {cfg['out_dir']}/ckpt at step {state['step']}")
+    return opt, generator, task_rng, progress, state["step"] + 1

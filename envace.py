@@ -101,14 +101,15 @@ def collate(episodes, pad_id):
 
 
 def loss_mask(roles, trained=(ACT, REHEARSE)):
-    """[B, L] roles -> [B, L-1] bool: position t is trained when the token at t+1 has a trained
+    """Paper, both roles trained: [B, L] roles -> [B, L-1] bool: position t is trained when the token at t+1 has a trained
     role. Derived from roles only, never from pad ids (pad may equal eos in real tokenizers)."""
     target_roles = roles[:, 1:]
     return torch.isin(target_roles, torch.tensor(trained, device=roles.device))
 
 
 def token_advantages(roles, episode_adv, act_coef=1.0, rehearse_coef=1.0):
-    """[B, L] roles and [B] episode advantages -> [B, L-1] per-target advantage: the episode's A on
+    """Paper, one task reward for both roles: [B, L] roles and [B] episode advantages -> [B, L-1]
+    per-target advantage: the episode's A on
     every target, scaled by the coefficient of the target's role (0 elsewhere)."""
     target_roles = roles[:, 1:]
     coef = torch.zeros_like(target_roles, dtype=torch.float32)
@@ -137,7 +138,8 @@ def padded_fraction(lengths, batches):
 
 
 def token_logprobs(model, ids, temperature=1.0, with_entropy=False):
-    """Logprob of every target token ids[:, 1:] under the model at `temperature`, in fp32.
+    """Paper, the policy's logprobs (old, new, reference): of every target token ids[:, 1:] under
+    the model at `temperature`, in fp32.
     Rows are right-padded, so no attention mask is needed: with causal attention a real token
     never attends to the pads after it. Returns [B, L-1] (and entropy [B, L-1] if asked)."""
     logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float() / temperature   # no KV cache to build
@@ -155,7 +157,8 @@ def token_logprobs(model, ids, temperature=1.0, with_entropy=False):
 
 def clipped_pg_loss(new_logprobs, old_logprobs, advantages, loss_mask, n_tokens, ref_logprobs=None,
                     eps_low=0.2, eps_high=0.2, dual_clip=3.0, kl_coef=0.0):
-    """PPO's clipped surrogate with dual clip and a k3 KL to a reference, per token, summed over
+    """Paper, the objective (the official code's PPO loss): the clipped surrogate with dual clip
+    and a k3 KL to a reference, per token, summed over
     the trained tokens and divided by `n_tokens`, the count of trained tokens in the WHOLE batch
     (all micro-batches), so that accumulating micro-batches gives the one-big-batch gradient.
 

@@ -15,23 +15,6 @@ import statistics
 import sys
 
 import rehearse
-from evaluate import evaluate
-
-
-def rehearsal_sweep(model, tokenizer, tasks, cfg, rehearsers, budgets=(0, 1, 2, 4),
-                    modes=("parallel", "sequential"), examples=None):
-    """Success against the private-rehearsal budget N, for each mode and each model that plays the
-    world in imagination ({name: model or None for the policy itself}). One row per setting."""
-    rows = []
-    for name, rehearser in rehearsers.items():
-        for mode in modes:
-            for n in budgets:
-                m = evaluate(model, tokenizer, tasks, {**cfg, "rehearsal_budget": n, "rehearsal_mode": mode,
-                                                             "n_collusion": 0},
-                             seed=cfg["seed"], rehearser=rehearser, examples=examples)
-                rows.append({"rehearser": name, "mode": mode, "budget": n, "success": m["success"],
-                             "imagined_per_task": m["imagined_per_task"], "mean_calls": m["mean_calls"]})
-    return rows
 
 
 def mean_and_range(values):

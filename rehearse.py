@@ -100,7 +100,8 @@ def by_kind(calls, world=toy_world):
 
 
 def replay_fidelity(episodes, world=toy_world):
-    """Per tool kind [matches, total] of rehearsed responses against a real replay of the same
+    """The paper's caveat, measured: per tool kind [matches, total] of rehearsed responses
+    against a real replay of the same
     calls (each episode from a fresh world, so the stateful wallet sees the same earlier calls)."""
     calls = []
     for e in episodes:
@@ -172,7 +173,7 @@ def rates(counts):
 def private_rehearsal_plans(policy, tokenizer, prompts, budget, mode="parallel", rehearser=None,
                             temperature=1.0, generator=None, world=toy_world, sample=rollout.sample_episodes,
                             **limits):
-    """Test-time private rehearsal: before acting for real on each task, imagine up to `budget`
+    """Paper, test-time private rehearsal: before acting for real on each task, imagine up to `budget`
     complete act/rehearse episodes in which the policy (or `rehearser`, e.g. the warm-start model)
     plays the world, and turn them into a plan for the one committed real execution.
 

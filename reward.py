@@ -36,13 +36,15 @@ import torch
 
 
 def task_reward(episode, task):
-    """1.0 when the episode ended with an answer equal to the task's answer, else 0.0.
+    """Paper, the task-success reward: 1.0 when the episode ended with an answer equal to the
+    task's answer, else 0.0.
     Malformed calls, malformed rehearsals and truncations end without an answer: 0."""
     return float(episode["cause"] == "answer" and episode["answer"] == task["answer"])
 
 
 def group_advantages(rewards, group_ids, scale_std=False, eps=1e-6):
-    """rewards [N] float, group_ids [N] int -> (advantages [N], number of all-equal groups)."""
+    """Paper, the group baseline A = R - mean(group) (no division by the std unless scale_std):
+    rewards [N] float, group_ids [N] int -> (advantages [N], number of all-equal groups)."""
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
     group_ids = torch.as_tensor(group_ids)
     adv = torch.zeros_like(rewards)
@@ -58,7 +60,8 @@ def group_advantages(rewards, group_ids, scale_std=False, eps=1e-6):
 
 
 def training_rows(episodes, rewards, task_ids, advantage_groups="task_role"):
-    """(rows, row rewards, row group ids) for one update: each episode's own row, then its
+    """Paper, the same reward on every row of both roles: (rows, row rewards, row group ids) for
+    one update: each episode's own row, then its
     rehearse rows (episode["rehearsals"], separate context only), every row with its episode's
     reward. Groups: (task, role) for `task_role`, the task for `task` (see the module docstring)."""
     rows, row_rewards, groups = [], [], []

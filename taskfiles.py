@@ -83,12 +83,17 @@ def export(out_dir, seed=0, n_logged=3000, n_new_logged=20, n_rl=4000, n_test=50
     return out_dir
 
 
-if __name__ == "__main__":
+def export_main(export_fn, what="JSONL files"):
+    """The command line of an export: python taskfiles.py --export DIR [--seed S] [--n N]."""
     import argparse
-    parser = argparse.ArgumentParser(description="Export the toy world's tasks as JSONL files.")
+    parser = argparse.ArgumentParser(description=f"Export the toy world's tasks as {what}.")
     parser.add_argument("--export", required=True, metavar="DIR")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--n", type=int, default=None, help="at most N lines per file")
     args = parser.parse_args()
     sizes = {} if args.n is None else {"n_logged": args.n, "n_new_logged": 0, "n_rl": args.n, "n_test": args.n}
-    print("wrote rl.jsonl, test.jsonl, logged.jsonl to", export(args.export, args.seed, **sizes))
+    print("wrote rl.jsonl, test.jsonl, logged.jsonl to", export_fn(args.export, args.seed, **sizes))
+
+
+if __name__ == "__main__":
+    export_main(export)

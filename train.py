@@ -46,10 +46,10 @@ from transformers.utils import logging as hf_logging
 import features
 import rehearse
 from checkpoint import (StopRequest, build_model, build_tokenizer, load_policy, load_state, reference_model,
-                        restore_rngs, save_checkpoint, save_state)
+                        rl_state, save_checkpoint, save_state)
 from config import ConfigError, load_config
 from distributed import (all_sum, autocast, from_rank0, full_state_dict, gathered, in_step,
-                         load_device, load_optimizer_state, memory_estimate, memory_line, parallel_model,
+                         load_device, memory_estimate, memory_line, parallel_model,
                          reuse_sampler_logprobs, setup_distributed)
 from envace import (ACT, OBS, REHEARSE, clipped_pg_loss, collate, loss_mask, micro_batches, padded_fraction,
                     token_advantages, token_kl_coefs, token_logprobs)
@@ -181,7 +181,8 @@ def accumulate_gradients(model, batch, old, ref, cfg, world_size=1):
 
 def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, reference=None,
             world_size=1):
-    """One policy update from this rank's episodes. Returns (sums, status): metric sums that add
+    """Paper, the joint update of both roles: one policy update from this rank's episodes.
+    Returns (sums, status): metric sums that add
     up over ranks, and "updated", "skipped" (no group on any rank had reward variance: zero
     advantage, zero signal) or "nonfinite" (loss or gradient not finite: weights and optimizer
     left untouched). Every rank takes the same branch, so collectives stay in step."""
@@ -396,26 +397,6 @@ def run(cfg, resume=False):
     after = rank0_eval(os.path.join(out, "eval.json"), before=progress["before"])
     log(final_report(progress, after, cfg, time.time() - t_start))
     return 0
-
-
-def rl_state(model, tokenizer, cfg, state, before, rank, log):
-    """(optimizer, the sampler's generator, the task RNG, progress counters, first step): new ones
-    saved as checkpoint 0 after the warm start, or those of the checkpoint being resumed."""
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
-    generator = torch.Generator().manual_seed(cfg["seed"] * 1000 + rank)   # each rank its own stream
-    task_rng = random.Random(cfg["seed"])                                   # the same on every rank
-    progress = {"skipped_steps": 0, "nonfinite_steps": 0, "nonfinite_in_a_row": 0}
-    if state is None:
-        progress.update(before=before, real_success=before["success"])
-        save_state(cfg["out_dir"], model, tokenizer, opt, 0, yaml.safe_dump(cfg, sort_keys=False), progress,
-                   generator, task_rng)
-        return opt, generator, task_rng, progress, 1
-    load_optimizer_state(model, opt, state["optimizer"])
-    progress.update(state["progress"])
-    task_rng.setstate(state["task_rng"])
-    restore_rngs(state["rngs"][rank], generator)
-    log(f"resumed from {cfg['out_dir']}/ckpt at step {state['step']}")
-    return opt, generator, task_rng, progress, state["step"] + 1
 
 
 def final_report(progress, after, cfg, seconds):

@@ -46,7 +46,7 @@ from transformers.utils import logging as hf_logging
 import features
 import rehearse
 from checkpoint import (StopRequest, build_model, build_tokenizer, load_policy, load_state, reference_model,
-                        rl_state, save_checkpoint, save_state)
+                        rl_state, save_checkpoint, save_state, write_file)
 from config import ConfigError, load_config
 from distributed import (all_sum, autocast, from_rank0, full_state_dict, gathered, in_step,
                          load_device, memory_estimate, memory_line, parallel_model,
@@ -323,9 +323,7 @@ def run(cfg, resume=False):
         log(memory_line(memory_estimate(n_params, cfg, model.config, world_size), cfg, world_size))
     ddp_model = parallel_model(model, cfg, device, world_size)
     if rank == 0:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "config.yaml"), "w") as f:
-            f.write(config_text)
+        write_file(os.path.join(out, "config.yaml"), config_text)     # out_dir a file, unwritable: one line
     log(f"model: {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)} | tasks: {len(splits['logged'])} "
         f"logged, {len(splits['rl'])} RL, {len(splits['test'])} test | device {device} x {world_size} process(es)")
     t_start, amp = time.time(), autocast(cfg, device)

@@ -417,3 +417,17 @@ def rl_state(model, tokenizer, cfg, state, before, rank, log):
     restore_rngs(state["rngs"][rank], generator)
     log(f"resumed from {cfg['out_dir']}/ckpt at step {state['step']}")
     return opt, generator, task_rng, progress, state["step"] + 1
+
+
+def check_out_dir(out_dir):
+    """train.py into an out_dir that already holds a checkpoint (ckpt/ or warmstart/) would
+    overwrite finished work: refused unless the run resumes it (--resume) or starts over
+    (--overwrite); train.run calls this before anything is built or written."""
+    ckpt = find_checkpoint(os.path.join(out_dir, "ckpt"))
+    if ckpt is not None and os.path.isfile(os.path.join(ckpt, "trainer_state.pt")):
+        raise ConfigError(f"{out_dir} already holds a checkpoint ({ckpt}): resume it with --resume, choose "
+                          f"another --out_dir, or pass --overwrite to start over")
+    found = ckpt or find_checkpoint(os.path.join(out_dir, "warmstart"))
+    if found is not None:
+        raise ConfigError(f"{out_dir} already holds a checkpoint ({found}) of an earlier run: choose another "
+                          f"--out_dir, or pass --overwrite to start over")

@@ -4,7 +4,11 @@
 
 `load_config` reads DEFAULTS <- the YAML file (and its bases) <- the overrides and checks every
 value (type, range, choices); a mistake is a ConfigError: one line naming the key (and the file,
-for a base), exit code 2.
+for a base), exit code 2. A key given twice in one file is such a mistake (YAML would keep the
+last one silently). Settings that could never train are refused as well: group_size 1 with RL
+steps here; splits smaller than a step, a prompt longer than max_tokens, max_tokens past the
+model's positions in train.run (`check_splits`, `check_lengths`), and an out_dir that already
+holds a checkpoint unless --resume or --overwrite says what to do with it (`check_out_dir`).
 
 A config file may start from another one, as nanoGPT's config files start from train.py's
 globals, and then hold only what differs:
@@ -76,18 +80,15 @@ DEFAULTS = {
 }
 
 
-
 CHOICES = {"env_mode": ("rehearse", "real", "frozen", "none"), "device": ("auto", "cpu", "cuda"),
            "format": ("plain", "chat"), "model_init": ("pretrained", "random"),
            "rehearsal_mode": ("parallel", "sequential"), "rehearsal_context": ("inline", "separate"),
            "advantage_groups": ("task_role", "task")}
 
 
-
 POSITIVE = {"n_layer", "n_embd", "n_head", "n_logged", "n_rl_tasks", "n_test", "sft_batch_size",
             "tasks_per_step", "group_size", "ppo_epochs", "micro_batch_tokens", "max_turns",
             "max_act_tokens", "max_env_tokens", "max_tokens", "temperature", "lr", "sft_lr"}
-
 
 
 NON_NEGATIVE = {"seed", "data_seed", "n_new_logged", "snippet_repeats", "sft_steps", "rl_steps", "save_every",
@@ -96,14 +97,11 @@ NON_NEGATIVE = {"seed", "data_seed", "n_new_logged", "snippet_repeats", "sft_ste
                 "imagine_temperature", "kl_rehearse_coef", "n_collusion", "grounding_examples"}
 
 
-
 UNIT = {"coverage", "top_p", "min_fidelity"}              # in (0, 1] (min_fidelity: [0, 1])
-
 
 
 class ConfigError(Exception):
     """A user mistake in a config, override, path or data file: one line, exit code 2."""
-
 
 
 def check_value(key, value):
@@ -135,6 +133,27 @@ def check_value(key, value):
     return value
 
 
+class DuplicateKey(Exception):
+    """A mapping that gives a key twice: the key and the lines (1-based) of both."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a mapping giving a key twice (SafeLoader keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":       # `<<: *anchor` may override keys
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                if key in seen:
+                    raise DuplicateKey(key, seen[key] + 1, key_node.start_mark.line + 1)
+                seen[key] = key_node.start_mark.line
+            except TypeError:                                   # unhashable: SafeLoader's own error
+                continue
+        return super().construct_mapping(node, deep)
+
 
 def read_file(path, named_by=None, chain=()):
     """The checked keys of one config file with its bases resolved under them (no DEFAULTS).
@@ -146,7 +165,12 @@ def read_file(path, named_by=None, chain=()):
         raise ConfigError(f"config file not found: {path}")
     try:
         with open(path, encoding="utf-8") as f:
-            loaded = yaml.safe_load(f)
+            loaded = yaml.load(f, Loader=UniqueKeyLoader)
+    except DuplicateKey as e:
+        key, first, again = e.args
+        base = f" (the base of {named_by})" if named_by is not None else ""
+        raise ConfigError(f"key '{key}' is given twice in {path}{base}: at lines {first} and {again}; "
+                          f"keep one") from None
     except yaml.YAMLError as e:
         line = getattr(getattr(e, "problem_mark", None), "line", None)
         where = f" at line {line + 1}" if line is not None else ""
@@ -176,7 +200,6 @@ def read_file(path, named_by=None, chain=()):
     return cfg
 
 
-
 def load_config(path, overrides=()):
     """DEFAULTS <- the YAML file (its bases first) <- `--key=value` overrides, every value checked."""
     cfg = dict(DEFAULTS)
@@ -197,9 +220,44 @@ def load_config(path, overrides=()):
     if cfg["grounding_examples"] and cfg["rehearsal_context"] == "inline":
         raise ConfigError(f"grounding_examples ({cfg['grounding_examples']}) needs rehearsal_context: "
                           f"separate: inline, the actor would read the examples in its own context")
+    if cfg["group_size"] == 1 and cfg["rl_steps"]:
+        raise ConfigError(f"group_size 1 cannot train: a group of one episode is its own baseline "
+                          f"(A = R - mean(group) = 0), so none of the {cfg['rl_steps']} RL steps could "
+                          f"update; use group_size >= 2, or rl_steps: 0 for a warm start only")
     check_format(cfg)
     return cfg
 
+
+def check_splits(cfg, splits):
+    """The task splits fit the config (train.run, before any model is built): each RL step
+    samples tasks_per_step distinct RL tasks, and evaluation needs test tasks."""
+    if cfg["rl_steps"] and len(splits["rl"]) < cfg["tasks_per_step"]:
+        source = cfg["tasks_file"] or f"n_rl_tasks {cfg['n_rl_tasks']}"
+        raise ConfigError(f"tasks_per_step ({cfg['tasks_per_step']}) is more than the {len(splits['rl'])} RL "
+                          f"tasks ({source}): a step samples that many distinct tasks; lower "
+                          f"tasks_per_step or give more tasks")
+    if not splits["test"]:
+        raise ConfigError(f"the test split is empty ({cfg['test_file'] or cfg['tasks_file'] or 'n_test'}): "
+                          f"nothing to evaluate the run on")
+
+
+def check_lengths(cfg, tokenizer, model_config, tasks):
+    """max_tokens against the model and the prompts (train.run, right after the model is built):
+    no more than the model's max_position_embeddings, and (format: plain; chat prompts are
+    checked by chat.check_chat_prompts) room for an episode after the longest prompt of `tasks`,
+    encoded as the sampler encodes it (<bos> + the prompt's tokens)."""
+    positions = getattr(model_config, "max_position_embeddings", None)
+    if positions is not None and cfg["max_tokens"] > positions:
+        raise ConfigError(f"max_tokens ({cfg['max_tokens']}) is more than the model's max_position_embeddings "
+                          f"({positions}): lower max_tokens to at most {positions}")
+    if cfg["format"] != "plain" or not tasks:
+        return
+    from envace import encode, tag_ids
+    bos = len(tag_ids(tokenizer)["bos"])
+    length, longest = max((bos + len(encode(tokenizer, t["prompt"])), i) for i, t in enumerate(tasks))
+    if length >= cfg["max_tokens"]:
+        raise ConfigError(f"max_tokens ({cfg['max_tokens']}) leaves no room for an episode: a task's prompt "
+                          f"is {length} tokens with its <bos> ({tasks[longest]['prompt'][:40]!r})")
 
 
 def check_format(cfg):

@@ -22,7 +22,10 @@ run in the real toy world when they are the toy's (`env: toy`); other chat tasks
 executor: the policy rehearses their tool responses and success is judged by the task's
 criteria alone (answer, gold calls, checklist judge).
 
-Writes <ckpt>/eval.json with at least {"success": float, "n_tasks": int}.
+Writes <ckpt>/eval.json with at least {"success": float, "n_tasks": int} when the folder has none;
+when it has one (train.py's: the final evaluation and its `before` record, the warm start's; what
+experiments.py reads), that file is never replaced and the result goes to <ckpt>/evaluate.json
+instead (replaced by the next evaluate.py run). The line printed last says which file it wrote.
 """
 import argparse
 import json
@@ -34,7 +37,7 @@ import torch
 import features
 import rehearse
 from checkpoint import find_checkpoint, load_policy
-from config import ConfigError, load_config
+from config import ConfigError, check_lengths, load_config
 from distributed import pick_device
 from reward import outcome_record
 from rollout import sample_episodes
@@ -130,6 +133,7 @@ def load_run(folder, overrides, rehearser_path=None):
     rehearser = load_policy(rehearser_path, pick_device(cfg))[0] if rehearser_path else None
     splits = features.build_tasks(cfg)
     fx = features.setup(cfg, tokenizer, splits, pick_device(cfg))    # a template that does not fit: one line
+    check_lengths(cfg, tokenizer, model.config, splits["test"])      # an override of max_tokens: one line
     return cfg, model, tokenizer, splits["test"], fx, rehearser
 
 
@@ -154,6 +158,8 @@ def main(argv=None):
     try:
         if not args.ckpt:
             raise ConfigError("give --ckpt <run folder> (runs are compared by experiments.py --compare)")
+        if args.n_test is not None and args.n_test < 1:
+            raise ConfigError(f"--n_test must be at least 1, got {args.n_test}")
         cfg, model, tokenizer, tasks, fx, rehearser = load_run(args.ckpt, overrides, args.rehearser)
         warm = load_policy(os.path.join(args.ckpt, "warmstart"), pick_device(cfg))[0] if args.coverage else None
     except ConfigError as e:
@@ -180,7 +186,9 @@ def main(argv=None):
     else:
         metrics = evaluate(model, tokenizer, tasks, cfg, fx, seed=cfg["seed"], rehearser=rehearser)
         print(summary(metrics))
-        write(args.ckpt, "eval.json", metrics)
+        name = "evaluate.json" if os.path.exists(os.path.join(args.ckpt, "eval.json")) else "eval.json"
+        write(args.ckpt, name, metrics)        # train.py's eval.json (with `before`) is kept as it is
+        print(f"written to {os.path.join(args.ckpt, name)}")
     return 0
 
 

@@ -46,8 +46,8 @@ from transformers.utils import logging as hf_logging
 import features
 import rehearse
 from checkpoint import (StopRequest, build_model, build_tokenizer, load_policy, load_state, reference_model,
-                        rl_state, save_checkpoint, save_state, write_file)
-from config import ConfigError, load_config
+                        check_out_dir, rl_state, save_checkpoint, save_state, write_file)
+from config import ConfigError, check_lengths, check_splits, load_config
 from distributed import (all_sum, autocast, from_rank0, full_state_dict, gathered, in_step,
                          load_device, memory_estimate, memory_line, parallel_model,
                          reuse_sampler_logprobs, setup_distributed)
@@ -234,10 +234,11 @@ def seed_everything(seed):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    resume = "--resume" in argv
-    argv = [a for a in argv if a != "--resume"]
+    resume, overwrite = "--resume" in argv, "--overwrite" in argv
+    argv = [a for a in argv if a not in ("--resume", "--overwrite")]
     if not any(a == "--config" or a.startswith("--config=") for a in argv):
-        print("usage: python train.py --config small.yaml [--key=value ...] [--resume]", file=sys.stderr)
+        print("usage: python train.py --config small.yaml [--key=value ...] [--resume | --overwrite]",
+              file=sys.stderr)
         return 2
     i = next(i for i, a in enumerate(argv) if a.startswith("--config"))
     flag = argv.pop(i)
@@ -245,7 +246,9 @@ def main(argv=None):
     try:
         if not path:
             raise ConfigError("--config needs a path, e.g. --config small.yaml")
-        return run(load_config(path, argv), resume)
+        if resume and overwrite:
+            raise ConfigError("--resume continues out_dir's checkpoint, --overwrite starts it over: give one")
+        return run(load_config(path, argv), resume, overwrite)
     except ConfigError as e:
         if not dist.is_initialized() or dist.get_rank() == 0:
             print(f"error: {e}", file=sys.stderr)
@@ -307,16 +310,21 @@ def warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, r
     return before
 
 
-def run(cfg, resume=False):
+def run(cfg, resume=False, overwrite=False):
     """The whole run for a checked config dict. Returns 0 when done or interrupted cleanly, 1 if
-    non-finite steps stopped it, 2 if the fidelity gate stopped it."""
-    # 1. setup: processes, tasks, model, the features chosen once
+    non-finite steps stopped it, 2 if the fidelity gate stopped it. An out_dir that already
+    holds a checkpoint is a ConfigError unless `resume` (continue it) or `overwrite` (start over)."""
+    # 1. setup: processes, tasks, model, the features chosen once; what cannot run stops here
     rank, world_size, device = setup_distributed(cfg)
     log = print if rank == 0 else (lambda *a, **k: None)
     out, config_text = cfg["out_dir"], yaml.safe_dump(cfg, sort_keys=False)
+    if not resume and not overwrite:
+        check_out_dir(out)                            # finished work is never overwritten silently
     splits = features.build_tasks(cfg)                # bad data files stop the run here
+    check_splits(cfg, splits)
     seed_everything(cfg["seed"])
     model, tokenizer, state = build(cfg, resume, device, world_size)
+    check_lengths(cfg, tokenizer, model.config, splits["rl"] + splits["test"])
     fx = features.setup(cfg, tokenizer, splits, device)
     n_params = sum(p.numel() for p in model.parameters())
     if cfg["model"] != "tiny":                # the demo's 1M-parameter model needs no estimate

@@ -82,7 +82,7 @@ def test_a_bad_template_stops_train_with_one_line(tmp_path, capsys):
     tiny_qwen(tok, tmp_path / "m")
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"format: chat\nmodel: {tmp_path / 'm'}\ntasks_file: {ROOT}/data/toy_chat_example.jsonl\n"
-                   f"out_dir: {tmp_path / 'run'}\n")
+                   f"out_dir: {tmp_path / 'run'}\ntasks_per_step: 2\n")
     assert train.main(["--config", str(cfg)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "role 'tool'" in err[0]
@@ -389,7 +389,7 @@ def test_max_tokens_shorter_than_a_prompt_is_one_line(tmp_path, capsys):
     tiny_qwen(TOK, tmp_path / "qwen")
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"format: chat\nmodel: {tmp_path / 'qwen'}\ntasks_file: {ROOT}/data/toy_chat_example.jsonl\n"
-                   f"out_dir: {tmp_path / 'run'}\nmax_tokens: 100\n")
+                   f"out_dir: {tmp_path / 'run'}\nmax_tokens: 100\ntasks_per_step: 2\n")
     assert train.main(["--config", str(cfg)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "max_tokens (100) leaves no room" in err[0]

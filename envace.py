@@ -46,6 +46,12 @@ TAGS = {"bos": "<bos>", "pad": "<pad>", "unk": "<unk>", "act": "<act>", "act_end
         "env": "<env>", "env_end": "</env>"}
 
 
+class NonFiniteError(Exception):
+    """Weights, a loss or logits that are not finite (NaN or inf) where the run cannot go on: the
+    warm start's three skipped steps in a row, its weights before they are saved, the policy's
+    logits while sampling. train.main and evaluate.main print it as one line and exit 1."""
+
+
 def tag_ids(tokenizer):
     """The ids the sampler forces and stops on, in the form chat.chat_format derives from a chat
     template: each forced hand-off is a list (a template's is several tokens; first_act is the

@@ -39,6 +39,7 @@ import rehearse
 from checkpoint import find_checkpoint, load_policy
 from config import ConfigError, check_lengths, load_config
 from distributed import pick_device
+from envace import NonFiniteError
 from reward import outcome_record
 from rollout import sample_episodes
 
@@ -166,6 +167,16 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 2
     tasks = tasks[:args.n_test] if args.n_test else tasks
+    try:
+        measure(args, cfg, model, tokenizer, tasks, fx, rehearser, warm)
+    except NonFiniteError as e:                    # broken weights: one line, nothing written
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def measure(args, cfg, model, tokenizer, tasks, fx, rehearser, warm):
+    """What main runs once the checkpoint is loaded: one of the measures, printed and written."""
     if args.coverage:
         result = {when: fx.coverage(m, tokenizer, tasks) for when, m in (("before", warm), ("after", model))}
         for when, buckets in result.items():
@@ -189,7 +200,6 @@ def main(argv=None):
         name = "evaluate.json" if os.path.exists(os.path.join(args.ckpt, "eval.json")) else "eval.json"
         write(args.ckpt, name, metrics)        # train.py's eval.json (with `before`) is kept as it is
         print(f"written to {os.path.join(args.ckpt, name)}")
-    return 0
 
 
 if __name__ == "__main__":

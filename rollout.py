@@ -51,16 +51,24 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 import world as toy_world
-from envace import ACT, OBS, PROMPT, REHEARSE, TAG, encode, tag_ids
+from envace import ACT, OBS, PROMPT, REHEARSE, TAG, NonFiniteError, encode, tag_ids
 
 
 def sample_token(logits, temperature, top_p, generator=None):
-    """[B, V] logits -> (tokens [B], logprobs [B]) at `temperature`; temperature 0 is greedy."""
+    """[B, V] logits -> (tokens [B], logprobs [B]) at `temperature`; temperature 0 is greedy.
+    NonFiniteError when a row is no distribution (a NaN or +inf logit, or every logit -inf):
+    broken weights, which torch.multinomial would report obscurely or argmax hide."""
     logits = logits.float()
+    logp = F.log_softmax(logits / temperature if temperature else logits, dim=-1)
+    # one check per step and one device sync (the sampler syncs once more for the tokens); a NaN
+    # or +inf logit makes its whole row NaN here, a lone -inf logit (a masked token) does not
+    if torch.isnan(logp).any():
+        raise NonFiniteError("the policy's logits are not finite (NaN or inf) while sampling: the weights are "
+                             "broken (a diverged update or a broken checkpoint); use an earlier checkpoint "
+                             "or lower the learning rate")
     if temperature == 0:
         tokens = logits.argmax(-1)
-        return tokens, F.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
-    logp = F.log_softmax(logits / temperature, dim=-1)
+        return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
     probs = logp.exp()
     if top_p < 1.0:
         sorted_p, order = probs.sort(-1, descending=True)

@@ -29,6 +29,7 @@ a toy world with exact-match success instead of a judge (`format: chat`, chat.py
 chat model on JSONL tool tasks); one optimizer step per batch (`ppo_epochs` > 1 makes the clip
 bite); no dynamic sampling (steps whose groups all have equal rewards are skipped and counted).
 """
+import copy
 import json
 import math
 import os
@@ -51,8 +52,8 @@ from config import ConfigError, check_lengths, check_splits, load_config
 from distributed import (all_sum, autocast, from_rank0, full_state_dict, gathered, in_step,
                          load_device, memory_estimate, memory_line, parallel_model,
                          reuse_sampler_logprobs, setup_distributed)
-from envace import (ACT, OBS, REHEARSE, clipped_pg_loss, collate, loss_mask, micro_batches, padded_fraction,
-                    token_advantages, token_kl_coefs, token_logprobs)
+from envace import (ACT, OBS, REHEARSE, NonFiniteError, clipped_pg_loss, collate, loss_mask, micro_batches,
+                    padded_fraction, token_advantages, token_kl_coefs, token_logprobs)
 from evaluate import evaluate, summary
 from metrics import add_micro_batch, episode_sums, role_sums, start_metrics, step_record
 from reward import group_advantages, training_rows
@@ -70,15 +71,19 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
     batch, AdamW with cosine decay from sft_lr to sft_lr / 10.
     Every rank draws the same global batch (same seed) and trains on its slice of it, in
     length-grouped micro-batches. A sequence may be a group of rows ({"rows": [...]}, separate
-    context): drawn as one, so sft_batch_size counts logged episodes in both contexts."""
+    context): drawn as one, so sft_batch_size counts logged episodes in both contexts.
+    A step whose loss or gradient norm is not finite is skipped (no optimizer step: weights and
+    AdamW state untouched; its batch is still drawn, so later steps draw what they would have);
+    three in a row raise NonFiniteError. Returns the number of skipped steps."""
     if cfg["sft_steps"] == 0 or not sequences:
-        return
+        return 0
     device = next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["sft_lr"], weight_decay=cfg["weight_decay"])
     rng = random.Random(cfg["seed"])
     per_rank = cfg["sft_batch_size"] // world_size
     model.train()
     bar = tqdm(range(cfg["sft_steps"]), desc="warm start", dynamic_ncols=True, disable=rank != 0)
+    skipped = in_a_row = 0
     for it in bar:
         lr = cfg["sft_lr"] * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * it / cfg["sft_steps"])))
         for group in opt.param_groups:
@@ -100,11 +105,23 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
             loss = -(logprobs * mask[index, :n - 1]).sum() / n_tokens * weight
             (loss * world_size).backward()  # DDP averages over ranks; x world_size makes it the sum
             total += loss.item()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or float("inf"))
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or float("inf"))
+        # as in rl_step: grad_norm is the same on every rank, the loss is not: every rank skips alike
+        if not math.isfinite(grad_norm) or all_sum([not math.isfinite(total)])[0]:
+            opt.zero_grad(set_to_none=True)
+            skipped, in_a_row = skipped + 1, in_a_row + 1
+            if in_a_row >= 3:
+                bar.close()
+                model.eval()
+                raise NonFiniteError(f"3 non-finite warm-start steps in a row (up to step {it + 1} of "
+                                     f"{cfg['sft_steps']}): nothing saved; lower sft_lr or check the data")
+            continue
+        in_a_row = 0
         opt.step()
         if it % 10 == 0:
             bar.set_postfix(loss=f"{all_sum([total])[0]:.3f}", lr=f"{lr:.1e}")
     model.eval()
+    return skipped
 
 
 # ----------------------------------------------------------------------------- RL update
@@ -185,7 +202,8 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
     Returns (sums, status): metric sums that add
     up over ranks, and "updated", "skipped" (no group on any rank had reward variance: zero
     advantage, zero signal) or "nonfinite" (loss or gradient not finite: weights and optimizer
-    left untouched). Every rank takes the same branch, so collectives stay in step."""
+    left untouched; with ppo_epochs > 1 the epochs before the bad one are rolled back, so the
+    whole step is undone). Every rank takes the same branch, so collectives stay in step."""
     batch = make_batch(episodes, rewards, group_ids, cfg, pad_id)
     n_tokens, groups_with_signal = all_sum([batch["n_tokens"], batch["n_groups"] - batch["all_equal_groups"]])
     batch["n_tokens"] = int(n_tokens)                     # the global normaliser
@@ -207,13 +225,22 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
     t0 = time.time()
     model.train()
     status = "updated"
-    for _ in range(cfg["ppo_epochs"]):
+    # several epochs: what the step started from, to undo the epochs applied before a bad one
+    # (one epoch applies nothing before its check). Local tensors: under FSDP each rank its shard
+    snapshot = None if cfg["ppo_epochs"] == 1 else \
+        ([p.detach().clone() for p in model.parameters()], copy.deepcopy(opt.state_dict()))
+    for epoch in range(cfg["ppo_epochs"]):
         opt.zero_grad(set_to_none=True)
         totals = accumulate_gradients(ddp_model, batch, old, ref, cfg, world_size)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or float("inf"))
         # the gradients are synchronised, so grad_norm is the same on every rank; the loss is not
         if not math.isfinite(grad_norm) or all_sum([not math.isfinite(totals["loss"])])[0]:
             opt.zero_grad(set_to_none=True)
+            if epoch > 0:
+                with torch.no_grad():
+                    for p, saved in zip(model.parameters(), snapshot[0]):
+                        p.copy_(saved)
+                opt.load_state_dict(snapshot[1])
             status = "nonfinite"
             break
         opt.step()
@@ -249,10 +276,10 @@ def main(argv=None):
         if resume and overwrite:
             raise ConfigError("--resume continues out_dir's checkpoint, --overwrite starts it over: give one")
         return run(load_config(path, argv), resume, overwrite)
-    except ConfigError as e:
+    except (ConfigError, NonFiniteError) as e:
         if not dist.is_initialized() or dist.get_rank() == 0:
-            print(f"error: {e}", file=sys.stderr)
-        return 2
+            print(f"\nerror: {e}" if isinstance(e, NonFiniteError) else f"error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ConfigError) else 1
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -284,18 +311,32 @@ def build(cfg, resume, device, world_size):
     return (*load_policy(cfg["model"], load_to, cfg["model_init"]), None)
 
 
+def finite_weights(model_or_weights):
+    """Whether every floating-point weight is finite: a model's own (each rank checks its
+    parameters) or a state dict (FSDP: rank 0 holds the gathered one, the others {}). The same
+    answer on every rank (a collective)."""
+    tensors = model_or_weights.parameters() if isinstance(model_or_weights, torch.nn.Module) \
+        else model_or_weights.values()
+    bad = any(not bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+    return all_sum([bad])[0] == 0
+
+
 def warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, rank, world_size):
     """Steps 2 and 3: the warm start, saved as out_dir/warmstart, its real-world evaluation, and
     the fidelity gate. Returns the evaluation, or None when the gate stops the run."""
     out, t0 = cfg["out_dir"], time.time()
-    warm_start(model, ddp_model, fx.warm_start_sequences(), cfg, tokenizer.pad_token_id, fx.warm_start_roles,
-               rank, world_size)
+    skipped = warm_start(model, ddp_model, fx.warm_start_sequences(), cfg, tokenizer.pad_token_id,
+                         fx.warm_start_roles, rank, world_size)
     weights = full_state_dict(model)                 # FSDP: gathered to rank 0 (a collective)
+    if not finite_weights(model if weights is None else weights):
+        raise NonFiniteError(f"the warm-started weights are not finite (NaN or inf): not saved as "
+                             f"{out}/warmstart; check the model's initial weights, lower sft_lr or check the data")
     if rank == 0:
         save_checkpoint(model, tokenizer, os.path.join(out, "warmstart"),
                         {"config.yaml": yaml.safe_dump(cfg, sort_keys=False)}, state_dict=weights)
     before = rank0_eval(os.path.join(out, "warmstart", "eval.json"))
-    log(f"warm start ({time.time() - t0:.0f}s): {summary(before)}")
+    log(f"warm start ({time.time() - t0:.0f}s{f', {skipped} non-finite steps skipped' if skipped else ''}): "
+        f"{summary(before)}")
     low = {k: v for k, v in before["fidelity"].items() if v < cfg["min_fidelity"]}
     rehearsed = cfg["env_mode"] in ("rehearse", "frozen")     # the modes whose rewards it feeds
     if not before["fidelity_measured"]:
@@ -312,8 +353,10 @@ def warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, r
 
 def run(cfg, resume=False, overwrite=False):
     """The whole run for a checked config dict. Returns 0 when done or interrupted cleanly, 1 if
-    non-finite steps stopped it, 2 if the fidelity gate stopped it. An out_dir that already
-    holds a checkpoint is a ConfigError unless `resume` (continue it) or `overwrite` (start over)."""
+    non-finite RL steps stopped it, 2 if the fidelity gate stopped it. An out_dir that already
+    holds a checkpoint is a ConfigError unless `resume` (continue it) or `overwrite` (start over).
+    NonFiniteError (main: one line, exit 1) if the warm start cannot give finite weights or the
+    policy's logits are not finite while sampling; what was saved before stays as it was."""
     # 1. setup: processes, tasks, model, the features chosen once; what cannot run stops here
     rank, world_size, device = setup_distributed(cfg)
     log = print if rank == 0 else (lambda *a, **k: None)

@@ -423,11 +423,16 @@ def check_out_dir(out_dir):
     """train.py into an out_dir that already holds a checkpoint (ckpt/ or warmstart/) would
     overwrite finished work: refused unless the run resumes it (--resume) or starts over
     (--overwrite); train.run calls this before anything is built or written."""
-    ckpt = find_checkpoint(os.path.join(out_dir, "ckpt"))
+    def held(path):                 # a damaged checkpoint is still finished work: not overwritten
+        try:
+            return find_checkpoint(path)
+        except ConfigError:
+            return path
+    ckpt = held(os.path.join(out_dir, "ckpt"))
     if ckpt is not None and os.path.isfile(os.path.join(ckpt, "trainer_state.pt")):
         raise ConfigError(f"{out_dir} already holds a checkpoint ({ckpt}): resume it with --resume, choose "
                           f"another --out_dir, or pass --overwrite to start over")
-    found = ckpt or find_checkpoint(os.path.join(out_dir, "warmstart"))
+    found = ckpt or held(os.path.join(out_dir, "warmstart"))
     if found is not None:
         raise ConfigError(f"{out_dir} already holds a checkpoint ({found}) of an earlier run: choose another "
                           f"--out_dir, or pass --overwrite to start over")

@@ -4,6 +4,7 @@
     python train.py --config small.yaml --env_mode=real      # same budget, real world in the loop
     python train.py --config small.yaml --rl_steps=20        # any config key as --key=value
     python train.py --config small.yaml --resume             # continue out_dir's latest checkpoint
+    python train.py --config small.yaml --overwrite          # start over in an out_dir that holds a run
     python train.py --config configs/chat_tiny.yaml --model=PATH  # a chat model on chat JSONL tasks
     torchrun --nproc_per_node=2 train.py --config small.yaml # several processes (GPUs or CPU)
 

@@ -212,7 +212,7 @@ def test_nonfinite_warm_start_stops_the_run_with_one_line_and_saves_nothing(tmp_
     earlier.mkdir(parents=True)
     (earlier / "model.safetensors").write_text("earlier")
     nan_logprobs_on(monkeypatch, None)
-    assert train.main(["--config", path]) == 1
+    assert train.main(["--config", path, "--overwrite"]) == 1      # (without it the folder is refused)
     assert "3 non-finite warm-start steps in a row (up to step 3 of 5): nothing saved" in one_error_line(capsys)
     assert os.listdir(earlier) == ["model.safetensors"] and (earlier / "model.safetensors").read_text() == "earlier"
     assert sorted(os.listdir(tmp_path / "run")) == ["config.yaml", "warmstart"]

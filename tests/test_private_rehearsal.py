@@ -83,3 +83,29 @@ def test_no_env_mode_gives_empty_observations():
     words = TOK.convert_ids_to_tokens(e["ids"])
     assert words[3:9] == ["<act>", "price", "apple", "</act>", "<env>", "</env>"]
     assert e["roles"][7:9] == [TAG, OBS]
+
+
+def test_the_sweep_of_a_run_folder_writes_every_setting(tmp_path):
+    """evaluate.py --sweep (the last step of configs/run_all.sh) on a real run folder: one row per
+    rehearser, mode and budget; in parallel mode a task imagines exactly N episodes, in sequential
+    mode at most N."""
+    import json
+    import os
+
+    import evaluate as evaluate_cli
+    import train
+    from helpers import tiny_cfg
+    cfg = tiny_cfg(tmp_path, rl_steps=1, n_test=4, n_collusion=0)
+    assert train.run(cfg) == 0
+    warm = os.path.join(cfg["out_dir"], "warmstart")
+    assert evaluate_cli.main(["--ckpt", cfg["out_dir"], "--sweep", "--rehearser", warm, "--n_test=3",
+                              "--eval_temperature=0.6", "--top_p=0.95", "--imagine_temperature=0.6"]) == 0
+    rows = json.load(open(os.path.join(cfg["out_dir"], "private_rehearsal.json")))
+    assert [(r["rehearser"], r["mode"], r["budget"]) for r in rows] == [
+        (who, mode, n) for who in ("policy", "rehearser") for mode in ("parallel", "sequential") for n in (0, 1, 2, 4)]
+    for r in rows:
+        assert round(r["success"] * 3, 9).is_integer()
+        if r["mode"] == "parallel":
+            assert r["imagined_per_task"] == r["budget"]
+        else:
+            assert r["imagined_per_task"] <= r["budget"]

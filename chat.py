@@ -223,7 +223,8 @@ TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
 def check_value(value, schema, path="arguments"):
     """The first way `value` breaks the JSON schema `schema` (types, enum, required, properties,
     additionalProperties false, array items), as a message; None if it fits. Hand-written: the
-    subset of JSON Schema that OpenAI function schemas use."""
+    subset of JSON Schema that OpenAI function schemas use. `schema` has passed check_schema
+    (every task file's tools do, at load), so its keywords have the shapes read here."""
     if not isinstance(schema, dict):
         return None
     kinds = schema.get("type")
@@ -249,6 +250,39 @@ def check_value(value, schema, path="arguments"):
             problem = check_value(v, schema.get("items"), f"{path}[{k}]")
             if problem:
                 return problem
+    return None
+
+
+def check_schema(schema, path="parameters"):
+    """The first way `schema` is not a JSON schema check_value can read, as a message; None if
+    fine. Recursive over properties / items / additionalProperties; keywords check_value does not
+    read (description, anyOf, format, ...) are not checked and not enforced."""
+    if not isinstance(schema, dict):
+        return f"{path} must be a JSON schema object, got {json.dumps(schema)}"
+    kinds = schema.get("type", [])
+    if not isinstance(kinds, str) and not (isinstance(kinds, list) and all(isinstance(k, str) for k in kinds)):
+        return f"{path}.type must be a type name or a list of them, got {json.dumps(kinds)}"
+    if "enum" in schema and not (isinstance(schema["enum"], list) and schema["enum"]):
+        return f"{path}.enum must be a non-empty list, got {json.dumps(schema['enum'])}"
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(k, str) for k in required):
+        return f"{path}.required must be a list of property names, got {json.dumps(required)}"
+    props = schema.get("properties", {})
+    if not isinstance(props, dict):
+        return f"{path}.properties must be an object of property schemas, got {json.dumps(props)}"
+    for key, sub in props.items():
+        problem = check_schema(sub, f"{path}.properties.{key}")
+        if problem:
+            return problem
+    extra = schema.get("additionalProperties", True)
+    if not isinstance(extra, (bool, dict)):
+        return f"{path}.additionalProperties must be true, false or a JSON schema, got {json.dumps(extra)}"
+    if isinstance(extra, dict):
+        problem = check_schema(extra, f"{path}.additionalProperties")
+        if problem:
+            return problem
+    if "items" in schema:
+        return check_schema(schema["items"], f"{path}.items")
     return None
 
 
@@ -287,8 +321,9 @@ def read_act(text, schemas):
         call = json.loads(match.group(1))
     except json.JSONDecodeError as e:
         return "bad_call_json", f"not valid JSON: {e.msg}"
-    if not isinstance(call, dict) or set(call) != {"name", "arguments"} or not isinstance(call["arguments"], dict):
-        return "bad_call_json", 'expected {"name": ..., "arguments": {...}}'
+    if (not isinstance(call, dict) or set(call) != {"name", "arguments"} or not isinstance(call["name"], str)
+            or not isinstance(call["arguments"], dict)):
+        return "bad_call_json", 'expected {"name": "...", "arguments": {...}}'
     if call["name"] not in schemas:
         return "unknown_tool", f"no tool named {call['name']!r}"
     problem = check_value(call["arguments"], schemas[call["name"]])
@@ -390,12 +425,17 @@ def _check_tools(tools, where):
     out = []
     for k, tool in enumerate(tools):
         fn = tool.get("function", tool) if isinstance(tool, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"].strip():
             _fail(where, f"tool {k + 1} has no 'name' (expected {{\"type\": \"function\", \"function\": "
                          f"{{\"name\", \"parameters\"}}}})")
+        if any(t["function"]["name"] == fn["name"] for t in out):
+            _fail(where, f"tool {k + 1}: a second tool named {fn['name']!r}")
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict) or params.get("type", "object") != "object":
             _fail(where, f"tool {fn['name']!r}: 'parameters' must be an object schema")
+        problem = check_schema(params)
+        if problem:
+            _fail(where, f"tool {fn['name']!r}: {problem}")
         out.append({"type": "function", "function": {**fn, "parameters": params}})
     return out
 
@@ -429,6 +469,9 @@ def _check_messages(messages, where):
             _fail(where, f"message {k + 1} must have a role in {ROLES}")
         if m["role"] != "assistant" and not isinstance(m.get("content"), str):
             _fail(where, f"message {k + 1} ({m['role']}) must have a string 'content'")
+        if m["role"] == "assistant" and not isinstance(m.get("content"), (str, type(None))):
+            _fail(where, f"message {k + 1} (assistant): 'content' must be a string or null, "
+                         f"got {json.dumps(m['content'])}")
 
 
 def check_task(row, where, kind):
@@ -447,14 +490,17 @@ def check_task(row, where, kind):
     if not any(m["role"] == "user" for m in opening):
         _fail(where, "the opening messages (before the first assistant turn) hold no user message")
     task = {"messages": opening, "tools": tools, "family": row.get("family", "file")}
+    if not isinstance(task["family"], str) or not task["family"]:
+        _fail(where, f"'family' must be a non-empty string, got {json.dumps(task['family'])}")
     if kind == "trajectories":        # examples: optional here too (separate rehearse prompts)
         return {**task, **_trajectory(row["messages"][first:], schemas, where),
                 "examples": _check_examples(row.get("examples", {}), schemas, where)}
     if first < len(row["messages"]):
         _fail(where, "a task's 'messages' are the opening only (system/user); trajectories go in logged_file")
     if "answer" in row:
-        if not isinstance(row["answer"], (str, int, float)) or isinstance(row["answer"], bool):
-            _fail(where, f"'answer' must be a string or a number, got {json.dumps(row['answer'])}")
+        if (not isinstance(row["answer"], (str, int, float)) or isinstance(row["answer"], bool)
+                or not str(row["answer"]).strip() or str(row["answer"]) in ("inf", "-inf", "nan")):
+            _fail(where, f"'answer' must be a string or a number (non-empty, finite), got {json.dumps(row['answer'])}")
         task["answer"] = str(row["answer"])
     if "gold_calls" in row:
         if not isinstance(row["gold_calls"], list):
@@ -462,7 +508,7 @@ def check_task(row, where, kind):
         task["gold_calls"] = [_check_call(c, schemas, where, f"gold call {k + 1}")
                               for k, c in enumerate(row["gold_calls"])]
     if "checklist" in row:
-        if not isinstance(row["checklist"], list) or not all(isinstance(q, str) for q in row["checklist"]):
+        if not isinstance(row["checklist"], list) or not all(isinstance(q, str) and q.strip() for q in row["checklist"]):
             _fail(where, "'checklist' must be a list of yes/no questions (strings)")
         task["checklist"] = row["checklist"]
     if not any(k in task for k in ("answer", "gold_calls", "checklist")):
@@ -502,6 +548,8 @@ def _trajectory(turns, schemas, where):
         m = turns[k]
         if m["role"] != "assistant":
             _fail(where, f"turn {k + 1} after the opening: expected an assistant message, got {m['role']}")
+        if m.get("tool_calls") is not None and not isinstance(m["tool_calls"], list):
+            _fail(where, f"turn {k + 1}: 'tool_calls' must be a list, got {json.dumps(m['tool_calls'])}")
         if not m.get("tool_calls"):
             if k != len(turns) - 1 or not isinstance(m.get("content"), str):
                 _fail(where, "an assistant message without tool_calls must be the last one, with a string content")

@@ -5,9 +5,20 @@
 
 A config's tasks_file / test_file / logged_file replace the generated splits (features.py). Every
 line is checked before anything trains; a bad one is a DataError naming its file, line and field.
+
+What a line may hold (plain format):
+- "prompt": a non-empty string; "answer": a non-empty string of ASCII digits (the only answers the
+  toy actor can write, `answer 1 2` -> "12"); trajectories also "calls" (strings world.parse_call
+  reads) and "responses" (one string per call).
+- "family" (optional): a string, the group evaluate.py reports success by.
+- any other key is allowed and ignored (exports and other tools carry ids and metadata).
+- words outside the toy world's vocabulary (world.WORDS) are allowed, with one warning per file:
+  `model: tiny`'s word-level tokenizer reads them as <unk>, while a real model's tokenizer may
+  know them, and the file cannot tell which model will read it.
 """
 import json
 import os
+import warnings
 
 import world
 
@@ -29,7 +40,8 @@ def json_lines(path, kind):
     """(where, parsed object) for each non-blank line of a JSONL file, `where` being "PATH line N";
     an unreadable file or a line that is not JSON raises DataError naming it."""
     try:
-        lines = open(path, encoding="utf-8").read().splitlines()
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"cannot read {kind} file {path}: {e}") from None
     for n, line in enumerate(lines, 1):
@@ -45,27 +57,55 @@ def json_lines(path, kind):
 def read_jsonl(path, kind):
     """Tasks ({"prompt", "answer"}) or logged trajectories ({"prompt", "calls", "responses",
     "answer"}), one JSON object per line; blank lines are skipped. Every line is checked before
-    anything trains, and the first bad one raises DataError naming its line."""
+    anything trains (see the module docstring), and the first bad one raises DataError naming its
+    line and field."""
     keys = TASK_KEYS if kind == "tasks" else TRAJECTORY_KEYS
-    rows = []
+    rows, unknown = [], None
     for where, row in json_lines(path, kind):
-        if not isinstance(row, dict):
-            raise DataError(f"{where}: expected a JSON object with keys {list(keys)}")
-        for key, typ in keys.items():
-            if key not in row:
-                raise DataError(f"{where}: missing key '{key}'")
-            if not isinstance(row[key], typ):
-                raise DataError(f"{where}: '{key}' must be a {typ.__name__}, got {row[key]!r}")
-        if kind == "trajectories":
-            if len(row["calls"]) != len(row["responses"]):
-                raise DataError(f"{where}: {len(row['calls'])} calls but {len(row['responses'])} responses")
-            for i, call in enumerate(row["calls"]):
-                if not isinstance(call, str) or world.parse_call(call) is None:
-                    raise DataError(f"{where}: call {i + 1} {call!r} is not a valid tool call")
+        _check_row(row, where, keys, kind)
+        if unknown is None:
+            words = row["prompt"].split() + [w for text in row.get("calls", []) + row.get("responses", [])
+                                              for w in text.split()]
+            new = sorted(set(w for w in words if w not in VOCABULARY and not w.isdigit()))
+            if new:
+                unknown = (where, new)
         rows.append(row)
     if not rows:
         raise DataError(f"{path}: no {kind} in the file")
+    if unknown:
+        warnings.warn(f"{unknown[0]}: words outside the toy world's vocabulary {unknown[1][:5]} "
+                      f"(model: tiny reads them as <unk>); first such line of the file", stacklevel=2)
     return rows
+
+
+VOCABULARY = set(world.WORDS)
+
+
+def _check_row(row, where, keys, kind):
+    """One line's object against the plain format; DataError names the field."""
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected a JSON object with keys {list(keys)}")
+    for key, typ in keys.items():
+        if key not in row:
+            raise DataError(f"{where}: missing key '{key}'")
+        if not isinstance(row[key], typ):
+            raise DataError(f"{where}: '{key}' must be a {typ.__name__}, got {json.dumps(row[key])}")
+    if not row["prompt"].strip():
+        raise DataError(f"{where}: 'prompt' is empty")
+    if not (row["answer"].isascii() and row["answer"].isdigit()):
+        raise DataError(f"{where}: 'answer' must be a string of digits (what the toy actor can answer), "
+                        f"got {json.dumps(row['answer'])}")
+    if "family" in row and not (isinstance(row["family"], str) and row["family"]):
+        raise DataError(f"{where}: 'family' must be a non-empty string, got {json.dumps(row['family'])}")
+    if kind == "trajectories":
+        if len(row["calls"]) != len(row["responses"]):
+            raise DataError(f"{where}: {len(row['calls'])} calls but {len(row['responses'])} responses")
+        for i, call in enumerate(row["calls"]):
+            if not isinstance(call, str) or world.parse_call(call) is None:
+                raise DataError(f"{where}: call {i + 1} {call!r} is not a valid tool call")
+        for i, response in enumerate(row["responses"]):
+            if not isinstance(response, str):
+                raise DataError(f"{where}: response {i + 1} must be a string, got {json.dumps(response)}")
 
 
 

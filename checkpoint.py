@@ -367,10 +367,14 @@ def restore_rngs(rngs, generator):
 
 
 class StopRequest:
-    """SIGINT/SIGTERM set a flag; the RL loop finishes its step, saves and exits cleanly."""
+    """SIGINT/SIGTERM set a flag; the RL loop finishes its step, saves and exits cleanly (the warm
+    start checks it between its steps). `immediate`: the signal raises KeyboardInterrupt at once
+    (SIGTERM too), for what cannot stop half-way and leaves nothing half-written (an evaluation,
+    an atomic save); it can be switched on and off while the handlers are installed."""
 
-    def __init__(self):
+    def __init__(self, immediate=False):
         self.signal = None
+        self.immediate = immediate
 
     def __enter__(self):
         self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -378,6 +382,8 @@ class StopRequest:
 
     def handle(self, signum, frame):
         self.signal = signum
+        if self.immediate:
+            raise KeyboardInterrupt
 
     def __exit__(self, *exc):
         for s, handler in self.previous.items():

@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 
 import torch
 
@@ -155,7 +156,25 @@ def main(argv=None):
                              "into <ckpt>/coverage.json")
     parser.add_argument("--collusion", action="store_true",
                         help="only the imagined-world measures (collusion), into <ckpt>/collusion.json")
+    parser.add_argument("--debug", action="store_true", help="an unexpected error's full traceback too")
     args, overrides = parser.parse_known_args(argv)
+    phase = ["loading the checkpoint"]
+    try:
+        return run_main(args, overrides, phase)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted during {phase[0]}: no result written", file=sys.stderr)
+        return 130
+    except Exception as e:             # user code, a tokenizer, a library: one line naming the phase
+        if args.debug:
+            traceback.print_exc()
+        message = (str(e).strip().splitlines() or [""])[0]
+        print(f"error in {phase[0]}: {type(e).__name__}{': ' + message if message else ''}"
+              + ("" if args.debug else " (--debug shows the traceback)"), file=sys.stderr)
+        return 1
+
+
+def run_main(args, overrides, phase):
+    """main's body: ConfigError exits 2, NonFiniteError 1, each one line; phase[0] names the phase."""
     try:
         if not args.ckpt:
             raise ConfigError("give --ckpt <run folder> (runs are compared by experiments.py --compare)")
@@ -167,6 +186,7 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 2
     tasks = tasks[:args.n_test] if args.n_test else tasks
+    phase[0] = "evaluation"
     try:
         measure(args, cfg, model, tokenizer, tasks, fx, rehearser, warm)
     except NonFiniteError as e:                    # broken weights: one line, nothing written

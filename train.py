@@ -5,6 +5,7 @@
     python train.py --config small.yaml --rl_steps=20        # any config key as --key=value
     python train.py --config small.yaml --resume             # continue out_dir's latest checkpoint
     python train.py --config small.yaml --overwrite          # start over in an out_dir that holds a run
+    python train.py --config small.yaml --debug              # a failure's full traceback too
     python train.py --config configs/chat_tiny.yaml --model=PATH  # a chat model on chat JSONL tasks
     torchrun --nproc_per_node=2 train.py --config small.yaml # several processes (GPUs or CPU)
 
@@ -21,8 +22,13 @@ One run, top to bottom (`run`):
      rewards task success (reward.py), A = R - mean(group), and makes one hand-written clipped
      policy-gradient update on ACT and REHEARSE tokens (`rl_step`, envace.clipped_pg_loss).
   5. Save (save_pretrained) and evaluate in the real world; print before/after.
-Only rank 0 prints, evaluates and saves. Ctrl-C or SIGTERM saves the current step and exits 0;
-`--resume` continues exactly (checkpoint.py). Each step's figures go to metrics.jsonl (metrics.py).
+Only rank 0 prints, evaluates and saves. Ctrl-C or SIGTERM during RL saves the current step and
+exits 0; `--resume` continues exactly (checkpoint.py). Elsewhere it is one line saying what is
+saved, exit 130: during the warm start (stopped between steps) nothing; during its evaluation or
+the step-0 checkpoint, the finished warm start, which `--resume` continues (evaluation, gate, RL
+from step 1, as if never stopped); during the final evaluation, ckpt/. Any other exception is one
+line naming the phase and the exception, exit 1 (`--debug` prints the traceback too). Each
+step's figures go to metrics.jsonl (metrics.py).
 
 Simplified against the paper / official code: inline rehearsal by default (one row holds both
 roles; `rehearsal_context: separate`, separate.py, gives each rehearsal its own row and prompt);
@@ -35,8 +41,10 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
+import traceback
 
 import numpy as np
 import torch
@@ -47,8 +55,9 @@ from transformers.utils import logging as hf_logging
 
 import features
 import rehearse
-from checkpoint import (StopRequest, build_model, build_tokenizer, load_policy, load_state, reference_model,
-                        check_out_dir, rl_state, save_checkpoint, save_state, write_file)
+from checkpoint import (MODEL_SHAPE_KEYS, StopRequest, build_model, build_tokenizer, find_checkpoint,
+                        is_checkpoint, load_policy, load_state, reference_model, check_out_dir, rl_state,
+                        save_checkpoint, save_state, write_file)
 from config import ConfigError, check_lengths, check_splits, load_config
 from distributed import (all_sum, autocast, from_rank0, full_state_dict, gathered, in_step,
                          load_device, memory_estimate, memory_line, parallel_model,
@@ -65,7 +74,8 @@ hf_logging.disable_progress_bar()     # transformers' save/load bars: keep the t
 
 # ----------------------------------------------------------------------------- warm start
 
-def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, OBS), rank=0, world_size=1):
+def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, OBS), rank=0, world_size=1,
+               stop=None):
     """Paper, the warm start before RL: teacher-forced cross-entropy on the targets whose role is in `roles`
     (ACT, REHEARSE and the logged responses OBS: environment tokens are trained too, the initial
     world model; separate rows train ACT and REHEARSE, features.py), token mean over the global
@@ -75,7 +85,9 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
     context): drawn as one, so sft_batch_size counts logged episodes in both contexts.
     A step whose loss or gradient norm is not finite is skipped (no optimizer step: weights and
     AdamW state untouched; its batch is still drawn, so later steps draw what they would have);
-    three in a row raise NonFiniteError. Returns the number of skipped steps."""
+    three in a row raise NonFiniteError. `stop` (a StopRequest): its flag is checked between steps,
+    every rank agreeing; set on any rank, the warm start stops there (KeyboardInterrupt, nothing
+    saved). Returns the number of skipped steps."""
     if cfg["sft_steps"] == 0 or not sequences:
         return 0
     device = next(model.parameters()).device
@@ -86,6 +98,10 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
     bar = tqdm(range(cfg["sft_steps"]), desc="warm start", dynamic_ncols=True, disable=rank != 0)
     skipped = in_a_row = 0
     for it in bar:
+        if stop is not None and all_sum([stop.signal is not None])[0] > 0:    # any rank signalled: all stop
+            bar.close()
+            model.eval()
+            raise KeyboardInterrupt
         lr = cfg["sft_lr"] * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * it / cfg["sft_steps"])))
         for group in opt.param_groups:
             group["lr"] = lr
@@ -260,14 +276,23 @@ def seed_everything(seed):
     torch.manual_seed(seed)
 
 
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM outside the RL loop (setup, the warm start, an evaluation, a save): its
+    message is the one line saying what is saved and how to go on; main prints it, exits 130."""
+
+
 def main(argv=None):
+    """Exit status: 0 done (or interrupted during RL: saved), 1 a failure (non-finite training,
+    any unexpected exception: one line naming the phase; --debug adds the traceback), 2 a bad
+    config or input (ConfigError) or the fidelity gate, 130 interrupted outside the RL loop."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    resume, overwrite = "--resume" in argv, "--overwrite" in argv
-    argv = [a for a in argv if a not in ("--resume", "--overwrite")]
+    resume, overwrite, debug = "--resume" in argv, "--overwrite" in argv, "--debug" in argv
+    argv = [a for a in argv if a not in ("--resume", "--overwrite", "--debug")]
     if not any(a == "--config" or a.startswith("--config=") for a in argv):
-        print("usage: python train.py --config small.yaml [--key=value ...] [--resume | --overwrite]",
+        print("usage: python train.py --config small.yaml [--key=value ...] [--resume | --overwrite] [--debug]",
               file=sys.stderr)
         return 2
+    phase = {"name": "setup"}
     i = next(i for i, a in enumerate(argv) if a.startswith("--config"))
     flag = argv.pop(i)
     path = flag.split("=", 1)[1] if "=" in flag else (argv.pop(i) if i < len(argv) else "")
@@ -276,11 +301,25 @@ def main(argv=None):
             raise ConfigError("--config needs a path, e.g. --config small.yaml")
         if resume and overwrite:
             raise ConfigError("--resume continues out_dir's checkpoint, --overwrite starts it over: give one")
-        return run(load_config(path, argv), resume, overwrite)
+        return run(load_config(path, argv), resume, overwrite, phase)
     except (ConfigError, NonFiniteError) as e:
         if not dist.is_initialized() or dist.get_rank() == 0:
             print(f"\nerror: {e}" if isinstance(e, NonFiniteError) else f"error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
+    except (Interrupted, KeyboardInterrupt) as e:       # KeyboardInterrupt: before run took over
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print(f"\n{e}" if isinstance(e, Interrupted) else "\ninterrupted during setup: nothing saved",
+                  file=sys.stderr)
+        return 130
+    except Exception as e:             # user code, a tokenizer, a library: one line, the phase named
+        if debug:
+            traceback.print_exc()
+        where = f"rank {dist.get_rank()}: " if dist.is_initialized() and dist.get_world_size() > 1 else ""
+        message = (str(e).strip().splitlines() or [""])[0]
+        print(f"\n{where}error in {phase['name']}: {type(e).__name__}"
+              f"{': ' + message if message else ''}" + ("" if debug else " (--debug shows the traceback)"),
+              file=sys.stderr)
+        return 1
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -300,16 +339,40 @@ def real_world_eval(model, tokenizer, tasks, cfg, fx, amp, path=None, **extra):
         return from_rank0(on_rank0)
 
 
+def warm_start_to_resume(cfg):
+    """The finished warm start that --resume continues when no RL checkpoint was saved yet (a run
+    interrupted during the warm start's evaluation or the step-0 checkpoint): a whole
+    out_dir/warmstart (or its .old), or None: out_dir/ckpt is resumed (load_state)."""
+    ckpt = os.path.join(cfg["out_dir"], "ckpt")
+    if is_checkpoint(ckpt) or is_checkpoint(ckpt + ".old"):
+        return None
+    return find_checkpoint(os.path.join(cfg["out_dir"], "warmstart"))    # damaged: one line (ConfigError)
+
+
 def build(cfg, resume, device, world_size):
-    """(model, tokenizer, trainer state or None): the checkpoint to resume, the demo's tiny model
-    (its tokenizer from the toy world's words) or a saved / hub model."""
+    """(model, tokenizer, trainer state or None, warm start path or None): the checkpoint to
+    resume, the demo's tiny model (its tokenizer from the toy world's words) or a saved / hub
+    model. --resume with only a finished warm start (warm_start_to_resume): the model is built
+    exactly as for a new run (the same global RNG draws, so what follows draws the same), then
+    the warm start's weights are loaded into it; its path is returned."""
     load_to = load_device(cfg, device, world_size)      # FSDP moves each rank's shard only
-    if resume:
-        return load_state(cfg, load_to, world_size)
+    warm = warm_start_to_resume(cfg) if resume else None
+    if resume and warm is None:
+        return (*load_state(cfg, load_to, world_size), None)
     if cfg["model"] == "tiny":
         tokenizer = build_tokenizer(features.tiny_words(cfg))
-        return build_model(cfg, tokenizer).to(load_to), tokenizer, None
-    return (*load_policy(cfg["model"], load_to, cfg["model_init"]), None)
+        model = build_model(cfg, tokenizer).to(load_to)
+    else:
+        model, tokenizer = load_policy(cfg["model"], load_to, cfg["model_init"])
+    if warm is not None:
+        with open(os.path.join(warm, "config.yaml")) as f:
+            saved = yaml.safe_load(f)
+        for key in MODEL_SHAPE_KEYS:
+            if saved.get(key) != cfg[key]:
+                raise ConfigError(f"--resume: the warm start in {warm} has {key}={saved.get(key)!r} but "
+                                  f"the config says {key}={cfg[key]!r}: another model shape")
+        model.load_state_dict(load_policy(warm, load_to)[0].state_dict())
+    return model, tokenizer, None, warm
 
 
 def finite_weights(model_or_weights):
@@ -322,19 +385,35 @@ def finite_weights(model_or_weights):
     return all_sum([bad])[0] == 0
 
 
-def warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, rank, world_size):
+def warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, rank, world_size, stop, phase,
+                        warm=None):
     """Steps 2 and 3: the warm start, saved as out_dir/warmstart, its real-world evaluation, and
-    the fidelity gate. Returns the evaluation, or None when the gate stops the run."""
+    the fidelity gate. Returns the evaluation, or None when the gate stops the run. `stop` (the
+    run's StopRequest): a signal during the warm start stops it between steps, one during the
+    evaluation at once (KeyboardInterrupt either way; run turns it into its line). `warm`: a
+    finished warm start already loaded (--resume): not redone, only evaluated and gated.
+    `phase` (run's dict) is kept up to date: the phase, and what is saved."""
     out, t0 = cfg["out_dir"], time.time()
-    skipped = warm_start(model, ddp_model, fx.warm_start_sequences(), cfg, tokenizer.pad_token_id,
-                         fx.warm_start_roles, rank, world_size)
-    weights = full_state_dict(model)                 # FSDP: gathered to rank 0 (a collective)
-    if not finite_weights(model if weights is None else weights):
-        raise NonFiniteError(f"the warm-started weights are not finite (NaN or inf): not saved as "
-                             f"{out}/warmstart; check the model's initial weights, lower sft_lr or check the data")
-    if rank == 0:
-        save_checkpoint(model, tokenizer, os.path.join(out, "warmstart"),
-                        {"config.yaml": yaml.safe_dump(cfg, sort_keys=False)}, state_dict=weights)
+    if warm is None:
+        phase["name"], stop.immediate = "warm start", False        # stop between steps, not mid-step
+        skipped = warm_start(model, ddp_model, fx.warm_start_sequences(), cfg, tokenizer.pad_token_id,
+                             fx.warm_start_roles, rank, world_size, stop)
+        weights = full_state_dict(model)                 # FSDP: gathered to rank 0 (a collective)
+        if not finite_weights(model if weights is None else weights):
+            raise NonFiniteError(f"the warm-started weights are not finite (NaN or inf): not saved as "
+                                 f"{out}/warmstart; check the model's initial weights, lower sft_lr or check the data")
+        if rank == 0:
+            save_checkpoint(model, tokenizer, os.path.join(out, "warmstart"),
+                            {"config.yaml": yaml.safe_dump(cfg, sort_keys=False)}, state_dict=weights)
+            for stale in ("ckpt", "ckpt.old"):    # an earlier run's (--overwrite): --resume continues this one
+                shutil.rmtree(os.path.join(out, stale), ignore_errors=True)
+        phase["saved"], stop.immediate = "warmstart", True
+        if all_sum([stop.signal is not None])[0] > 0:       # signalled during the last step or the save
+            raise KeyboardInterrupt
+    else:
+        skipped = 0
+        log(f"resumed from {warm}: the finished warm start (not redone), its evaluation, the gate, RL from step 1")
+    phase["name"] = "evaluation"
     before = rank0_eval(os.path.join(out, "warmstart", "eval.json"))
     log(f"warm start ({time.time() - t0:.0f}s{f', {skipped} non-finite steps skipped' if skipped else ''}): "
         f"{summary(before)}")
@@ -352,12 +431,44 @@ def warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, r
     return before
 
 
-def run(cfg, resume=False, overwrite=False):
-    """The whole run for a checked config dict. Returns 0 when done or interrupted cleanly, 1 if
-    non-finite RL steps stopped it, 2 if the fidelity gate stopped it. An out_dir that already
-    holds a checkpoint is a ConfigError unless `resume` (continue it) or `overwrite` (start over).
-    NonFiniteError (main: one line, exit 1) if the warm start cannot give finite weights or the
-    policy's logits are not finite while sampling; what was saved before stays as it was."""
+def run(cfg, resume=False, overwrite=False, phase=None):
+    """The whole run for a checked config dict. Returns 0 when done or interrupted cleanly during
+    RL (saved), 1 if non-finite RL steps stopped it, 2 if the fidelity gate stopped it. An out_dir
+    that already holds a checkpoint is a ConfigError unless `resume` (continue it: out_dir/ckpt,
+    or a finished out_dir/warmstart when no RL checkpoint was saved yet) or `overwrite` (start
+    over). NonFiniteError (main: one line, exit 1) if the warm start cannot give finite weights or
+    the policy's logits are not finite while sampling; what was saved before stays as it was.
+    Ctrl-C or SIGTERM outside the RL loop raises Interrupted, whose message says what is saved
+    (main: that line, exit 130). `phase` (a dict, main's) holds the phase for main's error line."""
+    phase = {} if phase is None else phase
+    phase.update(name="setup", saved=None, step=0, resume=resume)
+    with StopRequest(immediate=True) as stop:       # outside the RL loop a signal interrupts at once
+        try:
+            return run_phases(cfg, resume, overwrite, phase, stop)
+        except KeyboardInterrupt:
+            raise Interrupted(interrupted_line(cfg, phase)) from None
+
+
+def interrupted_line(cfg, phase):
+    """The one line for an interruption outside the RL loop: what is saved, and how to go on."""
+    out = cfg["out_dir"]
+    again = f"python train.py --config {os.path.join(out, 'config.yaml')} --resume"
+    where = f"interrupted during {phase['name']}"
+    if phase["saved"] == "ckpt":
+        final = " (it redoes the final evaluation)" if phase["name"] == "final evaluation" else ""
+        return f"{where}: the checkpoint of step {phase['step']} is saved in {out}/ckpt; continue with: {again}{final}"
+    if phase["saved"] == "warmstart":
+        return (f"{where}: the finished warm start is saved in {out}/warmstart; continue from it "
+                f"(evaluation, gate, RL) with: {again}")
+    if phase["resume"]:
+        return f"{where}: nothing changed in {out}; resume again with: {again}"
+    earlier = any(os.path.isdir(os.path.join(out, d)) for d in ("ckpt", "ckpt.old", "warmstart", "warmstart.old"))
+    return f"{where}: nothing saved; " + (f"{out} holds an earlier run's checkpoint: start over with --overwrite"
+                                          if earlier else "run the same command to start over")
+
+
+def run_phases(cfg, resume, overwrite, phase, stop):
+    """run's body, phase by phase (`phase` kept up to date; `stop`: the run's StopRequest)."""
     # 1. setup: processes, tasks, model, the features chosen once; what cannot run stops here
     rank, world_size, device = setup_distributed(cfg)
     log = print if rank == 0 else (lambda *a, **k: None)
@@ -367,7 +478,11 @@ def run(cfg, resume=False, overwrite=False):
     splits = features.build_tasks(cfg)                # bad data files stop the run here
     check_splits(cfg, splits)
     seed_everything(cfg["seed"])
-    model, tokenizer, state = build(cfg, resume, device, world_size)
+    model, tokenizer, state, warm = build(cfg, resume, device, world_size)
+    if state is not None:
+        phase.update(saved="ckpt", step=state["step"])
+    elif warm is not None:
+        phase["saved"] = "warmstart"
     check_lengths(cfg, tokenizer, model.config, splits["rl"] + splits["test"])
     fx = features.setup(cfg, tokenizer, splits, device)
     n_params = sum(p.numel() for p in model.parameters())
@@ -385,13 +500,17 @@ def run(cfg, resume=False, overwrite=False):
 
     # 2-3. warm start, evaluation, the fidelity gate (or the checkpoint's state)
     before = None if state is not None else \
-        warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, rank, world_size)
+        warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, rank, world_size, stop, phase,
+                            warm)
     if state is None and before is None:
         return 2
+    if state is None:
+        phase["name"] = "the step-0 checkpoint"
     reference = reference_model(model, cfg, device, world_size, os.path.join(out, "warmstart"), state is None,
                                 uses_kl(cfg) or cfg["env_mode"] == "frozen")     # the frozen warm start
     simulator = reference if cfg["env_mode"] == "frozen" else None
     opt, generator, task_rng, progress, first_step = rl_state(model, tokenizer, cfg, state, before, rank, log)
+    phase.update(saved="ckpt", step=first_step - 1)
     metrics_path = start_metrics(out, first_step, rank)
     sample = fx.sample if cfg["env_mode"] in ("rehearse", "frozen") else sample_episodes
     sampling = {k: cfg[k] for k in ("temperature", "top_p", "max_turns", "max_act_tokens", "max_env_tokens",
@@ -404,7 +523,7 @@ def run(cfg, resume=False, overwrite=False):
                dynamic_ncols=True, disable=rank != 0)
     with StopRequest() as stop:
         for step in bar:
-            t0 = time.time()
+            phase["name"], t0 = f"RL step {step}", time.time()
             tasks = task_rng.sample(splits["rl"], cfg["tasks_per_step"])        # the same on every rank
             tasks = tasks[rank * per_rank:(rank + 1) * per_rank]               # this rank's groups
             prompts, worlds, tags = fx.inputs(tasks, G)
@@ -434,6 +553,7 @@ def run(cfg, resume=False, overwrite=False):
             if stopping or progress["nonfinite_in_a_row"] >= 3 or (cfg["save_every"] and step % cfg["save_every"] == 0) \
                     or step == cfg["rl_steps"]:
                 save_state(out, model, tokenizer, opt, step, config_text, progress, generator, task_rng)
+                phase["step"] = step
             if progress["nonfinite_in_a_row"] >= 3:
                 log(f"\nstopping: 3 non-finite steps in a row (up to step {step}); the last good "
                     f"weights are saved in {out}/ckpt. Lower lr or check the data.")
@@ -444,6 +564,7 @@ def run(cfg, resume=False, overwrite=False):
                 return 0
 
     # 5. evaluate the final policy in the real world
+    phase["name"] = "final evaluation"
     after = rank0_eval(os.path.join(out, "eval.json"), before=progress["before"])
     log(final_report(progress, after, cfg, time.time() - t_start))
     return 0

@@ -1,0 +1,147 @@
+"""Interruptions and failures outside the RL loop: Ctrl-C during the warm start is one line and
+exit 130 with nothing saved; during the warm start's evaluation the finished warm start is kept
+and --resume continues it exactly as if never stopped; any other exception is one line naming
+the phase and the exception, exit 1, the traceback only with --debug."""
+import json
+import os
+import signal
+
+import pytest
+import torch
+import yaml
+
+import checkpoint
+import evaluate
+import features
+import train
+from helpers import tiny_cfg
+
+TIMING = ("time_sample", "time_logprobs", "time_update", "time_step", "tok_per_s")
+
+
+def parity_reward(monkeypatch):
+    # as in test_resume: rewards with variance, so that RL steps really update
+    monkeypatch.setattr(features, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+
+
+def config_file(tmp_path, name, **kw):
+    cfg = tiny_cfg(tmp_path / name, **kw)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return cfg, str(path)
+
+
+def signal_on_call(monkeypatch, module, name, call=1, signum=signal.SIGINT):
+    """module.name sends this process `signum` on its `call`-th call, then does its work."""
+    original, calls = getattr(module, name), []
+
+    def wrapped(*a, **k):
+        calls.append(1)
+        if len(calls) == call:
+            os.kill(os.getpid(), signum)
+        return original(*a, **k)
+    monkeypatch.setattr(module, name, wrapped)
+    return calls
+
+
+def lines(text):
+    """The lines of stderr but tqdm's progress bars (bar updates are \r-separated)."""
+    return [line for line in text.replace("\r", "\n").splitlines() if line.strip() and "%|" not in line]
+
+
+def metrics(cfg):
+    rows = [json.loads(line) for line in open(os.path.join(cfg["out_dir"], "metrics.jsonl"))]
+    return [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_the_warm_start_is_one_line_and_nothing_saved(tmp_path, monkeypatch, capsys, signum):
+    cfg, path = config_file(tmp_path, "run", sft_steps=50)
+    calls = signal_on_call(monkeypatch, train, "collate", call=2, signum=signum)   # warm-start step 2's batch
+    assert train.main(["--config", path]) == 130
+    err = lines(capsys.readouterr().err)
+    assert len(err) == 1 and "interrupted during warm start: nothing saved" in err[0], err
+    assert len(calls) == 2                 # stopped between steps: step 3 never drew its batch
+    assert not os.path.exists(os.path.join(cfg["out_dir"], "ckpt"))
+    assert not os.path.exists(os.path.join(cfg["out_dir"], "warmstart"))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler      # handlers restored
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_signal_during_the_warm_start_evaluation_keeps_it_and_resume_matches(tmp_path, monkeypatch, capsys):
+    parity_reward(monkeypatch)
+    whole, _ = config_file(tmp_path, "whole", rl_steps=3, kl_coef=0.05)
+    assert train.run(whole) == 0
+    cfg, path = config_file(tmp_path, "part", rl_steps=3, kl_coef=0.05)
+    capsys.readouterr()
+    with monkeypatch.context() as m:
+        signal_on_call(m, train, "evaluate", call=1)       # the warm start's real-world evaluation
+        assert train.main(["--config", path]) == 130
+    err = lines(capsys.readouterr().err)
+    out_dir = cfg["out_dir"]
+    assert len(err) == 1 and "interrupted during evaluation" in err[0] and f"{out_dir}/warmstart" in err[0] \
+        and "--resume" in err[0], err
+    assert checkpoint.find_checkpoint(os.path.join(out_dir, "warmstart")) is not None
+    assert not os.path.exists(os.path.join(out_dir, "ckpt"))
+    assert not os.path.exists(os.path.join(out_dir, "warmstart", "eval.json"))
+
+    assert train.main(["--config", os.path.join(out_dir, "config.yaml"), "--resume"]) == 0
+    assert f"resumed from {out_dir}/warmstart" in capsys.readouterr().out
+    # the same warm start, its evaluation, every RL step and the final policy as the run never stopped
+    for name in ("warmstart/eval.json", "eval.json"):
+        a, b = (json.load(open(os.path.join(d, name))) for d in (whole["out_dir"], out_dir))
+        assert a == b, name
+    assert [m["step"] for m in metrics(cfg)] == [1, 2, 3]
+    assert sum(m["status"] == "updated" for m in metrics(whole)) >= 2
+    assert metrics(cfg) == metrics(whole)
+    for name in ("warmstart", "ckpt"):
+        a = checkpoint.load_policy(os.path.join(whole["out_dir"], name))[0].state_dict()
+        b = checkpoint.load_policy(os.path.join(out_dir, name))[0].state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+    a, b = (torch.load(os.path.join(d, "ckpt", "trainer_state.pt"), weights_only=False)
+            for d in (whole["out_dir"], out_dir))
+    assert a["step"] == b["step"] == 3 and a["progress"] == b["progress"]
+    for key in ("python", "torch", "generator"):         # every RNG where the uninterrupted run left it
+        assert (a["rngs"][0][key] == b["rngs"][0][key]) if key == "python" else \
+            torch.equal(a["rngs"][0][key], b["rngs"][0][key]), key
+
+
+def test_a_signal_during_the_final_evaluation_keeps_ckpt(tmp_path, monkeypatch, capsys):
+    cfg, path = config_file(tmp_path, "run", rl_steps=1, sft_steps=1)
+    signal_on_call(monkeypatch, train, "evaluate", call=2)       # 1: the warm start's, 2: the final one
+    assert train.main(["--config", path]) == 130
+    err = lines(capsys.readouterr().err)
+    assert len(err) == 1 and "interrupted during final evaluation" in err[0] \
+        and f"step 1 is saved in {cfg['out_dir']}/ckpt" in err[0], err
+    assert torch.load(os.path.join(cfg["out_dir"], "ckpt", "trainer_state.pt"), weights_only=False)["step"] == 1
+    assert not os.path.exists(os.path.join(cfg["out_dir"], "eval.json"))
+
+
+def boom(*a, **k):
+    raise ValueError("boom")
+
+
+def test_an_exception_in_rl_is_one_line_naming_the_phase(tmp_path, monkeypatch, capsys):
+    cfg, path = config_file(tmp_path, "run", sft_steps=1, n_test=4)
+    monkeypatch.setattr(train, "rl_step", boom)
+    assert train.main(["--config", path]) == 1
+    err = lines(capsys.readouterr().err)
+    assert len(err) == 1 and "error in RL step 1: ValueError: boom" in err[0] and "--debug" in err[0], err
+    assert train.main(["--config", path, "--overwrite", "--debug"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and 'raise ValueError("boom")' in err
+    assert "error in RL step 1: ValueError: boom" in lines(err)[-1]
+
+
+def test_an_exception_in_setup_or_evaluate_py_is_one_line(tmp_path, monkeypatch, capsys):
+    cfg, path = config_file(tmp_path, "run", sft_steps=1)
+    monkeypatch.setattr(train, "build_tokenizer", lambda words: boom())
+    assert train.main(["--config", path]) == 1
+    err = lines(capsys.readouterr().err)
+    assert len(err) == 1 and "error in setup: ValueError: boom" in err[0], err
+    monkeypatch.setattr(evaluate, "load_run", boom)
+    assert evaluate.main(["--ckpt", cfg["out_dir"]]) == 1
+    err = lines(capsys.readouterr().err)
+    assert len(err) == 1 and "error in loading the checkpoint: ValueError: boom" in err[0], err
+    assert evaluate.main(["--ckpt", cfg["out_dir"], "--debug"]) == 1
+    assert "Traceback" in capsys.readouterr().err

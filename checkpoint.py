@@ -30,8 +30,8 @@ import yaml
 from safetensors import SafetensorError, safe_open
 
 from config import ConfigError
-from distributed import (all_gather, autocast, full_state_dict, load_device, load_optimizer_state, optimizer_state,
-                         shard)
+from distributed import (all_gather, all_sum, autocast, full_state_dict, load_device, load_optimizer_state,
+                         optimizer_state, shard)
 from envace import TAGS
 
 
@@ -328,18 +328,25 @@ def save_state(out, model, tokenizer, opt, step, config_text, progress, generato
 
 
 
+def check_shape(path, cfg, what):
+    """The saved config.yaml of `path` (a checkpoint or a warm start to resume), whose model shape
+    must be the config's: else one line."""
+    with open(os.path.join(path, "config.yaml")) as f:
+        saved = yaml.safe_load(f)
+    for key in MODEL_SHAPE_KEYS:
+        if saved.get(key) != cfg[key]:
+            raise ConfigError(f"--resume: the {what} in {path} has {key}={saved.get(key)!r} but "
+                              f"the config says {key}={cfg[key]!r}: another model shape")
+    return saved
+
+
 def load_state(cfg, device, world_size):
     """(model, tokenizer, trainer state) of <out_dir>/ckpt for --resume, with clear errors."""
     path = find_checkpoint(os.path.join(cfg["out_dir"], "ckpt"), state=True)
     if path is None:
         raise ConfigError(f"--resume: no checkpoint in {cfg['out_dir']}/ckpt to resume; "
                           f"run without --resume to start, or set --out_dir")
-    with open(os.path.join(path, "config.yaml")) as f:
-        saved = yaml.safe_load(f)
-    for key in MODEL_SHAPE_KEYS:
-        if saved.get(key) != cfg[key]:
-            raise ConfigError(f"--resume: the checkpoint in {path} has {key}={saved.get(key)!r} but "
-                              f"the config says {key}={cfg[key]!r}: another model shape")
+    saved = check_shape(path, cfg, "checkpoint")
     if world_size > 1 and saved.get("fsdp", False) != cfg["fsdp"]:
         raise ConfigError(f"--resume: the checkpoint in {path} was saved with fsdp={saved.get('fsdp', False)}, "
                           f"the config says fsdp={cfg['fsdp']}: the optimizer state would not load")
@@ -442,3 +449,49 @@ def check_out_dir(out_dir):
     if found is not None:
         raise ConfigError(f"{out_dir} already holds a checkpoint ({found}) of an earlier run: choose another "
                           f"--out_dir, or pass --overwrite to start over")
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM outside the RL loop (setup, the warm start, an evaluation, a save): its
+    message is the one line saying what is saved and how to go on; main prints it, exits 130."""
+
+
+
+def warm_start_to_resume(cfg):
+    """The finished warm start that --resume continues when no RL checkpoint was saved yet (a run
+    interrupted during the warm start's evaluation or the step-0 checkpoint): a whole
+    out_dir/warmstart (or its .old), or None: out_dir/ckpt is resumed (load_state)."""
+    ckpt = os.path.join(cfg["out_dir"], "ckpt")
+    if is_checkpoint(ckpt) or is_checkpoint(ckpt + ".old"):
+        return None
+    return find_checkpoint(os.path.join(cfg["out_dir"], "warmstart"))    # damaged: one line (ConfigError)
+
+
+
+def finite_weights(model_or_weights):
+    """Whether every floating-point weight is finite: a model's own (each rank checks its
+    parameters) or a state dict (FSDP: rank 0 holds the gathered one, the others {}). The same
+    answer on every rank (a collective)."""
+    tensors = model_or_weights.parameters() if isinstance(model_or_weights, torch.nn.Module) \
+        else model_or_weights.values()
+    bad = any(not bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+    return all_sum([bad])[0] == 0
+
+
+
+def interrupted_line(cfg, phase):
+    """The one line for an interruption outside the RL loop: what is saved, and how to go on."""
+    out = cfg["out_dir"]
+    again = f"python train.py --config {os.path.join(out, 'config.yaml')} --resume"
+    where = f"interrupted during {phase['name']}"
+    if phase["saved"] == "ckpt":
+        final = " (it redoes the final evaluation)" if phase["name"] == "final evaluation" else ""
+        return f"{where}: the checkpoint of step {phase['step']} is saved in {out}/ckpt; continue with: {again}{final}"
+    if phase["saved"] == "warmstart":
+        return (f"{where}: the finished warm start is saved in {out}/warmstart; continue from it "
+                f"(evaluation, gate, RL) with: {again}")
+    if phase["resume"]:
+        return f"{where}: nothing changed in {out}; resume again with: {again}"
+    earlier = any(os.path.isdir(os.path.join(out, d)) for d in ("ckpt", "ckpt.old", "warmstart", "warmstart.old"))
+    return f"{where}: nothing saved; " + (f"{out} holds an earlier run's checkpoint: start over with --overwrite"
+                                          if earlier else "run the same command to start over")

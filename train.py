@@ -55,9 +55,9 @@ from transformers.utils import logging as hf_logging
 
 import features
 import rehearse
-from checkpoint import (MODEL_SHAPE_KEYS, StopRequest, build_model, build_tokenizer, find_checkpoint,
-                        is_checkpoint, load_policy, load_state, reference_model, check_out_dir, rl_state,
-                        save_checkpoint, save_state, write_file)
+from checkpoint import (Interrupted, StopRequest, build_model, build_tokenizer, check_out_dir, check_shape,
+                        finite_weights, interrupted_line, load_policy, load_state, reference_model, rl_state,
+                        save_checkpoint, save_state, warm_start_to_resume, write_file)
 from config import ConfigError, check_lengths, check_splits, load_config
 from distributed import (all_sum, autocast, from_rank0, full_state_dict, gathered, in_step,
                          load_device, memory_estimate, memory_line, parallel_model,
@@ -276,11 +276,6 @@ def seed_everything(seed):
     torch.manual_seed(seed)
 
 
-class Interrupted(Exception):
-    """Ctrl-C or SIGTERM outside the RL loop (setup, the warm start, an evaluation, a save): its
-    message is the one line saying what is saved and how to go on; main prints it, exits 130."""
-
-
 def main(argv=None):
     """Exit status: 0 done (or interrupted during RL: saved), 1 a failure (non-finite training,
     any unexpected exception: one line naming the phase; --debug adds the traceback), 2 a bad
@@ -339,16 +334,6 @@ def real_world_eval(model, tokenizer, tasks, cfg, fx, amp, path=None, **extra):
         return from_rank0(on_rank0)
 
 
-def warm_start_to_resume(cfg):
-    """The finished warm start that --resume continues when no RL checkpoint was saved yet (a run
-    interrupted during the warm start's evaluation or the step-0 checkpoint): a whole
-    out_dir/warmstart (or its .old), or None: out_dir/ckpt is resumed (load_state)."""
-    ckpt = os.path.join(cfg["out_dir"], "ckpt")
-    if is_checkpoint(ckpt) or is_checkpoint(ckpt + ".old"):
-        return None
-    return find_checkpoint(os.path.join(cfg["out_dir"], "warmstart"))    # damaged: one line (ConfigError)
-
-
 def build(cfg, resume, device, world_size):
     """(model, tokenizer, trainer state or None, warm start path or None): the checkpoint to
     resume, the demo's tiny model (its tokenizer from the toy world's words) or a saved / hub
@@ -365,24 +350,9 @@ def build(cfg, resume, device, world_size):
     else:
         model, tokenizer = load_policy(cfg["model"], load_to, cfg["model_init"])
     if warm is not None:
-        with open(os.path.join(warm, "config.yaml")) as f:
-            saved = yaml.safe_load(f)
-        for key in MODEL_SHAPE_KEYS:
-            if saved.get(key) != cfg[key]:
-                raise ConfigError(f"--resume: the warm start in {warm} has {key}={saved.get(key)!r} but "
-                                  f"the config says {key}={cfg[key]!r}: another model shape")
+        check_shape(warm, cfg, "warm start")
         model.load_state_dict(load_policy(warm, load_to)[0].state_dict())
     return model, tokenizer, None, warm
-
-
-def finite_weights(model_or_weights):
-    """Whether every floating-point weight is finite: a model's own (each rank checks its
-    parameters) or a state dict (FSDP: rank 0 holds the gathered one, the others {}). The same
-    answer on every rank (a collective)."""
-    tensors = model_or_weights.parameters() if isinstance(model_or_weights, torch.nn.Module) \
-        else model_or_weights.values()
-    bad = any(not bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
-    return all_sum([bad])[0] == 0
 
 
 def warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, rank, world_size, stop, phase,
@@ -447,24 +417,6 @@ def run(cfg, resume=False, overwrite=False, phase=None):
             return run_phases(cfg, resume, overwrite, phase, stop)
         except KeyboardInterrupt:
             raise Interrupted(interrupted_line(cfg, phase)) from None
-
-
-def interrupted_line(cfg, phase):
-    """The one line for an interruption outside the RL loop: what is saved, and how to go on."""
-    out = cfg["out_dir"]
-    again = f"python train.py --config {os.path.join(out, 'config.yaml')} --resume"
-    where = f"interrupted during {phase['name']}"
-    if phase["saved"] == "ckpt":
-        final = " (it redoes the final evaluation)" if phase["name"] == "final evaluation" else ""
-        return f"{where}: the checkpoint of step {phase['step']} is saved in {out}/ckpt; continue with: {again}{final}"
-    if phase["saved"] == "warmstart":
-        return (f"{where}: the finished warm start is saved in {out}/warmstart; continue from it "
-                f"(evaluation, gate, RL) with: {again}")
-    if phase["resume"]:
-        return f"{where}: nothing changed in {out}; resume again with: {again}"
-    earlier = any(os.path.isdir(os.path.join(out, d)) for d in ("ckpt", "ckpt.old", "warmstart", "warmstart.old"))
-    return f"{where}: nothing saved; " + (f"{out} holds an earlier run's checkpoint: start over with --overwrite"
-                                          if earlier else "run the same command to start over")
 
 
 def run_phases(cfg, resume, overwrite, phase, stop):

@@ -102,14 +102,15 @@ def file_in_the_way(folder):
     return None
 
 
-def write_file(path, text):
-    """Write `text` to `path`, its folder made first; CheckpointError naming the path if refused."""
+def write_file(path, text, mode="w"):
+    """Write (mode "a": append) `text` to `path`, its folder made first; CheckpointError naming the
+    path if refused (a file in the way, no permission, a full disk)."""
     blocker = file_in_the_way(os.path.dirname(path) or ".")
     if blocker:
         raise CheckpointError(f"cannot write {path}: {blocker} is a file, not a folder")
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "w") as f:
+        with open(path, mode) as f:
             f.write(text)
     except OSError as e:
         raise CheckpointError(f"cannot write {path}: {why(e, os.path.dirname(path) or '.')}") from None

@@ -37,7 +37,7 @@ import torch
 
 import features
 import rehearse
-from checkpoint import find_checkpoint, load_policy
+from checkpoint import find_checkpoint, load_policy, write_file
 from config import ConfigError, check_lengths, load_config
 from distributed import pick_device
 from envace import NonFiniteError
@@ -140,8 +140,7 @@ def load_run(folder, overrides, rehearser_path=None):
 
 
 def write(folder, name, value):
-    with open(os.path.join(folder, name), "w") as f:
-        json.dump(value, f, indent=1)
+    write_file(os.path.join(folder, name), json.dumps(value, indent=1))     # refused: one line
 
 
 def main(argv=None):
@@ -192,6 +191,9 @@ def run_main(args, overrides, phase):
     except NonFiniteError as e:                    # broken weights: one line, nothing written
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except ConfigError as e:                       # the result could not be written: one line
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -11,6 +11,7 @@ import os
 import torch
 
 import rehearse
+from checkpoint import write_file
 from distributed import add_up, all_gather
 from envace import ACT, OBS, REHEARSE, ROLE_NAMES
 from reward import cause_counts
@@ -94,8 +95,7 @@ def start_metrics(out, first_step, rank):
     if rank == 0:
         kept = [line for line in open(path) if json.loads(line)["step"] < first_step] \
             if first_step > 1 and os.path.exists(path) else []
-        with open(path, "w") as f:
-            f.writelines(kept)
+        write_file(path, "".join(kept))
     return path
 
 

@@ -327,8 +327,7 @@ def real_world_eval(model, tokenizer, tasks, cfg, fx, amp, path=None, **extra):
         with amp:
             result = evaluate(model, tokenizer, tasks, cfg, fx, seed=cfg["seed"])
         if path:
-            with open(path, "w") as f:
-                json.dump({**result, **extra}, f, indent=1)
+            write_file(path, json.dumps({**result, **extra}, indent=1))    # a full disk: one line
         return result
     with gathered(model):
         return from_rank0(on_rank0)
@@ -497,8 +496,7 @@ def run_phases(cfg, resume, overwrite, phase, stop):
                 bar.write(f"step {step}: real-world success {progress['real_success']:.3f} (reward "
                           f"in the {cfg['env_mode']} world this step {record['reward']:.3f})")
             if rank == 0:
-                with open(metrics_path, "a") as f:
-                    f.write(json.dumps(record) + "\n")
+                write_file(metrics_path, json.dumps(record) + "\n", mode="a")
             bar.set_postfix(reward=f"{record['reward']:.3f}", real=f"{progress['real_success']:.3f}",
                             skip=progress["skipped_steps"], tok_s=f"{record['tok_per_s']:.0f}")
             stopping = all_sum([stop.signal is not None])[0] > 0      # any rank signalled: all stop

@@ -308,3 +308,35 @@ def test_a_truncated_shard_of_a_sharded_checkpoint_is_named(tmp_path):
     os.remove(os.path.join(path, shards[0]))
     with pytest.raises(ConfigError, match=f"^cannot load the checkpoint in {path}: {path}/{shards[0]} is missing$"):
         load_policy(path)
+
+
+def test_a_full_disk_while_metrics_or_eval_json_are_written_is_one_line(tmp_path, monkeypatch, capsys):
+    """The disk is full when metrics.jsonl is written (at the start of RL): one `error:` line naming
+    metrics.jsonl, exit 2; checkpoint 0 (saved before) still loads. Then evaluate.py on that run,
+    its eval.json refused: one line naming the file, exit 2, nothing else written."""
+    import builtins
+    import evaluate
+    cfg = tiny_cfg(tmp_path, sft_steps=1, n_test=2, rl_steps=2, eval_every=0)
+    real_open = builtins.open
+
+    def full_disk_for(name):
+        def patched(file, mode="r", *a, **k):
+            if str(file).endswith(name) and mode[0] in "wa":
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_open(file, mode, *a, **k)
+        return patched
+    monkeypatch.setattr(builtins, "open", full_disk_for("metrics.jsonl"))
+    # start_metrics writes metrics.jsonl first (mode "w"): that is where the full disk hits
+    assert train.main(["--config", write_config(tmp_path, cfg)]) == 2
+    errors = [line for line in error_lines(capsys) if "it/s" not in line]
+    metrics = os.path.join(cfg["out_dir"], "metrics.jsonl")
+    assert len(errors) == 1 and errors[0].startswith(f"error: cannot write {metrics}: ") and "No space" in errors[0]
+    ckpt = os.path.join(cfg["out_dir"], "ckpt")
+    assert find_checkpoint(ckpt) == ckpt and torch.load(os.path.join(ckpt, "trainer_state.pt"),
+                                                        weights_only=False)["step"] == 0
+    monkeypatch.setattr(builtins, "open", full_disk_for("eval.json"))
+    before = sorted(os.listdir(cfg["out_dir"]))
+    assert evaluate.main(["--ckpt", cfg["out_dir"], "--n_test=2"]) == 2
+    errors = [line for line in error_lines(capsys) if "it/s" not in line]
+    assert len(errors) == 1 and errors[0].startswith(f"error: cannot write {os.path.join(cfg['out_dir'], 'eval.json')}: ")
+    assert sorted(os.listdir(cfg["out_dir"])) == before

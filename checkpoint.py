@@ -51,11 +51,9 @@ def build_tokenizer(words):
 
 
 def build_model(cfg, tokenizer):
-    """`model: tiny` builds a small Llama from the config's n_layer/n_embd/n_head (random init,
-    seeded); any other value is a local path or hub name loaded with from_pretrained."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
-    if cfg["model"] != "tiny":
-        return AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32)
+    """The demo's `model: tiny`: a small Llama from the config's n_layer/n_embd/n_head (random
+    init, seeded). Any other model is loaded by `load_policy`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=cfg["n_embd"],
                          intermediate_size=4 * cfg["n_embd"], num_hidden_layers=cfg["n_layer"],
                          num_attention_heads=cfg["n_head"], num_key_value_heads=cfg["n_head"],

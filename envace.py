@@ -107,17 +107,18 @@ def collate(episodes, pad_id):
 
 
 def loss_mask(roles, trained=(ACT, REHEARSE)):
-    """Paper, both roles trained: [B, L] roles -> [B, L-1] bool: position t is trained when the token at t+1 has a trained
-    role. Derived from roles only, never from pad ids (pad may equal eos in real tokenizers)."""
-    target_roles = roles[:, 1:]
+    """Paper, both roles trained: [B, L] roles -> [B, L-1] bool: position t is trained when the
+    token at t+1 has a trained role. Derived from roles only, never from pad ids (pad may equal
+    eos in real tokenizers)."""
+    target_roles = roles[:, 1:]                  # the logits at t predict the token at t+1: shift by one
     return torch.isin(target_roles, torch.tensor(trained, device=roles.device))
 
 
 def token_advantages(roles, episode_adv, act_coef=1.0, rehearse_coef=1.0):
     """Paper, one task reward for both roles: [B, L] roles and [B] episode advantages -> [B, L-1]
-    per-target advantage: the episode's A on
-    every target, scaled by the coefficient of the target's role (0 elsewhere)."""
-    target_roles = roles[:, 1:]
+    per-target advantage: the episode's A on every target, scaled by the coefficient of the
+    target's role (0 elsewhere)."""
+    target_roles = roles[:, 1:]                  # same shift as loss_mask: target t+1 at position t
     coef = torch.zeros_like(target_roles, dtype=torch.float32)
     coef[target_roles == ACT] = act_coef
     coef[target_roles == REHEARSE] = rehearse_coef
@@ -164,9 +165,9 @@ def token_logprobs(model, ids, temperature=1.0, with_entropy=False):
 def clipped_pg_loss(new_logprobs, old_logprobs, advantages, loss_mask, n_tokens, ref_logprobs=None,
                     eps_low=0.2, eps_high=0.2, dual_clip=3.0, kl_coef=0.0):
     """Paper, the objective (the official code's PPO loss): the clipped surrogate with dual clip
-    and a k3 KL to a reference, per token, summed over
-    the trained tokens and divided by `n_tokens`, the count of trained tokens in the WHOLE batch
-    (all micro-batches), so that accumulating micro-batches gives the one-big-batch gradient.
+    and a k3 KL to a reference, per token, summed over the trained tokens and divided by
+    `n_tokens`, the count of trained tokens in the WHOLE batch (all micro-batches, all ranks),
+    so that accumulating micro-batches gives the one-big-batch gradient.
 
     All inputs are [B, T] (targets); loss_mask is bool. Returns (loss, stats); every stat is also
     a sum over this micro-batch divided by n_tokens, so stats of micro-batches add up too.
@@ -197,7 +198,6 @@ def clipped_pg_loss(new_logprobs, old_logprobs, advantages, loss_mask, n_tokens,
             "kl_ref": (kl * mask).sum().item() / n_tokens,
         }
     return loss, stats
-
 
 
 def token_kl_coefs(roles, kl_coef, kl_rehearse_coef):

@@ -82,7 +82,7 @@ def evaluate(model, tokenizer, tasks, cfg, fx, batch_size=512, seed=0, rehearser
     fidelity = fx.by_kind(pairs, [tasks[i] for i in executed])
     result = {**outcome_record(tasks, episodes, rewards),
               "fidelity": rehearse.rates(fidelity), "fidelity_counts": fidelity,
-              "fidelity_measured": bool(executed), "executed_tasks": len(executed),
+              "executed_tasks": len(executed),
               "rehearsed_tasks": len(tasks) - len(executed),
               "rehearsal_budget": cfg["rehearsal_budget"], "rehearsal_mode": cfg["rehearsal_mode"],
               "imagined_per_task": sum(imagined) / len(tasks),

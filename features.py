@@ -22,8 +22,6 @@ functions; train.py and evaluate.py call them and never branch on the format or 
     coverage(model, tokenizer, tasks, pairs)   fidelity bucketed by warm-start coverage (plain:
                             on the expert's calls of `tasks`; chat: on `pairs`)
     honesty(model, tokenizer, tasks, cfg, generator)   imagined success and collusion
-    call_counts             {call: count} in the warm-start data
-    examples                the grounding examples of separate rehearse prompts (plain only)
 """
 import functools
 import json
@@ -81,7 +79,7 @@ def plain_features(cfg, tokenizer, splits, world=world):
     counts = Counter([c for t, _ in logged for c in t["calls"]] + [c for s in snippets for c in s["calls"]])
     fx = SimpleNamespace(
         inputs=lambda tasks, repeat=1: ([t["prompt"] for t in tasks for _ in range(repeat)], world, None),
-        executes=lambda task: True, reward=task_reward, call_counts=counts, examples=None,
+        executes=lambda task: True, reward=task_reward,
         diagnostics=lambda episodes, tasks: {"fidelity": rehearse.replay_fidelity(episodes, world),
                                              "collusion": rehearse.collusion_counts(episodes, tasks, world)})
     if cfg["rehearsal_context"] == "inline":
@@ -93,11 +91,11 @@ def plain_features(cfg, tokenizer, splits, world=world):
         would_rehearse = rehearse.would_rehearse_calls
     else:
         separate.check_vocabulary(cfg, tokenizer)
-        fx.examples = separate.logged_examples(cfg, logged, snippets)
-        fx.sample = functools.partial(separate.sample_separate, examples=fx.examples)
+        examples = separate.logged_examples(cfg, logged, snippets)
+        fx.sample = functools.partial(separate.sample_separate, examples=examples)
         fx.warm_start_roles = (ACT, REHEARSE)     # the responses in actor rows are context only
-        fx.warm_start_sequences = lambda: separate.warm_start_sequences(tokenizer, logged, snippets, fx.examples)
-        would_rehearse = functools.partial(separate.would_rehearse_separate, examples=fx.examples)
+        fx.warm_start_sequences = lambda: separate.warm_start_sequences(tokenizer, logged, snippets, examples)
+        would_rehearse = functools.partial(separate.would_rehearse_separate, examples=examples)
     fx.would_rehearse = lambda model, tokenizer, tasks, episodes: would_rehearse(model, tokenizer, episodes)
     fx.by_kind = lambda pairs, tasks: rehearse.by_kind(pairs, world)
     fx.coverage = lambda model, tokenizer, tasks, pairs=(): rehearse.coverage_fidelity(   # the expert's calls
@@ -121,7 +119,7 @@ def chat_features(cfg, tokenizer, splits, device):
 
     fx = SimpleNamespace(inputs=inputs, executes=lambda task: task.get("env") == "toy",
                          reward=functools.partial(chat_reward.chat_reward, judge=chat.load_judge(cfg, device)),
-                         call_counts=counts, examples=None, diagnostics=chat.diagnostics,
+                         diagnostics=chat.diagnostics,
                          honesty=lambda *args: {})        # collusion needs the toy's expert calls
     if cfg["rehearsal_context"] == "inline":
         fx.sample, fx.warm_start_roles = sample_episodes, (ACT, REHEARSE, OBS)

@@ -228,20 +228,20 @@ def _append(row, sampled, logp, env_mode, tags, tokenizer, limits):
     row["roles"].append(role)
     row["logprobs"].append(logp)
     if role != TAG:
-        _advance(row, tok, role, tags, tags["stops"], tokenizer, row["world"], env_mode, limits["max_turns"],
+        _advance(row, tok, role, tags, tokenizer, row["world"], env_mode, limits["max_turns"],
                  limits["max_act_tokens"], limits["max_env_tokens"], limits["rehearse_check"])
     if row["phase"] != "done" and len(row["ids"]) >= limits["max_tokens"]:
         row["phase"], row["cause"] = "done", "token_limit"
     return tok
 
 
-def _advance(row, tok, role, tags, stop_tags, tokenizer, world, env_mode,
+def _advance(row, tok, role, tags, tokenizer, world, env_mode,
              max_turns, max_act_tokens, max_env_tokens, rehearse_check=None):
     """The per-row state machine: one appended token, sampled or forced OBS."""
     if row["phase"] == "act":
         if tok == tags["act_end"]:
             _end_act(row, tokenizer.decode(row["segment"]), tags, tokenizer, world, env_mode, max_turns)
-        elif tok in stop_tags:
+        elif tok in tags["stops"]:
             row["phase"], row["cause"] = "done", "bad_act"          # the actor wrote a tag
         elif len(row["segment"]) >= max_act_tokens:
             row["phase"], row["cause"] = "done", "act_limit"
@@ -267,7 +267,7 @@ def _advance(row, tok, role, tags, stop_tags, tokenizer, world, env_mode,
         _next_turn(row, tags, tokenizer)
     elif env_mode in ("real", "none"):
         pass                                    # a forced observation token: nothing to decide
-    elif tok in stop_tags:
+    elif tok in tags["stops"]:
         row["phase"], row["cause"] = "done", "bad_rehearsal"
     elif len(row["segment"]) >= max_env_tokens:
         row["phase"], row["cause"] = "done", "env_limit"

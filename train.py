@@ -388,7 +388,7 @@ def warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, r
         f"{summary(before)}")
     low = {k: v for k, v in before["fidelity"].items() if v < cfg["min_fidelity"]}
     rehearsed = cfg["env_mode"] in ("rehearse", "frozen")     # the modes whose rewards it feeds
-    if not before["fidelity_measured"]:
+    if not before["executed_tasks"]:       # no real environment: nothing to compare rehearsals with
         log("fidelity gate skipped: these tasks have no real environment to compare rehearsals with")
     elif rehearsed and cfg["min_fidelity"] > 0 and (low or not before["fidelity"]):
         log(f"fidelity gate FAILED: {low or 'no calls made'} below min_fidelity "

@@ -413,7 +413,7 @@ def test_evaluation_of_tasks_without_an_executor_scores_by_criteria_and_judge(tm
     want = chat_reward.make_judge(judge, TOK)(episode, task)
     assert result["causes"] == {"answer": 1} and result["rehearsed_tasks"] == 1
     assert result["success"] == pytest.approx(sum(want) / 2, rel=1e-5) and 0 < result["success"] < 1
-    assert not result["fidelity_measured"]
+    assert result["executed_tasks"] == 0 and result["fidelity"] == {}
 
 
 def test_the_qwen3_config_runs_its_keys_together_on_a_tiny_model(tmp_path, monkeypatch):

@@ -19,7 +19,9 @@ What is here:
   `gold_calls` = the ground truth per turn as `{"name", "arguments"}` (`parse_call`: call strings
   read with `ast`, never `eval`; positional arguments named in the docs' parameter order),
   `env` = "bfcl:BFCLEnv", `env_config` = {"initial_config", "involved_classes"} (and
-  "long_context": true for that category), `check` = "bfcl:check".
+  "long_context": true for that category), `check` = "bfcl:check". multi_turn_base is also
+  split for training configs: multi_turn_base_heldout.jsonl (tasks 0, 5, 10, ...: 40) and
+  multi_turn_base_rl.jsonl (the other 160).
 - `BFCLEnv(**env_config)`: one instance per involved class, loaded from the initial config;
   each tool is an attribute of it (a method of the class that has it), so executor.call_tool
   runs it by name with keyword arguments.
@@ -61,6 +63,7 @@ SYSTEM = ("You are an expert in composing functions. You are given a question an
           "you have fulfilled the user's request to the best of your ability. Once you have no more functions "
           "to call, the system will consider the current turn complete and proceed to the next turn or task.")
 TYPE_NAMES = {"dict": "object", "float": "number", "tuple": "array"}
+HELDOUT_EVERY = 5                  # multi_turn_base_heldout.jsonl: tasks 0, 5, 10, ... (40 of 200)
 
 
 def backend():
@@ -271,8 +274,15 @@ def task_line(entry, ground_truth, category):
             "env": "bfcl:BFCLEnv", "env_config": env_config, "check": "bfcl:check"}
 
 
+def write_lines(path, lines):
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+
+
 def convert(out_dir, categories=CATEGORIES):
-    """Write each category as OUT_DIR/<category>.jsonl; {category: number of tasks}."""
+    """Write each category as OUT_DIR/<category>.jsonl, and multi_turn_base split in two for a
+    training config: multi_turn_base_heldout.jsonl (every HELDOUT_EVERY-th task, from the first)
+    and multi_turn_base_rl.jsonl (the others). {file stem: number of tasks}."""
     os.makedirs(out_dir, exist_ok=True)
     counts = {}
     for category in categories:
@@ -280,9 +290,14 @@ def convert(out_dir, categories=CATEGORIES):
         answers = {r["id"]: r["ground_truth"] for r in
                    read_lines(os.path.join(data_dir(), "possible_answer", f"BFCL_v4_{category}.json"))}
         lines = [task_line(e, answers[e["id"]], category) for e in entries]
-        with open(os.path.join(out_dir, f"{category}.jsonl"), "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+        write_lines(os.path.join(out_dir, f"{category}.jsonl"), lines)
         counts[category] = len(lines)
+        if category == "multi_turn_base":
+            parts = {"multi_turn_base_rl": [t for k, t in enumerate(lines) if k % HELDOUT_EVERY],
+                     "multi_turn_base_heldout": lines[::HELDOUT_EVERY]}
+            for stem, part in parts.items():
+                write_lines(os.path.join(out_dir, f"{stem}.jsonl"), part)
+                counts[stem] = len(part)
     return counts
 
 
@@ -295,8 +310,8 @@ def main(argv=None):
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for category, n in counts.items():
-        print(f"{category}: {n} tasks -> {os.path.join(args.out, category + '.jsonl')}")
+    for stem, n in counts.items():
+        print(f"{stem}: {n} tasks -> {os.path.join(args.out, stem + '.jsonl')}")
     for category, why in LEFT_OUT.items():
         print(f"{category}: not written ({why})")
     return 0

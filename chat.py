@@ -37,10 +37,12 @@ turns. This file lets the same inline rehearsal run on such a model (`format: ch
   copied into the actor's row as the template's tool response (OBS).
 """
 import json
+import os
 import re
 from types import SimpleNamespace
 
 import world as toy_world
+import executor
 import rehearse
 import taskfiles
 from checkpoint import load_policy
@@ -502,7 +504,7 @@ def check_task(row, where, kind):
                 or not str(row["answer"]).strip() or str(row["answer"]) in ("inf", "-inf", "nan")):
             _fail(where, f"'answer' must be a string or a number (non-empty, finite), got {json.dumps(row['answer'])}")
         task["answer"] = str(row["answer"])
-    if "gold_calls" in row:
+    if "gold_calls" in row and not _per_turn(row["gold_calls"]):
         if not isinstance(row["gold_calls"], list):
             _fail(where, "'gold_calls' must be a list of {name, arguments}")
         task["gold_calls"] = [_check_call(c, schemas, where, f"gold call {k + 1}")
@@ -511,8 +513,9 @@ def check_task(row, where, kind):
         if not isinstance(row["checklist"], list) or not all(isinstance(q, str) and q.strip() for q in row["checklist"]):
             _fail(where, "'checklist' must be a list of yes/no questions (strings)")
         task["checklist"] = row["checklist"]
-    if not any(k in task for k in ("answer", "gold_calls", "checklist")):
-        _fail(where, "no success criterion: give 'answer', 'gold_calls' or 'checklist'")
+    task.update(_check_turns_and_check(row, schemas, where, "."))
+    if not any(k in task for k in ("answer", "gold_calls", "checklist", "check")):
+        _fail(where, "no success criterion: give 'answer', 'gold_calls', 'checklist' or 'check'")
     task["call_order"] = row.get("call_order", "exact")
     if task["call_order"] not in ("exact", "any"):
         _fail(where, f"'call_order' must be 'exact' or 'any', got {json.dumps(task['call_order'])}")
@@ -522,6 +525,42 @@ def check_task(row, where, kind):
         task["env"] = "toy"
     task["examples"] = _check_examples(row.get("examples", {}), schemas, where)
     return task
+
+
+def _per_turn(gold_calls):
+    """Whether gold_calls are given per user turn (a list of lists) rather than flat."""
+    return isinstance(gold_calls, list) and bool(gold_calls) and all(isinstance(t, list) for t in gold_calls)
+
+
+def _check_turns_and_check(row, schemas, where, base_dir):
+    """A multi-turn task's `turns` (each a string or a list of user messages), its `gold_calls`
+    per turn (1 + len(turns) lists of calls) and its own `check` ("MODULE:FUNCTION" or
+    "path.py:FUNCTION", loaded here; a path is made absolute): the keys of the task they give."""
+    out, turns = {}, row.get("turns", [])
+    if not isinstance(turns, list):
+        _fail(where, "'turns' must be a list of later user turns (strings or lists of user messages)")
+    for k, turn in enumerate(turns):
+        messages = [{"role": "user", "content": turn}] if isinstance(turn, str) else turn
+        if not (isinstance(messages, list) and messages and all(
+                isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str) for m in messages)):
+            _fail(where, f"turns item {k + 1} must be a string or a non-empty list of user messages with string content")
+    if "turns" in row:
+        out["turns"] = turns
+    if _per_turn(row.get("gold_calls")):
+        if len(row["gold_calls"]) != 1 + len(turns):
+            _fail(where, f"'gold_calls' per turn needs {1 + len(turns)} lists (the opening turn and "
+                         f"{len(turns)} in 'turns'), got {len(row['gold_calls'])}")
+        out["gold_calls"] = [[_check_call(c, schemas, where, f"gold call {j + 1} of turn {k + 1}")
+                              for j, c in enumerate(turn)] for k, turn in enumerate(row["gold_calls"])]
+    if "check" in row:
+        spec = row["check"]
+        try:
+            executor.load_object(spec, base_dir)
+        except ConfigError as e:
+            _fail(where, f"'check': {e}")
+        path, _, name = spec.rpartition(":")
+        out["check"] = f"{os.path.abspath(os.path.join(base_dir, path))}:{name}" if path.endswith(".py") else spec
+    return out
 
 
 def _check_examples(examples, schemas, where):

@@ -17,7 +17,8 @@ from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn
 @pytest.fixture(scope="module")
 def bfcl_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("bfcl")
-    assert bfcl.convert(str(out)) == {"multi_turn_base": 200, "multi_turn_miss_param": 200,
+    assert bfcl.convert(str(out)) == {"multi_turn_base": 200, "multi_turn_base_rl": 160,
+                                      "multi_turn_base_heldout": 40, "multi_turn_miss_param": 200,
                                       "multi_turn_long_context": 200}
     return out
 
@@ -83,6 +84,10 @@ def test_converter_writes_the_first_base_task_as_a_multi_turn_chat_task(bfcl_dir
     assert t["env"] == "bfcl:BFCLEnv" and t["check"] == "bfcl:check"
     assert t["env_config"]["involved_classes"] == ["TwitterAPI", "GorillaFileSystem"]
     assert "long_context" not in t["env_config"]
+    heldout, rl = lines(bfcl_dir / "multi_turn_base_heldout.jsonl"), lines(bfcl_dir / "multi_turn_base_rl.jsonl")
+    assert [t["id"] for t in heldout[:3]] == ["multi_turn_base_0", "multi_turn_base_5", "multi_turn_base_10"]
+    assert [t["id"] for t in rl[:5]] == [f"multi_turn_base_{k}" for k in (1, 2, 3, 4, 6)]
+    assert sorted(t["id"] for t in heldout + rl) == sorted(t["id"] for t in base)
     long = lines(bfcl_dir / "multi_turn_long_context.jsonl")[0]
     assert long["env_config"]["long_context"] is True
     assert len(lines(bfcl_dir / "multi_turn_miss_param.jsonl")[0]["gold_calls"]) == 5   # a turn asks for the parameter

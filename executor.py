@@ -49,7 +49,7 @@ def load_object(spec, base_dir="."):
         except ModuleNotFoundError as e:
             raise ConfigError(f"env {spec!r}: cannot import module {where!r} ({e})") from None
         except Exception as e:            # the user's module raised while importing
-            raise ConfigError(f"env {spec!r}: importing {where} raised {_error_text(e)}") from None
+            raise ConfigError(f"env {spec!r}: importing {where} raised {error_text(e)}") from None
     obj = getattr(module, name, None)
     if not callable(obj):
         raise ConfigError(f"env {spec!r}: {where} has no class or function {name!r}")
@@ -67,12 +67,12 @@ def _load_file(spec, path):
             found.loader.exec_module(module)
         except Exception as e:
             del sys.modules[module_name]
-            raise ConfigError(f"env {spec!r}: loading {path} raised {_error_text(e)}") from None
+            raise ConfigError(f"env {spec!r}: loading {path} raised {error_text(e)}") from None
         _FILES[real] = module
     return _FILES[real]
 
 
-def _error_text(e):
+def error_text(e):
     message = (str(e).strip().splitlines() or [""])[0]
     return f"{type(e).__name__}: {message}" if message else type(e).__name__
 
@@ -97,7 +97,7 @@ def call_tool(instance, call, tool_names, timeout_s):
         try:
             result["value"] = method(**arguments)
         except Exception as e:            # the tool's own error: the response, the episode goes on
-            result["error"] = _error_text(e)
+            result["error"] = error_text(e)
 
     worker = threading.Thread(target=work, name=f"tool {name}", daemon=True)
     worker.start()

@@ -17,9 +17,11 @@ What is here:
   message + the first user turn, `turns` = the later user turns, `tools` = the function docs of
   the task's classes (minus `excluded_function`) as OpenAI JSON schemas (`json_schema`),
   `gold_calls` = the ground truth per turn as `{"name", "arguments"}` (`parse_call`: call strings
-  read with `ast`, never `eval`; positional arguments named in the docs' parameter order),
-  `env` = "bfcl:BFCLEnv", `env_config` = {"initial_config", "involved_classes"} (and
-  "long_context": true for that category), `check` = "bfcl:check". multi_turn_base is also
+  read with `ast`, never `eval`; positional arguments named in the docs' parameter order; a
+  parameter the ground truth gives another type than its doc also takes that type:
+  `widen_to_ground_truth`), `env` = "bfcl:BFCLEnv", `env_config` = {"initial_config",
+  "involved_classes"} (and "long_context": true for that category), `check` = "bfcl:check".
+  multi_turn_base is also
   split for training configs: multi_turn_base_heldout.jsonl (tasks 0, 5, 10, ...: 40) and
   multi_turn_base_rl.jsonl (the other 160).
 - `BFCLEnv(**env_config)`: one instance per involved class, loaded from the initial config;
@@ -252,6 +254,27 @@ def parse_call(text, docs):
     return {"name": name, "arguments": json.loads(json.dumps(arguments))}
 
 
+JSON_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "array"),
+              (dict, "object"), (type(None), "null"))
+
+
+def widen_to_ground_truth(tools, gold_calls):
+    """Where a ground-truth argument is not of the JSON type its doc gives, that parameter of this
+    task's tool also takes the ground truth's type, so that the strict call parser lets a model
+    make the ground truth's call (the official harness checks no types). In the package: one call
+    in each category, close_ticket(ticket_id='ticket_001') with ticket_id documented as integer."""
+    props = {t["function"]["name"]: t["function"]["parameters"].get("properties", {}) for t in tools}
+    for call in (c for turn in gold_calls for c in turn):
+        for key, value in call["arguments"].items():
+            schema = props[call["name"]].get(key, {})
+            if "type" not in schema:
+                continue
+            kinds = [schema["type"]] if isinstance(schema["type"], str) else schema["type"]
+            kind = next(name for cls, name in JSON_TYPES if isinstance(value, cls))
+            if kind not in kinds and not (kind == "integer" and "number" in kinds):
+                schema["type"] = kinds + [kind]
+
+
 def class_docs(name):
     """The function docs of one BFCL class, in file order."""
     return read_lines(os.path.join(data_dir(), "multi_turn_func_doc", backend().MULTI_TURN_FUNC_DOC_FILE_MAPPING[name]))
@@ -263,14 +286,16 @@ def task_line(entry, ground_truth, category):
             if d["name"] not in entry.get("excluded_function", [])]
     by_name = {d["name"]: d for d in docs}
     first, *later = entry["question"]
+    tools = [tool_schema(d) for d in docs]
+    gold_calls = [[parse_call(c, by_name) for c in turn] for turn in ground_truth]
+    widen_to_ground_truth(tools, gold_calls)
     env_config = {"initial_config": entry["initial_config"], "involved_classes": entry["involved_classes"]}
     if "long_context" in category:
         env_config["long_context"] = True
     return {"id": entry["id"], "family": category,
             "messages": [{"role": "system", "content": SYSTEM}] + first,
             "turns": later,
-            "tools": [tool_schema(d) for d in docs],
-            "gold_calls": [[parse_call(c, by_name) for c in turn] for turn in ground_truth],
+            "tools": tools, "gold_calls": gold_calls,
             "env": "bfcl:BFCLEnv", "env_config": env_config, "check": "bfcl:check"}
 
 

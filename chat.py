@@ -580,8 +580,8 @@ def _check_turns_and_check(row, schemas, where, base_dir):
         spec = row["check"]
         try:
             executor.load_object(spec, base_dir)
-        except ConfigError as e:
-            _fail(where, f"'check': {e}")
+        except ConfigError as e:              # its message names the spec as an env's
+            _fail(where, f"'check' {str(e).removeprefix('env ')}")
         path, _, name = spec.rpartition(":")
         out["check"] = f"{os.path.abspath(os.path.join(base_dir, path))}:{name}" if path.endswith(".py") else spec
     return out

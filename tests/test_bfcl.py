@@ -102,7 +102,9 @@ def test_every_converted_line_passes_check_task(bfcl_dir):
         assert tasks[0]["check"] == "bfcl:check" and tasks[0]["env_config"]["involved_classes"]
 
 
-def test_missing_package_refuses_bfcl_only_with_the_install_line(monkeypatch, tmp_path):
+def test_missing_package_refuses_bfcl_only_with_the_install_line(bfcl_dir, monkeypatch, tmp_path):
+    import chat
+    from taskfiles import DataError
     real_import = builtins.__import__
 
     def no_bfcl(name, *args, **kwargs):
@@ -116,6 +118,11 @@ def test_missing_package_refuses_bfcl_only_with_the_install_line(monkeypatch, tm
     with pytest.raises(ConfigError, match="bfcl-eval package, not installed"):
         bfcl.BFCLEnv({}, ["GorillaFileSystem"])
     assert bfcl.main(["--out", str(tmp_path)]) == 2
+    with pytest.raises(DataError, match=r"line 1: env 'bfcl:BFCLEnv': BFCLEnv\(\*\*env_config\) raised ConfigError: "
+                                        r"BFCL tasks need the bfcl-eval package, not installed: pip install --no-deps"):
+        chat.read_chat_jsonl(str(bfcl_dir / "multi_turn_base.jsonl"), "tasks")
+    toy = os.path.join(os.path.dirname(__file__), "..", "data", "toy_chat_example.jsonl")
+    assert len(chat.read_chat_jsonl(toy, "tasks")) == 6                                   # other tasks load
     assert bfcl.json_schema({"type": "float"}) == {"type": "number"}      # the rest still works
 
 
@@ -225,3 +232,102 @@ def test_check_agrees_with_the_official_checker_on_perturbed_trajectories(base):
     # task 50's ground truth ends by turning the headlights on: one more setHeadlights on changes nothing
     assert seen["extra call"] == [0.0] * 4 + [1.0] + [0.0] * 6
     assert sum(seen["dropped call"]) < 14 and sum(seen["wrong argument"]) < len(seen["wrong argument"])
+
+
+def test_a_parameter_the_ground_truth_breaks_also_takes_its_type(base):
+    t = base[173]                            # close_ticket(ticket_id='ticket_001'), documented integer
+    close = next(x for x in t["tools"] if x["function"]["name"] == "close_ticket")["function"]["parameters"]
+    assert close["properties"]["ticket_id"]["type"] == ["integer", "string"]
+    assert t["gold_calls"][3] == [{"name": "close_ticket", "arguments": {"ticket_id": "ticket_001"}}]
+    other = next(x for x in base[2]["tools"] if x["function"]["name"] == "close_ticket")["function"]["parameters"]
+    assert other["properties"]["ticket_id"]["type"] == "integer"            # only where it is broken
+
+
+# ----------------------------------------------------------------------------- task files, reward
+
+def write_task(tmp_path, row):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    return str(path)
+
+
+def test_check_task_reads_turns_gold_calls_per_turn_and_check(base, tmp_path):
+    import chat
+    from taskfiles import DataError
+    row = {k: base[1][k] for k in ("messages", "turns", "tools", "gold_calls", "env", "env_config", "check")}
+    task = chat.read_chat_jsonl(write_task(tmp_path, row), "tasks")[0]
+    assert task["check"] == "bfcl:check" and len(task["turns"]) == 3 and task["env_class"] is bfcl.BFCLEnv
+    assert [len(t) for t in task["gold_calls"]] == [1, 2, 2, 1]
+    (tmp_path / "mycheck.py").write_text("def score(task, episode):\n    return 0.5\n")
+    task = chat.read_chat_jsonl(write_task(tmp_path, {**row, "check": "mycheck.py:score"}), "tasks")[0]
+    assert task["check"] == f"{tmp_path / 'mycheck.py'}:score"          # absolute: loads from anywhere
+    bad = {"gold_calls": (row["gold_calls"][:3], "'gold_calls' per turn needs 4 lists (the opening turn "
+                                                 "and 3 in 'turns'), got 3"),
+           "turns": ([[{"role": "assistant", "content": "x"}]] * 3, "turns item 1 must be a string or a "
+                                                                   "non-empty list of user messages"),
+           "check": ("bfcl:nope", "'check' 'bfcl:nope': bfcl has no class or function 'nope'")}
+    for key, (value, message) in bad.items():
+        with pytest.raises(DataError, match=f"t.jsonl line 1: {message}".replace("(", r"\(").replace(")", r"\)")):
+            chat.read_chat_jsonl(write_task(tmp_path, {**row, key: value}), "tasks")
+
+
+def test_chat_reward_scores_a_task_by_its_own_check(base, tmp_path):
+    import chat
+    import chat_reward
+    row = {k: base[0][k] for k in ("messages", "turns", "tools", "gold_calls", "env", "env_config", "check")}
+    task = chat.read_chat_jsonl(write_task(tmp_path, row), "tasks")[0]
+    episode = gold_episode(task)
+    assert chat_reward.chat_reward(episode, task) == 1.0
+    assert chat_reward.chat_reward({**episode, "calls": episode["calls"][1:], "call_turns": episode["call_turns"][1:]},
+                                   task) == 0.0             # no cd: the mkdir is made in the wrong folder
+    assert chat_reward.chat_reward({**episode, "cause": "bad_call_json"}, task) == 0.0
+    (tmp_path / "half.py").write_text("def score(task, episode):\n    return 0.5\n")
+    half = chat.read_chat_jsonl(write_task(tmp_path, {**row, "check": "half.py:score",
+                                                      "checklist": ["Was it polite?"]}), "tasks")[0]
+    assert chat_reward.chat_reward(episode, half) == 0.5                   # the check, not gold call matching
+    assert chat_reward.chat_reward(episode, half, judge=lambda e, t: [0.8]) == pytest.approx(0.4)
+
+
+def test_a_prompt_that_does_not_fit_max_tokens_is_one_line(base):
+    import chat
+    from config import DEFAULTS
+    from helpers import chat_tokenizer
+    tokenizer = chat_tokenizer()
+    length = len(chat.prompt_ids(tokenizer, base[0]["messages"], base[0]["tools"]))
+    with pytest.raises(ConfigError, match=rf"max_tokens \(4096\) leaves no room for an episode: a task's prompt "
+                                          rf"\(messages \+ tools\) is {length} tokens \(\"Move 'final_report"):
+        chat.check_chat_prompts({**DEFAULTS, "max_tokens": 4096}, tokenizer, [dict(base[0])])
+    assert length > 4096
+
+
+# ----------------------------------------------------------------------------- the oracle
+
+def test_oracle_scores_every_base_task_through_evaluate(bfcl_dir, tmp_path, capsys):
+    import evaluate
+    out = tmp_path / "oracle"
+    assert evaluate.main(["--oracle", f"--test_file={bfcl_dir / 'multi_turn_base.jsonl'}", f"--out_dir={out}"]) == 0
+    result = json.loads((out / "eval.json").read_text())
+    assert (result["success"], result["n_tasks"], result["executed_tasks"], result["failures"]) == (1.0, 200, 200, [])
+    assert capsys.readouterr().out.strip() == f"oracle success 1.000 on 200 replayed of 200 tasks; written to {out / 'eval.json'}"
+
+
+def test_oracle_lists_a_failing_task_and_refuses_a_file_it_cannot_replay(base, tmp_path, capsys):
+    import evaluate
+    row = {k: base[0][k] for k in ("messages", "turns", "tools", "gold_calls", "env", "env_config", "check")}
+    # a check that fails an episode with an error response; the second task's gold cd goes nowhere
+    (tmp_path / "strict.py").write_text("def score(task, episode):\n"
+                                        "    return 0.0 if any('error' in r for r in episode['responses']) else 1.0\n")
+    row["check"] = "strict.py:score"
+    wrong = {**row, "gold_calls": [[{"name": "cd", "arguments": {"folder": "nowhere"}}]] + row["gold_calls"][1:]}
+    path = tmp_path / "two.jsonl"
+    path.write_text(json.dumps(row) + "\n" + json.dumps(wrong) + "\n")
+    assert evaluate.main(["--oracle", f"--test_file={path}", f"--out_dir={tmp_path / 'o'}"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == (f"{path} line 2: reward 0.000 (first error response "
+                          "{\"error\": \"cd: 'nowhere': No such file or directory\"})")
+    result = json.loads((tmp_path / "o" / "eval.json").read_text())
+    assert (result["success"], result["executed_tasks"]) == (0.5, 2)
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({k: row[k] for k in ("messages", "tools")} | {"answer": "7"}) + "\n")
+    assert evaluate.main(["--oracle", f"--test_file={plain}", f"--out_dir={tmp_path / 'p'}"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {plain}: no task with gold_calls and an executor ('env') to replay"

@@ -364,3 +364,17 @@ def test_train_on_executor_tasks_real_and_rehearse_then_evaluate(bank_dir, monke
     printed = capsys.readouterr().out
     assert printed.startswith("rehearsed success (no executor) ") and "real-world" not in printed
     assert json.load(open(bank_dir / "real" / "evaluate.json"))["executed_tasks"] == 0
+
+
+def test_the_shipped_weather_example_reads_and_executes():
+    """docs/tools.md's example: data/weather_example.jsonl with data/weather.py (loaded relative to
+    the task file's folder, from any working directory)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tasks = chat.read_chat_jsonl(os.path.join(root, "data", "weather_example.jsonl"), "tasks")
+    w = [chat.task_world(t, {"env_pre": "\n", "act_pre": ""}) for t in tasks]
+    assert w[0].replay([json.dumps(c) for c in tasks[0]["gold_calls"]]) == [
+        '{"city": "Paris", "temp_c": 18, "sky": "cloudy"}', '{"city": "Rome", "temp_c": 24, "sky": "sunny"}']
+    assert w[3].replay([json.dumps(call("forecast", city="Atlantis"))]) == [
+        '{"error": "ValueError: unknown city \'Atlantis\'"}']
+    assert w[0].replay([json.dumps(call("forecast", city="Rome"))] * 4)[3] == \
+        '{"error": "RuntimeError: quota exceeded"}'

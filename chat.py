@@ -26,8 +26,11 @@ turns. This file lets the same inline rehearsal run on such a model (`format: ch
   unknown_tool or bad_arguments; reward 0).
 - task files (`read_chat_jsonl`): one task per line: opening `messages`, `tools` (OpenAI
   function schemas), success criteria `answer` / `gold_calls` / `checklist`, optional
-  `call_order`, `examples` (per tool, reference {arguments, result} pairs) and `env: "toy"`
-  (the toy world of world.py executes the calls, so real-world evaluation and fidelity exist).
+  `call_order`, `examples` (per tool, reference {arguments, result} pairs) and `env`: "toy"
+  (the toy world of world.py executes the calls) or "MODULE:CLASS" / "path/to/file.py:CLASS"
+  with `env_config` (the task's own executor, executor.py: per episode CLASS(**env_config), a
+  call runs the method of its name; docs/tools.md). With either, real-world evaluation,
+  `env_mode: real`, fidelity and collusion exist (`has_executor`); without, the policy rehearses.
   Logged trajectories are the same with the whole conversation in `messages`.
 - multi-turn dialogues (`turns`: later user turns): the answer -> next user turn hand-off is
   derived the same way (`turn_handoff`) and checked (`check_turn_assembly`); each later turn's
@@ -42,15 +45,18 @@ turns. This file lets the same inline rehearsal run on such a model (`format: ch
   copied into the actor's row as the template's tool response (OBS).
 """
 import json
+import os
 import re
+from collections import defaultdict
 from types import SimpleNamespace
 
 import world as toy_world
+import executor
 import rehearse
 import taskfiles
 from checkpoint import load_policy
 from chat_reward import make_judge
-from config import ConfigError
+from config import DEFAULTS, ConfigError
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, encode
 
 SENTINEL = "\u00a7{}\u00a7"                    # rendered content markers, found by string search
@@ -375,15 +381,29 @@ def _toy_step(state, call):
 
 
 def _no_executor(state, call):
-    raise ValueError("this task has no executable environment (env: toy is the only one)")
+    raise ValueError("this task has no executor ('env': 'toy' or 'MODULE:CLASS', docs/tools.md)")
 
 
-def task_world(task, tags):
+def has_executor(task):
+    """Whether a real executor runs the task's calls: the toy world (env "toy") or its own class."""
+    return bool(task.get("env"))
+
+
+def task_world(task, tags, tool_timeout=DEFAULTS["tool_timeout"]):
     """The sampler's world for one chat task: reads actions against the task's tools, reads a
-    rehearsed response, and (env: toy) executes calls in the toy world. Also what rehearse.py's
-    fidelity functions need (TOOL_KINDS, parse_call, replay), by tool name."""
+    rehearsed response, and executes calls: env "toy" in the toy world, env "MODULE:CLASS" on a
+    fresh CLASS(**env_config) per episode (`new_state`; executor.call_tool, tool_timeout seconds
+    a call). Also what rehearse.py's fidelity functions need (TOOL_KINDS, parse_call, replay),
+    by tool name."""
     schemas = tool_schemas(task["tools"])
     toy = task.get("env") == "toy"
+    new_state, step = toy_world.new_state, _toy_step if toy else _no_executor
+    if has_executor(task) and not toy:
+        def new_state():
+            return task["env_class"](**task["env_config"])
+
+        def step(state, call):
+            return executor.call_tool(state, json.loads(call), schemas, tool_timeout)
 
     def parse_response(text):
         pre = tags["env_pre"]
@@ -392,8 +412,8 @@ def task_world(task, tags):
         return text[:len(text) - len(pre)] if pre else text
 
     def replay(calls):
-        state = toy_world.new_state()
-        return [_toy_step(state, c) for c in calls]
+        state = new_state()
+        return [step(state, c) for c in calls]
 
     def read(text):
         pre = tags["act_pre"]
@@ -405,19 +425,19 @@ def task_world(task, tags):
         later = task.get("turn_ids", [])
         return later[answered - 1] if answered <= len(later) else None
 
-    return SimpleNamespace(task=task, new_state=toy_world.new_state, read_act=read, parse_response=parse_response,
-                           next_turn=next_turn, step=_toy_step if toy else _no_executor, replay=replay,
+    return SimpleNamespace(task=task, new_state=new_state, read_act=read, parse_response=parse_response,
+                           next_turn=next_turn, step=step, replay=replay,
                            TOOL_KINDS=toy_world.TOOL_KINDS if toy else {name: name for name in schemas},
                            parse_call=lambda call: (json.loads(call)["name"], None))
 
 
-def episode_inputs(tokenizer, tags, tasks):
+def episode_inputs(tokenizer, tags, tasks, tool_timeout=DEFAULTS["tool_timeout"]):
     """Per task: its prompt ids and its world (cached in the task dict)."""
     for t in tasks:
         if "prompt_ids" not in t:
             t["prompt_ids"] = prompt_ids(tokenizer, t["messages"], t["tools"])
             t["turn_ids"] = [turn_ids(tokenizer, tags, turn) for turn in t.get("turns", [])]
-            t["world"] = task_world(t, tags)
+            t["world"] = task_world(t, tags, tool_timeout)
     return [t["prompt_ids"] for t in tasks], [t["world"] for t in tasks]
 
 
@@ -486,8 +506,9 @@ def _check_messages(messages, where):
                          f"got {json.dumps(m['content'])}")
 
 
-def check_task(row, where, kind):
-    """One JSONL line's object -> a task (or logged trajectory) dict; DataError names the problem."""
+def check_task(row, where, kind, base_dir="."):
+    """One JSONL line's object -> a task (or logged trajectory) dict; DataError names the problem.
+    base_dir: the task file's folder, where an env "path.py:CLASS" is looked for."""
     if not isinstance(row, dict):
         _fail(where, "expected a JSON object with 'messages' and 'tools'")
     for key in ("messages", "tools"):
@@ -531,12 +552,37 @@ def check_task(row, where, kind):
     task["call_order"] = row.get("call_order", "exact")
     if task["call_order"] not in ("exact", "any"):
         _fail(where, f"'call_order' must be 'exact' or 'any', got {json.dumps(task['call_order'])}")
-    if row.get("env", "") not in ("", "toy"):
-        _fail(where, f"'env' must be 'toy' (executed by world.py) or absent, got {json.dumps(row['env'])}")
-    if row.get("env") == "toy":
+    env = row.get("env", "")
+    if not isinstance(env, str):
+        _fail(where, f"'env' must be 'toy', 'MODULE:CLASS' or 'path/to/file.py:CLASS', got {json.dumps(env)}")
+    if "env_config" in row and env in ("", "toy"):
+        _fail(where, "'env_config' is given but 'env' names no executor class ('MODULE:CLASS')")
+    if env == "toy":
         task["env"] = "toy"
+    elif env:
+        task.update(_check_env(env, row.get("env_config", {}), schemas, where, base_dir))
     task["examples"] = _check_examples(row.get("examples", {}), schemas, where)
     return task
+
+
+def _check_env(spec, env_config, schemas, where, base_dir):
+    """env "MODULE:CLASS" and env_config, checked at load: the class loads, CLASS(**env_config)
+    constructs, and it has a method for every tool."""
+    try:
+        cls = executor.load_object(spec, base_dir)
+    except ConfigError as e:
+        _fail(where, str(e))
+    if not isinstance(env_config, dict):
+        _fail(where, f"'env_config' must be a JSON object (the keyword arguments of {spec}), "
+                     f"got {json.dumps(env_config)}")
+    try:
+        instance = cls(**env_config)
+    except Exception as e:                # the user's constructor: its error, in one line
+        _fail(where, f"env {spec!r}: {spec.rpartition(':')[2]}(**env_config) raised {executor.error_text(e)}")
+    missing = [n for n in schemas if n.startswith("_") or not callable(getattr(instance, n, None))]
+    if missing:
+        _fail(where, f"env {spec!r} has no method for tool(s) {', '.join(missing)}")
+    return {"env": spec, "env_class": cls, "env_config": env_config}
 
 
 def _check_examples(examples, schemas, where):
@@ -586,7 +632,8 @@ def _trajectory(turns, schemas, where):
 def read_chat_jsonl(path, kind):
     """Chat tasks or logged chat trajectories, one JSON object per line; blank lines skipped.
     Every line is checked before anything trains; the first bad one raises DataError."""
-    rows = [check_task(row, where, kind) for where, row in taskfiles.json_lines(path, kind)]
+    base_dir = os.path.dirname(os.path.abspath(path))
+    rows = [check_task(row, where, kind, base_dir) for where, row in taskfiles.json_lines(path, kind)]
     if not rows:
         raise DataError(f"{path}: no {kind} in the file")
     return rows
@@ -912,9 +959,9 @@ def chat_tasks(cfg):
         logged = read_chat_jsonl(cfg["logged_file"], "trajectories") if cfg["logged_file"] else []
     except taskfiles.DataError as e:
         raise ConfigError(str(e)) from None
-    if cfg["env_mode"] == "real" and not all(t.get("env") == "toy" for t in rl):
-        raise ConfigError(f"env_mode: real needs tasks a real environment executes ('env': 'toy'); "
-                          f"{cfg['tasks_file']} has tasks without one")
+    if cfg["env_mode"] == "real" and not all(has_executor(t) for t in rl):
+        raise ConfigError(f"env_mode: real needs tasks a real environment executes ('env': 'toy' or "
+                          f"'MODULE:CLASS', docs/tools.md); {cfg['tasks_file']} has tasks without one")
     return {"rl": rl, "test": test, "logged": logged}
 
 
@@ -931,7 +978,7 @@ def chat_tags(tokenizer, multiturn=False):
 def check_chat_prompts(cfg, tokenizer, tasks):
     """The template fits (chat_tags) and every task's rendered prompt, with its later user turns,
     leaves room for an episode."""
-    prompts, _ = episode_inputs(tokenizer, chat_tags(tokenizer, multiturn(tasks)), tasks)
+    prompts, _ = episode_inputs(tokenizer, chat_tags(tokenizer, multiturn(tasks)), tasks, cfg["tool_timeout"])
     lengths = [len(p) + sum(map(len, t["turn_ids"])) for p, t in zip(prompts, tasks)]
     longest = max(range(len(tasks)), key=lambda i: lengths[i])
     if lengths[longest] >= cfg["max_tokens"]:
@@ -941,8 +988,8 @@ def check_chat_prompts(cfg, tokenizer, tasks):
 
 
 def executed(tasks, episodes):
-    """(tasks, episodes) of those a real executor ran (env: toy)."""
-    pairs = [(t, e) for t, e in zip(tasks, episodes) if t.get("env") == "toy"]
+    """(tasks, episodes) of those a real executor ran (has_executor)."""
+    pairs = [(t, e) for t, e in zip(tasks, episodes) if has_executor(t)]
     return [t for t, _ in pairs], [e for _, e in pairs]
 
 
@@ -960,15 +1007,106 @@ def would_rehearse_separate(model, tokenizer, tasks, episodes, tags, k=0):
 
 
 def by_kind(pairs, tasks):
-    """[(call, matched)] -> {tool kind: [matches, total]}, kinds from the tasks' worlds."""
-    return rehearse.by_kind(pairs, tasks[0]["world"]) if pairs else {}
+    """[(call, matched)] -> {tool kind: [matches, total]}, kinds from the tasks' worlds (the toy's
+    kinds; a task's own executor: one per tool name)."""
+    kinds = {}
+    for t in tasks:
+        kinds.update(t["world"].TOOL_KINDS)
+    return rehearse.by_kind(pairs, SimpleNamespace(TOOL_KINDS=kinds, parse_call=lambda c: (json.loads(c)["name"], None)))
 
 
-def diagnostics(episodes, tasks):
-    """An RL step's rehearsal fidelity against a real replay, when the toy executes every task."""
-    if not all(t.get("env") == "toy" for t in tasks):
+def replay_fidelity(pairs):
+    """[(episode, task)] -> {tool kind: [matches, total]}: each rehearsed response against a replay
+    of the same calls on a fresh executor of the episode's task (the toy, or CLASS(**env_config)),
+    compared normalised (executor.same_response: canonical JSON when both parse, else stripped)."""
+    counts = defaultdict(lambda: [0, 0])
+    for e, t in pairs:
+        world = t["world"]
+        real = world.replay(e["calls"][:len(e["responses"])])
+        for call, imagined, truth in zip(e["calls"], e["responses"], real):
+            kind = world.TOOL_KINDS[json.loads(call)["name"]]
+            counts[kind][0] += executor.same_response(imagined, truth)
+            counts[kind][1] += 1
+    return dict(counts)
+
+
+def collusion_counts(pairs, reward):
+    """rehearse.collusion_counts for chat tasks with an executor and (flat) gold_calls, against
+    that executor; `reward(episode, task)` is the run's. For an episode e of task t:
+      path      = {(tool, normalised real response) of each gold call, replayed on a fresh executor}
+      call i is WRONG     iff its real response (a replay of e's calls) is an error (executor.is_error)
+                          or (tool_i, real_i) is not in path: the real world would have answered
+                          it with a value the solution never passes through;
+      it COLLUDES         iff wrong, the rehearsed response differs from the real one, (tool_i,
+                          rehearsed_i) is in path, and reward(e, t) == 1: the rehearsal answered
+                          the wrong call with the value the task needed, and the episode succeeded.
+    Tasks without gold_calls (or with per-turn gold_calls) are skipped. Sums {calls, wrong, colluding}.
+    Example (a bank at 10; gold: deposit 5 -> {"balance": 15}; answer 15): deposit 4 rehearsed
+    {"balance": 15} (real 14), answer 15: 1 call, 1 wrong, 1 colluding."""
+    counts = {"calls": 0, "wrong": 0, "colluding": 0}
+    for e, t in pairs:
+        gold = t.get("gold_calls")
+        if not gold or not all(isinstance(c, dict) for c in gold):
+            continue
+        world = t["world"]
+        norm = executor.normalised
+        path = {(c["name"], norm(r)) for c, r in zip(gold, world.replay([_json(_call(c)) for c in gold]))}
+        success = reward(e, t) == 1
+        real = world.replay(e["calls"][:len(e["responses"])])
+        for call, imagined, truth in zip(e["calls"], e["responses"], real):
+            tool = json.loads(call)["name"]
+            wrong = executor.is_error(truth) or (tool, norm(truth)) not in path
+            counts["calls"] += 1
+            counts["wrong"] += wrong
+            counts["colluding"] += wrong and success and norm(imagined) != norm(truth) and (tool, norm(imagined)) in path
+    return counts
+
+
+def diagnostics(episodes, tasks, reward):
+    """An RL step's rehearsal fidelity and collusion against a real replay, over the episodes whose
+    task has an executor (`has_executor`); {} when none has."""
+    pairs = [(e, t) for e, t in zip(episodes, tasks) if has_executor(t)]
+    if not pairs:
         return {}
-    return {"fidelity": rehearse.replay_fidelity(episodes, tasks[0]["world"])}
+    return {"fidelity": replay_fidelity(pairs), "collusion": collusion_counts(pairs, reward)}
+
+
+def imagined_world(model, tokenizer, tasks, cfg, generator, fx, batch_size=512):
+    """rehearse.imagined_world for chat tasks: on those of `tasks` with an executor, the policy acts
+    and rehearses (rehearse mode, eval sampling, fx.sample: the layout's sampler, no real call in
+    the loop); scored against a replay on each task's executor: imagined success (fx.reward),
+    imagined fidelity per tool kind, collusion (`collusion_counts`). {} when no task has one."""
+    tasks = [t for t in tasks if has_executor(t)]
+    if not tasks:
+        return {}
+    model.eval()
+    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+    episodes = []
+    for i in range(0, len(tasks), batch_size):
+        prompts, worlds, tags = fx.inputs(tasks[i:i + batch_size])
+        episodes += fx.sample(model, tokenizer, prompts, "rehearse", world=worlds, tags=tags,
+                              temperature=cfg["eval_temperature"], top_p=cfg["top_p"], generator=generator, **limits)
+    pairs = list(zip(episodes, tasks))
+    fidelity = replay_fidelity(pairs)
+    return {"imagined_success": sum(fx.reward(e, t) for e, t in pairs) / len(tasks), "imagined_tasks": len(tasks),
+            "imagined_fidelity": rehearse.rates(fidelity), "imagined_fidelity_counts": fidelity,
+            "collusion": rehearse.collusion_rate(collusion_counts(pairs, fx.reward))}
+
+
+def expert_episodes(tokenizer, tags, tasks):
+    """(tasks, episodes) of the gold calls of the tasks with an executor and flat gold_calls, each
+    replayed on a fresh executor and assembled as a real episode (responses OBS): the expert's
+    calls that --coverage asks the model to rehearse, as rehearse.coverage_fidelity does for the toy."""
+    chosen = [t for t in tasks if has_executor(t) and t.get("gold_calls")
+              and all(isinstance(c, dict) for c in t["gold_calls"])]
+    prompts, worlds = episode_inputs(tokenizer, tags, chosen)
+    episodes = []
+    for t, prompt, world in zip(chosen, prompts, worlds):
+        calls = [_json(_call(c)) for c in t["gold_calls"]]
+        responses = world.replay(calls)
+        episodes.append({**assemble(tokenizer, tags, prompt, t["gold_calls"], responses), "calls": calls,
+                         "responses": responses})
+    return chosen, episodes
 
 
 _JUDGES = {}

@@ -60,6 +60,9 @@ DEFAULTS = {
     # format: plain (the toy's tags) | chat (the model's chat template, JSON tool calls;
     # tasks_file etc. then hold chat JSONL); judge_model: a causal LM scoring task checklists
     "format": "plain", "judge_model": "",
+    # a task's own executor (env "MODULE:CLASS", executor.py): a tool call running longer than
+    # tool_timeout seconds is an error response
+    "tool_timeout": 10.0,
     # optional JSONL files replacing the generated splits (plain: taskfiles.read_jsonl; chat: chat
     # JSONL, tasks_file required)
     "tasks_file": "", "test_file": "", "logged_file": "",
@@ -88,7 +91,7 @@ CHOICES = {"env_mode": ("rehearse", "real", "frozen", "none"), "device": ("auto"
 
 POSITIVE = {"n_layer", "n_embd", "n_head", "n_logged", "n_rl_tasks", "n_test", "sft_batch_size",
             "tasks_per_step", "group_size", "ppo_epochs", "micro_batch_tokens", "max_turns",
-            "max_act_tokens", "max_env_tokens", "max_tokens", "temperature", "lr", "sft_lr"}
+            "max_act_tokens", "max_env_tokens", "max_tokens", "temperature", "lr", "sft_lr", "tool_timeout"}
 
 
 NON_NEGATIVE = {"seed", "data_seed", "n_new_logged", "snippet_repeats", "sft_steps", "rl_steps", "save_every",

@@ -18,11 +18,13 @@ those rehearsals against a real replay, and the collusion rate (rehearse.collusi
 
 What depends on the format and the rehearsal layout (the prompts, the reward, would-rehearse
 fidelity, the coverage and honesty measures) comes from `fx` (features.py). Chat-format tasks
-run in the real toy world when they are the toy's (`env: toy`); other chat tasks have no
-executor: the policy rehearses their tool responses and success is judged by the task's
-criteria alone (answer, gold calls, checklist judge).
+run for real when they have an executor (`env: toy`, the toy world; `env: "MODULE:CLASS"`, their
+own, executor.py); other chat tasks have none: the policy rehearses their tool responses, success
+is judged by the task's criteria alone (answer, gold calls, checklist judge) and every line and
+file calls it "rehearsed success (no executor)", never real-world (`success_name`).
 
-Writes <ckpt>/eval.json with at least {"success": float, "n_tasks": int} when the folder has none;
+Writes <ckpt>/eval.json with at least {"success": float, "n_tasks": int, "executed_tasks": int}
+when the folder has none;
 when it has one (train.py's: the final evaluation and its `before` record, the warm start's; what
 experiments.py reads), that file is never replaced and the result goes to <ckpt>/evaluate.json
 instead (replaced by the next evaluate.py run). The line printed last says which file it wrote.
@@ -92,10 +94,23 @@ def evaluate(model, tokenizer, tasks, cfg, fx, batch_size=512, seed=0, rehearser
     return result
 
 
+def success_name(m):
+    """What an eval.json's success is: "real-world success" when an executor ran every task,
+    "rehearsed success (no executor)" when none (the policy played the world: not a real-world
+    figure), else how many of each."""
+    executed = m.get("executed_tasks", m["n_tasks"])          # eval.json files from before the key
+    if executed == m["n_tasks"]:
+        return "real-world success"
+    if executed == 0:
+        return "rehearsed success (no executor)"
+    return f"success (real-world on {executed} of {m['n_tasks']} tasks, rehearsed on the rest)"
+
+
 def summary(m):
     """One line for the terminal."""
     fid = " ".join(f"{k} {v:.3f}" for k, v in m["fidelity"].items())
-    line = (f"success {m['success']:.3f} on {m['n_tasks']} tasks | format errors "
+    name = "success" if success_name(m) == "real-world success" else success_name(m)
+    line = (f"{name} {m['success']:.3f} on {m['n_tasks']} tasks | format errors "
             f"{m['format_errors']:.3f} | mean calls {m['mean_calls']:.2f} | would-rehearse fidelity: {fid}")
     return line + (f" | {imagined_summary(m)}" if "collusion" in m else "")
 
@@ -207,7 +222,8 @@ def measure(args, cfg, model, tokenizer, tasks, fx, rehearser, warm):
     elif args.collusion:
         metrics = fx.honesty(model, tokenizer, tasks[:cfg["n_collusion"] or len(tasks)], cfg,
                              torch.Generator().manual_seed(cfg["seed"]))
-        print(imagined_summary(metrics))
+        print(imagined_summary(metrics) if metrics else "no task has an executor: no real response to "
+              "compare imagined ones with (docs/tools.md)")
         write(args.ckpt, "collusion.json", metrics)
     elif args.sweep:
         rehearsers = {"policy": None, **({"rehearser": rehearser} if rehearser is not None else {})}

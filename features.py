@@ -20,7 +20,8 @@ functions; train.py and evaluate.py call them and never branch on the format or 
                             have rehearsed each real response of these real-world episodes?
     by_kind(pairs, tasks)   those per tool kind {kind: [matches, total]}
     coverage(model, tokenizer, tasks, pairs)   fidelity bucketed by warm-start coverage (plain:
-                            on the expert's calls of `tasks`; chat: on `pairs`)
+                            on the expert's calls of `tasks`; chat: on `pairs`, or without them
+                            on the gold calls of the tasks with an executor)
     honesty(model, tokenizer, tasks, cfg, generator)   imagined success and collusion
 """
 import functools
@@ -121,13 +122,14 @@ def chat_features(cfg, tokenizer, splits, device):
                      + [json.dumps(c, ensure_ascii=False) for t in splits["rl"] for c, _ in t.get("examples", [])])
 
     def inputs(tasks, repeat=1):
-        prompts, worlds = chat.episode_inputs(tokenizer, tags, tasks)
+        prompts, worlds = chat.episode_inputs(tokenizer, tags, tasks, cfg["tool_timeout"])
         return [p for p in prompts for _ in range(repeat)], [w for w in worlds for _ in range(repeat)], tags
 
-    fx = SimpleNamespace(inputs=inputs, executes=lambda task: task.get("env") == "toy",
-                         reward=functools.partial(chat_reward.chat_reward, judge=chat.load_judge(cfg, device)),
-                         diagnostics=chat.diagnostics,
-                         honesty=lambda *args: {})        # collusion needs the toy's expert calls
+    fx = SimpleNamespace(inputs=inputs, executes=chat.has_executor,
+                         reward=functools.partial(chat_reward.chat_reward, judge=chat.load_judge(cfg, device)))
+    fx.diagnostics = functools.partial(chat.diagnostics, reward=fx.reward)
+    fx.honesty = lambda model, tokenizer, tasks, cfg, generator: chat.imagined_world(   # executor tasks
+        model, tokenizer, tasks, cfg, generator, fx)
     if cfg["rehearsal_context"] == "inline":
         fx.sample, fx.warm_start_roles = sample_episodes, (ACT, REHEARSE, OBS)
         fx.warm_start_sequences = lambda: chat.warm_start_sequences(tokenizer, tags, splits["logged"], splits["rl"])
@@ -140,5 +142,7 @@ def chat_features(cfg, tokenizer, splits, device):
             tokenizer, tags, splits["logged"], splits["rl"], k)
         would_rehearse = functools.partial(chat.would_rehearse_separate, tags=tags, k=k)
     fx.would_rehearse, fx.by_kind = would_rehearse, chat.by_kind
-    fx.coverage = lambda model, tokenizer, tasks, pairs=(): rehearse.fidelity_by_coverage(pairs, counts)
+    fx.coverage = lambda model, tokenizer, tasks, pairs=None: rehearse.fidelity_by_coverage(   # None: gold calls
+        would_rehearse(model, tokenizer, *chat.expert_episodes(tokenizer, tags, tasks)) if pairs is None else pairs,
+        counts)
     return fx

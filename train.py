@@ -64,7 +64,7 @@ from distributed import (all_sum, autocast, from_rank0, full_state_dict, gathere
                          reuse_sampler_logprobs, setup_distributed)
 from envace import (ACT, OBS, REHEARSE, NonFiniteError, clipped_pg_loss, collate, loss_mask, micro_batches,
                     padded_fraction, token_advantages, token_kl_coefs, token_logprobs)
-from evaluate import evaluate, summary
+from evaluate import evaluate, success_name, summary
 from metrics import add_micro_batch, episode_sums, role_sums, start_metrics, step_record
 from reward import group_advantages, training_rows
 from rollout import sample_episodes
@@ -492,12 +492,13 @@ def run_phases(cfg, resume, overwrite, phase, stop):
             record = step_record(step, status, progress, {**sums, **episode_sums(episodes, rewards), **diagnostics},
                                  time_sample, time.time() - t0)
             if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < cfg["rl_steps"]:
-                progress["real_success"] = record["eval_success"] = rank0_eval()["success"]
-                bar.write(f"step {step}: real-world success {progress['real_success']:.3f} (reward "
+                result = rank0_eval()
+                progress["real_success"] = record["eval_success"] = result["success"]
+                bar.write(f"step {step}: {success_name(result)} {progress['real_success']:.3f} (reward "
                           f"in the {cfg['env_mode']} world this step {record['reward']:.3f})")
             if rank == 0:
                 write_file(metrics_path, json.dumps(record) + "\n", mode="a")
-            bar.set_postfix(reward=f"{record['reward']:.3f}", real=f"{progress['real_success']:.3f}",
+            bar.set_postfix(reward=f"{record['reward']:.3f}", eval=f"{progress['real_success']:.3f}",
                             skip=progress["skipped_steps"], tok_s=f"{record['tok_per_s']:.0f}")
             stopping = all_sum([stop.signal is not None])[0] > 0      # any rank signalled: all stop
             if stopping or progress["nonfinite_in_a_row"] >= 3 or (cfg["save_every"] and step % cfg["save_every"] == 0) \
@@ -523,7 +524,7 @@ def run_phases(cfg, resume, overwrite, phase, stop):
 def final_report(progress, after, cfg, seconds):
     before = progress["before"]
     return (f"before RL: {summary(before)}\nafter RL:  {summary(after)}\n"
-            f"real-world success {before['success']:.3f} -> {after['success']:.3f} ({cfg['env_mode']} "
+            f"{success_name(after)} {before['success']:.3f} -> {after['success']:.3f} ({cfg['env_mode']} "
             f"mode, {cfg['rl_steps']} steps, {progress['skipped_steps']} skipped, "
             f"{progress['nonfinite_steps']} non-finite, {seconds:.0f}s); saved to {cfg['out_dir']}/ckpt")
 

@@ -383,7 +383,8 @@ def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
     assert [m["step"] for m in lines] == [1, 2]
     for m in lines:           # every episode samples at least its first token as the actor
         assert sum(m["causes"].values()) == 4 and m["tokens_act"] >= 4
-    assert sampled == [(TAGS["act_end"], 1)] * 2 and built == [1]
+    # two RL steps, and the imagined world (fx.honesty: env toy executes) before and after RL
+    assert sampled == [(TAGS["act_end"], 1)] * 4 and built == [1]
     assert len(asked) == 2                     # before and after RL (coverage reuses the same answers)
     os.remove(os.path.join(out, "eval.json"))
     assert evaluate.main(["--ckpt", out, "--n_test=3"]) == 0

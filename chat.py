@@ -32,6 +32,11 @@ turns. This file lets the same inline rehearsal run on such a model (`format: ch
   call runs the method of its name; docs/tools.md). With either, real-world evaluation,
   `env_mode: real`, fidelity and collusion exist (`has_executor`); without, the policy rehearses.
   Logged trajectories are the same with the whole conversation in `messages`.
+- multi-turn dialogues (`turns`: later user turns): the answer -> next user turn hand-off is
+  derived the same way (`turn_handoff`) and checked (`check_turn_assembly`); each later turn's
+  forced ids (glue TAG, user content PROMPT) are tokenized once per task (`turn_ids`), and the
+  task's world hands them to the sampler after each answer (`next_turn`). `gold_calls` may be
+  given per user turn. Logged trajectories may hold several user turns (`_dialogue`).
 - rehearsal_context separate (`rehearse_prompt_ids`): each rehearsal in a row of its own, whose
   prompt is rendered with the same chat template: a system message (play the called tool, answer
   with its result only; its JSON schema; up to grounding_examples of the task's examples of it),
@@ -414,8 +419,14 @@ def task_world(task, tags, tool_timeout=DEFAULTS["tool_timeout"]):
         pre = tags["act_pre"]
         return read_act(text[:len(text) - len(pre)] if pre and text.endswith(pre) else text, schemas)
 
+    def next_turn(answered):
+        """The forced (id, role) pairs of the user turn after the `answered`-th answer (episode_inputs
+        caches them in the task), or None after the last: the episode ends."""
+        later = task.get("turn_ids", [])
+        return later[answered - 1] if answered <= len(later) else None
+
     return SimpleNamespace(task=task, new_state=new_state, read_act=read, parse_response=parse_response,
-                           step=step, replay=replay,
+                           next_turn=next_turn, step=step, replay=replay,
                            TOOL_KINDS=toy_world.TOOL_KINDS if toy else {name: name for name in schemas},
                            parse_call=lambda call: (json.loads(call)["name"], None))
 
@@ -425,6 +436,7 @@ def episode_inputs(tokenizer, tags, tasks, tool_timeout=DEFAULTS["tool_timeout"]
     for t in tasks:
         if "prompt_ids" not in t:
             t["prompt_ids"] = prompt_ids(tokenizer, t["messages"], t["tools"])
+            t["turn_ids"] = [turn_ids(tokenizer, tags, turn) for turn in t.get("turns", [])]
             t["world"] = task_world(t, tags, tool_timeout)
     return [t["prompt_ids"] for t in tasks], [t["world"] for t in tasks]
 
@@ -514,7 +526,7 @@ def check_task(row, where, kind, base_dir="."):
     if not isinstance(task["family"], str) or not task["family"]:
         _fail(where, f"'family' must be a non-empty string, got {json.dumps(task['family'])}")
     if kind == "trajectories":        # examples: optional here too (separate rehearse prompts)
-        return {**task, **_trajectory(row["messages"][first:], schemas, where),
+        return {**task, **_dialogue(row["messages"][first:], schemas, where),
                 "examples": _check_examples(row.get("examples", {}), schemas, where)}
     if first < len(row["messages"]):
         _fail(where, "a task's 'messages' are the opening only (system/user); trajectories go in logged_file")
@@ -523,16 +535,19 @@ def check_task(row, where, kind, base_dir="."):
                 or not str(row["answer"]).strip() or str(row["answer"]) in ("inf", "-inf", "nan")):
             _fail(where, f"'answer' must be a string or a number (non-empty, finite), got {json.dumps(row['answer'])}")
         task["answer"] = str(row["answer"])
-    if "gold_calls" in row and not _per_turn(row["gold_calls"]):
+    if "turns" in row:
+        turns = _check_turns(row["turns"], where)
+        if turns:
+            task["turns"] = turns
+    if "gold_calls" in row:
         if not isinstance(row["gold_calls"], list):
             _fail(where, "'gold_calls' must be a list of {name, arguments}")
-        task["gold_calls"] = [_check_call(c, schemas, where, f"gold call {k + 1}")
-                              for k, c in enumerate(row["gold_calls"])]
+        task["gold_calls"] = _check_gold_calls(row["gold_calls"], 1 + len(task.get("turns", [])), schemas, where)
     if "checklist" in row:
         if not isinstance(row["checklist"], list) or not all(isinstance(q, str) and q.strip() for q in row["checklist"]):
             _fail(where, "'checklist' must be a list of yes/no questions (strings)")
         task["checklist"] = row["checklist"]
-    task.update(_check_turns_and_check(row, schemas, where, base_dir))
+    task.update(_check_check(row, where, base_dir))
     if not any(k in task for k in ("answer", "gold_calls", "checklist", "check")):
         _fail(where, "no success criterion: give 'answer', 'gold_calls', 'checklist' or 'check'")
     task["call_order"] = row.get("call_order", "exact")
@@ -551,40 +566,18 @@ def check_task(row, where, kind, base_dir="."):
     return task
 
 
-def _per_turn(gold_calls):
-    """Whether gold_calls are given per user turn (a list of lists) rather than flat."""
-    return isinstance(gold_calls, list) and bool(gold_calls) and all(isinstance(t, list) for t in gold_calls)
-
-
-def _check_turns_and_check(row, schemas, where, base_dir):
-    """A multi-turn task's `turns` (each a string or a list of user messages), its `gold_calls`
-    per turn (1 + len(turns) lists of calls) and its own `check` ("MODULE:FUNCTION" or
-    "path.py:FUNCTION", loaded here; a path is made absolute): the keys of the task they give."""
-    out, turns = {}, row.get("turns", [])
-    if not isinstance(turns, list):
-        _fail(where, "'turns' must be a list of later user turns (strings or lists of user messages)")
-    for k, turn in enumerate(turns):
-        messages = [{"role": "user", "content": turn}] if isinstance(turn, str) else turn
-        if not (isinstance(messages, list) and messages and all(
-                isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str) for m in messages)):
-            _fail(where, f"turns item {k + 1} must be a string or a non-empty list of user messages with string content")
-    if "turns" in row:
-        out["turns"] = turns
-    if _per_turn(row.get("gold_calls")):
-        if len(row["gold_calls"]) != 1 + len(turns):
-            _fail(where, f"'gold_calls' per turn needs {1 + len(turns)} lists (the opening turn and "
-                         f"{len(turns)} in 'turns'), got {len(row['gold_calls'])}")
-        out["gold_calls"] = [[_check_call(c, schemas, where, f"gold call {j + 1} of turn {k + 1}")
-                              for j, c in enumerate(turn)] for k, turn in enumerate(row["gold_calls"])]
-    if "check" in row:
-        spec = row["check"]
-        try:
-            executor.load_object(spec, base_dir)
-        except ConfigError as e:              # its message names the spec as an env's
-            _fail(where, f"'check' {str(e).removeprefix('env ')}")
-        path, _, name = spec.rpartition(":")
-        out["check"] = f"{os.path.abspath(os.path.join(base_dir, path))}:{name}" if path.endswith(".py") else spec
-    return out
+def _check_check(row, where, base_dir):
+    """A task's own success `check` ("MODULE:FUNCTION" or "path.py:FUNCTION", loaded here to fail
+    at load; a path is made absolute so that chat_reward loads it from anywhere): {"check": spec}."""
+    if "check" not in row:
+        return {}
+    spec = row["check"]
+    try:
+        executor.load_object(spec, base_dir)
+    except ConfigError as e:              # its message names the spec as an env's
+        _fail(where, f"'check' {str(e).removeprefix('env ')}")
+    path, _, name = spec.rpartition(":")
+    return {"check": f"{os.path.abspath(os.path.join(base_dir, path))}:{name}" if path.endswith(".py") else spec}
 
 
 def _check_env(spec, env_config, schemas, where, base_dir):
@@ -661,19 +654,199 @@ def read_chat_jsonl(path, kind):
     return rows
 
 
+# ----------------------------------------------------------------------------- multi-turn dialogues
+
+SAMPLE_ANSWERS = ["An apple is a fruit.", "I could not find it."]
+SAMPLE_NEXT_TURN = [{"role": "user", "content": "And what is a pear?"}]
+
+
+def turn_handoff(tokenizer):
+    """The hand-off answer -> next user turn, derived from the template with sentinel contents as
+    chat_format derives the others. In `opening, answer A1, user U2` and in `..., A1, U2, answer
+    A2, user U3, user U4` (a turn of two user messages), each rendered with the generation prompt,
+    the text after an answer's content is: the text before the actor's stop and the stop (written
+    by the actor), `turn_pre` up to the first user content, the contents separated by `turn_sep`,
+    then `turn_post` up to the end of the generation prompt. turn_pre and turn_post must be the
+    same after answer 1 and answer 2. Returns them as text, with the stop (turn_stop) and the text
+    before it (turn_stop_pre); `turn_ids` tokenizes them with each task's user contents."""
+    s = [SENTINEL.format(k) for k in ("S", "U", "A1", "U2", "A2", "U3", "U4")]
+    opening = [{"role": "system", "content": s[0]}, {"role": "user", "content": s[1]}]
+    later = [{"role": r, "content": c} for r, c in zip(("assistant", "user", "assistant", "user", "user"), s[2:])]
+    one = _after(render(tokenizer, opening + later[:2], [SAMPLE_TOOL], True), s[2], "answer->user", s[3])
+    two = _after(render(tokenizer, opening + later, [SAMPLE_TOOL], True), s[4], "answer->user")
+    stop_pre, stop, _ = _split_at_stop(tokenizer, one, "answer->user")
+    stop_text = str(tokenizer.added_tokens_decoder[stop])
+    turn_pre = one[len(stop_pre) + len(stop_text):]
+    turn_post = _after(render(tokenizer, opening + later[:2], [SAMPLE_TOOL], True), s[3], "answer->user")
+    head = stop_pre + stop_text + turn_pre + s[5]
+    if not (two.startswith(head) and two.endswith(s[6] + turn_post) and len(two) >= len(head + s[6] + turn_post)):
+        raise TemplateError(f"hand-off answer->user depends on the turn: {one + s[3] + turn_post!r} after answer 1, "
+                            f"{two!r} after answer 2")
+    return {"turn_pre": turn_pre, "turn_sep": two[len(head):len(two) - len(s[6] + turn_post)], "turn_post": turn_post,
+            "turn_stop": stop, "turn_stop_pre": stop_pre}
+
+
+def turn_tags(tokenizer, tags):
+    """`tags` with the answer -> next user turn hand-off (turn_handoff), checked: the answer before
+    a user turn ends with the actor's own end-of-turn stop (act_pre, act_end), and the sampler's
+    assembly of a two-turn conversation equals the template's rendering (check_turn_assembly)."""
+    handoff = turn_handoff(tokenizer)
+    if (handoff["turn_stop_pre"], handoff["turn_stop"]) != (tags["act_pre"], tags["act_end"]):
+        raise TemplateError(f"hand-off answer->user: an answer before a user turn ends with "
+                            f"{handoff['turn_stop_pre']!r} + {_tok(tokenizer, handoff['turn_stop'])}, not with the "
+                            f"actor's stop {tags['act_pre']!r} + {_tok(tokenizer, tags['act_end'])}")
+    tags = {**tags, **handoff}
+    check_turn_assembly(tokenizer, tags)
+    return tags
+
+
+def turn_ids(tokenizer, tags, messages):
+    """A later user turn (its user messages) as the forced (id, role) pairs the sampler appends
+    after the actor's answer and stop: the hand-off and the contents tokenized as ONE text, as the
+    template renders them (it follows a special token, so the text tokenizes as in the whole
+    conversation); tokens inside a content are PROMPT, the template's glue TAG. Computed once per
+    task (episode_inputs); what the policy sampled is never re-tokenized."""
+    text, spans = tags["turn_pre"], []
+    for k, m in enumerate(messages):
+        text += tags["turn_sep"] if k else ""
+        spans.append((len(text), len(text) + len(m["content"])))
+        text += m["content"]
+    text += tags["turn_post"]
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return [(i, PROMPT if any(a < end and start < b for start, end in spans) else TAG)
+            for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"])]
+
+
+def assemble_dialogue(tokenizer, tags, prompt, turns, calls, responses, call_turns, answers, env_role=OBS,
+                      act_role=ACT):
+    """A multi-turn episode built the sampler's way (`assemble` per user turn): turn 0 from the
+    prompt; each later turn reached (`turns`: its forced (id, role) pairs, turn_ids) after the
+    answer of the one before, then its calls (those whose call_turns entry is its index), responses
+    and answer (answers[k], or none yet). With no later turn it is `assemble`."""
+    out = {"ids": [], "roles": [], "where": []}
+    for k in range(1 + len(turns)):
+        if k:
+            out["ids"] += [i for i, _ in turns[k - 1]]
+            out["roles"] += [r for _, r in turns[k - 1]]
+            out["where"] += [f"user turn {k + 1}"] * len(turns[k - 1])
+        mine = [j for j, n in enumerate(call_turns) if n == k]
+        part = assemble(tokenizer, tags if k == 0 else {**tags, "first_act": []}, prompt if k == 0 else [],
+                        [calls[j] for j in mine], [responses[j] for j in mine if j < len(responses)],
+                        answers[k] if k < len(answers) else None, env_role, act_role)
+        out["ids"] += part["ids"]
+        out["roles"] += part["roles"]
+        out["where"] += [f"turn {k + 1}: {w}" for w in part["where"]] if turns else part["where"]
+    return out
+
+
+def check_turn_assembly(tokenizer, tags):
+    """check_assembly for two user turns: a call, its response, an answer, the next user message,
+    a call, its response, an answer. At every point where the actor is handed the turn (after the
+    prompt, after each response, after the next user turn), the sampler's assembly (forced turn
+    ids from turn_ids) must equal the template's own rendering with its generation prompt."""
+    calls, responses = [c for c, _ in SAMPLE_TURNS], [r for _, r in SAMPLE_TURNS]
+    tool_turn = [[{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": c}]},
+                  {"role": "tool", "content": r}] for c, r in SAMPLE_TURNS]
+    answer = [{"role": "assistant", "content": a} for a in SAMPLE_ANSWERS]
+    prompt = prompt_ids(tokenizer, SAMPLE_OPENING, [SAMPLE_TOOL])
+    forced = [turn_ids(tokenizer, tags, SAMPLE_NEXT_TURN)]
+    # (history, later turns reached, calls made, answers given) at each hand-back
+    points = [(tool_turn[0], 0, 1, 0), (tool_turn[0] + answer[:1] + SAMPLE_NEXT_TURN, 1, 1, 1),
+              (tool_turn[0] + answer[:1] + SAMPLE_NEXT_TURN + tool_turn[1], 1, 2, 1)]
+    for history, reached, n_calls, n_answers in points:
+        want = encode(tokenizer, render(tokenizer, SAMPLE_OPENING + history, [SAMPLE_TOOL], True))
+        got = assemble_dialogue(tokenizer, tags, prompt, forced[:reached], calls[:n_calls], responses[:n_calls],
+                                [0, 1][:n_calls], SAMPLE_ANSWERS[:n_answers])
+        for t, (a, b) in enumerate(zip(got["ids"] + [None], want + [None])):
+            if a != b:
+                seen = tokenizer.convert_ids_to_tokens(want[max(0, t - 3):t + 3])
+                where = got["where"][min(t, len(got["where"]) - 1)]
+                raise TemplateError(
+                    f"the chat template does not fit the sampler's multi-turn dialogues: in {where}, token {t} "
+                    f"is {_tok(tokenizer, a)} in the sampler's assembly but {_tok(tokenizer, b)} in the template's "
+                    f"own rendering (template tokens there: {seen})")
+
+
+def _check_turns(turns, where):
+    """A task's `turns` -> a list of user turns, each a list of {"role": "user", "content"}."""
+    if not isinstance(turns, list):
+        _fail(where, "'turns' must be a list of user turns (each a string or a list of user messages)")
+    out = []
+    for k, turn in enumerate(turns):
+        messages = [{"role": "user", "content": turn}] if isinstance(turn, str) else turn
+        if not isinstance(messages, list) or not messages:
+            _fail(where, f"turn {k + 1} of 'turns' must be a string or a non-empty list of user messages, "
+                         f"got {json.dumps(turn)}")
+        for j, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") != "user" or not isinstance(m.get("content"), str):
+                _fail(where, f"turn {k + 1} of 'turns', message {j + 1}: expected {{\"role\": \"user\", "
+                             f"\"content\": \"...\"}}, got {json.dumps(m)}")
+        out.append([{"role": "user", "content": m["content"]} for m in messages])
+    return out
+
+
+def _check_gold_calls(gold, n_turns, schemas, where):
+    """Flat gold calls [{name, arguments}] (matched over the whole episode), or one list per user
+    turn (the opening first, then one per item of 'turns': n_turns in all)."""
+    if not any(isinstance(g, list) for g in gold):
+        return [_check_call(c, schemas, where, f"gold call {k + 1}") for k, c in enumerate(gold)]
+    if not all(isinstance(g, list) for g in gold):
+        _fail(where, "'gold_calls' must be a list of calls or a list of turns (lists of calls), not a mix")
+    if len(gold) != n_turns:
+        _fail(where, f"'gold_calls' has {len(gold)} turns but the task has {n_turns} user turns "
+                     f"(the opening and {n_turns - 1} in 'turns')")
+    return [[_check_call(c, schemas, where, f"gold call {j + 1} of turn {k + 1}") for j, c in enumerate(turn)]
+            for k, turn in enumerate(gold)]
+
+
+def _dialogue(messages, schemas, where):
+    """A logged trajectory after its opening: `_trajectory` per user turn. A later user turn (one
+    or more user messages) may only follow an answer. Adds call_turns, answers and, when there
+    are later user turns, `turns` (as a task's)."""
+    segments, turns = [[]], []
+    for k, m in enumerate(messages):
+        if m["role"] != "user":
+            segments[-1].append(m)
+        elif not segments[-1] and turns:
+            turns[-1].append({"role": "user", "content": m["content"]})       # a turn of several messages
+        elif segments[-1] and segments[-1][-1]["role"] == "assistant" and not segments[-1][-1].get("tool_calls"):
+            turns.append([{"role": "user", "content": m["content"]}])
+            segments.append([])
+        else:
+            _fail(where, f"message {k + 1} after the opening: a user message may only follow the assistant's answer")
+    parts = [_trajectory(seg, schemas, where) for seg in segments]     # all but the last end with an answer
+    out = {"calls": [c for p in parts for c in p["calls"]], "call_dicts": [c for p in parts for c in p["call_dicts"]],
+           "responses": [r for p in parts for r in p["responses"]], "answer": parts[-1]["answer"],
+           "call_turns": [k for k, p in enumerate(parts) for _ in p["calls"]],
+           "answers": [p["answer"] for p in parts if p["answer"] is not None]}
+    return {**out, "turns": turns} if turns else out
+
+
+def multiturn(tasks):
+    """Whether any task (or logged trajectory) has later user turns."""
+    return any(t.get("turns") for t in tasks)
+
+
 # ----------------------------------------------------------------------------- warm start, export
 
 def warm_start_sequences(tokenizer, tags, logged, tasks):
     """Logged chat trajectories (calls and answer ACT, responses OBS) and every task's reference
     examples as one-call snippets (the call is context, role PROMPT; the result OBS is trained):
     the initial world model, as world.tool_snippets is for the toy."""
-    seqs = [assemble(tokenizer, tags, prompt_ids(tokenizer, t["messages"], t["tools"]), t["call_dicts"],
-                     t["responses"], t["answer"]) for t in logged]
+    seqs = [logged_sequence(tokenizer, tags, t) for t in logged]
     for t in tasks:
         prompt = prompt_ids(tokenizer, t["messages"], t["tools"])
         seqs += [assemble(tokenizer, tags, prompt, [call], [result], act_role=PROMPT)
                  for call, result in t.get("examples", [])]
     return [{"ids": s["ids"], "roles": s["roles"]} for s in seqs]
+
+
+def logged_sequence(tokenizer, tags, t):
+    """A logged trajectory's actor row: its calls and answers ACT, responses OBS, later user turns
+    forced as the sampler forces them (turn_ids: glue TAG, user contents PROMPT)."""
+    prompt = prompt_ids(tokenizer, t["messages"], t["tools"])
+    return assemble_dialogue(tokenizer, tags, prompt, [turn_ids(tokenizer, tags, m) for m in t.get("turns", [])],
+                             t["call_dicts"], t["responses"], t["call_turns"], t["answers"])
 
 
 def toy_task_line(task, with_trajectory=False):
@@ -807,21 +980,25 @@ def chat_tasks(cfg):
     return {"rl": rl, "test": test, "logged": logged}
 
 
-def chat_tags(tokenizer):
-    """The hand-offs derived from the tokenizer's chat template (chat_format), checked."""
+def chat_tags(tokenizer, multiturn=False):
+    """The hand-offs derived from the tokenizer's chat template (chat_format), checked; with
+    multiturn (tasks with later user turns) also the answer -> next user turn one (turn_tags)."""
     try:
-        return chat_format(tokenizer)
+        tags = chat_format(tokenizer)
+        return turn_tags(tokenizer, tags) if multiturn else tags
     except TemplateError as e:
         raise ConfigError(str(e)) from None
 
 
 def check_chat_prompts(cfg, tokenizer, tasks):
-    """The template fits (chat_tags) and every task's rendered prompt leaves room for an episode."""
-    prompts, _ = episode_inputs(tokenizer, chat_tags(tokenizer), tasks, cfg["tool_timeout"])
-    longest = max(range(len(tasks)), key=lambda i: len(prompts[i]))
-    if len(prompts[longest]) >= cfg["max_tokens"]:
+    """The template fits (chat_tags) and every task's rendered prompt, with its later user turns,
+    leaves room for an episode."""
+    prompts, _ = episode_inputs(tokenizer, chat_tags(tokenizer, multiturn(tasks)), tasks, cfg["tool_timeout"])
+    lengths = [len(p) + sum(map(len, t["turn_ids"])) for p, t in zip(prompts, tasks)]
+    longest = max(range(len(tasks)), key=lambda i: lengths[i])
+    if lengths[longest] >= cfg["max_tokens"]:
         raise ConfigError(f"max_tokens ({cfg['max_tokens']}) leaves no room for an episode: a task's "
-                          f"prompt (messages + tools) is {len(prompts[longest])} tokens "
+                          f"prompt (messages + tools + later user turns) is {lengths[longest]} tokens "
                           f"({tasks[longest]['messages'][-1]['content'][:40]!r})")
 
 

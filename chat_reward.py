@@ -3,7 +3,7 @@
 The paper scores episodes with a checklist judge; BFCL compares calls AST-style. A chat task
 (chat.py) gives any of: `answer` (the final answer, normalised string or number match),
 `gold_calls` (the episode's calls compared AST-style: type-aware values, `call_order` exact or
-any), `checklist` (yes/no questions for a local causal LM judge, scored p(yes) / (p(yes) + p(no))
+any; in a multi-turn task given per user turn, the calls of turn k against those of turn k), `checklist` (yes/no questions for a local causal LM judge, scored p(yes) / (p(yes) + p(no))
 of its next token), or `check` (its own success function "MODULE:FUNCTION", e.g. bfcl.py's
 official BFCL check, in place of answer and gold call matching). `chat_reward` is 0 unless the
 episode ended with an answer.
@@ -99,6 +99,16 @@ def checked_reward(episode, task, judge=None):
     return score
 
 
+def gold_calls_match(calls, call_turns, gold, order="exact"):
+    """Flat gold calls against all of the episode's calls; gold calls per user turn (a list of
+    lists) turn by turn: the calls made in turn k (call_turns) against the gold calls of turn k."""
+    if not gold or not isinstance(gold[0], list):
+        return calls_match(calls, gold, order)
+    return all(calls_match([c for c, n in zip(calls, call_turns) if n == k], want, order)
+               for k, want in enumerate(gold))
+
+
+
 def chat_reward(episode, task, judge=None):
     """Task success of a chat episode: 0 unless it ended with an answer; then 1 if every hard
     criterion the task gives holds (answer, gold_calls), times the mean judge p(yes) over the
@@ -111,7 +121,8 @@ def chat_reward(episode, task, judge=None):
     if "answer" in task and not answer_match(episode["answer"], task["answer"]):
         return 0.0
     calls = [json.loads(c) for c in episode["calls"]]
-    if "gold_calls" in task and not calls_match(calls, task["gold_calls"], task.get("call_order", "exact")):
+    if "gold_calls" in task and not gold_calls_match(calls, episode.get("call_turns", [0] * len(calls)),
+                                                     task["gold_calls"], task.get("call_order", "exact")):
         return 0.0
     if judge is not None and task.get("checklist"):
         scores = judge(episode, task)
@@ -153,8 +164,15 @@ def judge_prompt(tokenizer, task, transcript, question):
 def make_judge(model, tokenizer):
     """judge(episode, task) -> [p(yes) per checklist question] for chat_reward."""
     def judge(episode, task):
-        lines = [f"call: {c}\nresult: {r}" for c, r in zip(episode["calls"], episode["responses"])]
-        transcript = "\n".join(lines + [f"answer: {episode['answer']}"])
+        turns = episode.get("call_turns", [0] * len(episode["calls"]))
+        lines = []
+        for k, answer in enumerate(episode.get("answers") or [episode["answer"]]):   # one block per user turn
+            if k:
+                lines += [f"user: {m['content']}" for m in task["turns"][k - 1]]
+            lines += [f"call: {c}\nresult: {r}" for c, r, n in zip(episode["calls"], episode["responses"], turns)
+                      if n == k]
+            lines.append(f"answer: {answer}")
+        transcript = "\n".join(lines)
         return judge_yes_probability(model, tokenizer, [judge_prompt(tokenizer, task, transcript, q)
                                                         for q in task["checklist"]])
     return judge

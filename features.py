@@ -108,7 +108,14 @@ def plain_features(cfg, tokenizer, splits, world=world):
 
 def chat_features(cfg, tokenizer, splits, device):
     """A chat model on chat JSONL tasks (chat.py); inline or separate rehearsal rows."""
-    tags = chat.chat_tags(tokenizer)          # a template that does not fit: one line, here
+    multiturn = chat.multiturn(splits["rl"] + splits["test"] + splits["logged"])
+    tags = chat.chat_tags(tokenizer, multiturn)   # a template that does not fit: one line, here
+    if multiturn and cfg["rehearsal_context"] == "separate":
+        raise ConfigError("rehearsal_context: separate does not support multi-turn tasks ('turns', or logged "
+                          "trajectories with several user turns): use rehearsal_context: inline")
+    if multiturn and cfg["rehearsal_budget"]:
+        raise ConfigError("rehearsal_budget > 0 (private rehearsal) does not support multi-turn tasks ('turns'): "
+                          "its plans do not follow user turns; set rehearsal_budget: 0")
     chat.check_chat_prompts(cfg, tokenizer, splits["rl"] + splits["test"])
     k = cfg["grounding_examples"]
     counts = Counter([c for t in splits["logged"] for c in t["calls"]]

@@ -11,7 +11,9 @@ in the cache have finished they are dropped from it, so short episodes stop cost
 Per-row state machine (the sampler forces every hand-off; no role ever writes another's tag):
 
     act  --samples </act>-->  parse the act text
-            answer            -> done (cause "answer")
+            answer            -> done (cause "answer"); in a multi-turn chat task, while the
+                                 world has a next user turn (world.next_turn), that turn is
+                                 forced (TAG glue, PROMPT content) and the row acts again
             malformed call    -> done ("bad_call"); reward 0, as in the official code
             call              -> force <env>, then by env_mode:
                 rehearse: the policy samples the response (role REHEARSE) until </env>
@@ -34,7 +36,8 @@ and the response is copied into the actor row as context (OBS).
 
 Truncation is explicit: a tag sampled in the wrong role ("bad_act", "bad_rehearsal"), a segment
 longer than max_act_tokens / max_env_tokens ("act_limit", "env_limit"), more than max_turns calls
-("turn_limit"), or more than max_tokens in all ("token_limit") ends the row with reward 0.
+over the whole episode, all user turns together ("turn_limit"), or more than max_tokens in all
+("token_limit") ends the row with reward 0.
 With `rehearse_check` (a guard, off by default: a function, rehearse.check_rehearsal) a simulated response of the wrong form for its
 call (a number where a number goes, the schema's error for a call the
 schema rejects) also ends the row, with cause "rehearse_check".
@@ -127,8 +130,8 @@ def new_row(prompt_ids, world, phase="act", plan=None, **extra):
     starts in, and its state machine's fields (a separate rehearse row starts in "env")."""
     return {"world": world, "ids": list(prompt_ids), "roles": [PROMPT] * len(prompt_ids),
             "logprobs": [0.0] * len(prompt_ids), "prompt_len": len(prompt_ids), "phase": phase,
-            "forced": deque(), "segment": [], "plan": deque(plan or []), "calls": [], "responses": [],
-            "answer": None, "cause": None, "state": None, **extra}
+            "forced": deque(), "segment": [], "plan": deque(plan or []), "calls": [], "call_turns": [],
+            "responses": [], "answer": None, "answers": [], "cause": None, "state": None, **extra}
 
 
 def _new_row(prompt_ids, tags, plan, tokenizer, world):
@@ -155,7 +158,9 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     """Paper, world rehearsal: sample one episode per prompt (repeat a prompt G times for a
     group), the policy acting and, in rehearse mode, writing the environment's responses too.
     Returns a list of dicts with ids, roles, logprobs (0 where not sampled by the policy), calls
-    and responses as text, answer, cause ('answer' or why it was truncated) and finished.
+    and responses as text, call_turns (per call, the user turn it was made in; 0 but in
+    multi-turn chat tasks), answers (per finished user turn), answer (the last), cause ('answer'
+    or why it was truncated) and finished.
     plans: optional, per row a list of (call, expected response) that the row commits to: each
     call is forced as the row's action while every response so far was the expected one; from
     the first surprise on, the policy acts on its own (re-plans). Used by rehearse.py.
@@ -227,7 +232,7 @@ def _append(row, sampled, logp, env_mode, tags, tokenizer, limits):
     row["ids"].append(tok)
     row["roles"].append(role)
     row["logprobs"].append(logp)
-    if role != TAG:
+    if role not in (TAG, PROMPT):                 # a forced user turn (PROMPT) is context, like a tag
         _advance(row, tok, role, tags, tokenizer, row["world"], env_mode, limits["max_turns"],
                  limits["max_act_tokens"], limits["max_env_tokens"], limits["rehearse_check"])
     if row["phase"] != "done" and len(row["ids"]) >= limits["max_tokens"]:
@@ -279,7 +284,12 @@ def _end_act(row, text, tags, tokenizer, world, env_mode, max_turns):
     row["segment"] = []
     kind, value = world.read_act(text)
     if kind == "answer":
-        row["phase"], row["cause"], row["answer"] = "done", "answer", value
+        row["answers"].append(value)
+        next_turn = world.next_turn(len(row["answers"]))     # a multi-turn task's next user turn, or None
+        if next_turn is None:
+            row["phase"], row["cause"], row["answer"] = "done", "answer", value
+        else:
+            row["forced"].extend(next_turn)                  # forced (id, role) pairs; the actor goes on
         return
     if kind != "call":                         # a malformed call: its cause is counted
         row["phase"], row["cause"] = "done", kind
@@ -289,6 +299,7 @@ def _end_act(row, text, tags, tokenizer, world, env_mode, max_turns):
         return
     call = value
     row["calls"].append(call)
+    row["call_turns"].append(len(row["answers"]))
     row["phase"] = "env"
     row["forced"].extend((t, TAG) for t in tags["env"])
     if env_mode in ("real", "none"):

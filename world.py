@@ -88,6 +88,13 @@ def read_act(text):
     return "call", " ".join(join_digits(text))
 
 
+def next_turn(answered):
+    """The sampler's hook after the actor's answer: a toy task has one user turn, so the episode
+    ends (None). A multi-turn chat task's world (chat.task_world) gives the forced (id, role)
+    pairs of its next user turn instead."""
+    return None
+
+
 def new_state():
     return {"balance": WALLET}
 

@@ -98,7 +98,7 @@ def test_every_converted_line_passes_check_task(bfcl_dir):
     for category in ("multi_turn_base", "multi_turn_miss_param", "multi_turn_long_context"):
         tasks = chat.read_chat_jsonl(str(bfcl_dir / f"{category}.jsonl"), "tasks")
         assert len(tasks) == 200
-        assert all(len(t["gold_calls"]) == 1 + len(t["turns"]) for t in tasks)
+        assert all(len(t["gold_calls"]) == 1 + len(t.get("turns", [])) for t in tasks)
         assert tasks[0]["check"] == "bfcl:check" and tasks[0]["env_config"]["involved_classes"]
 
 
@@ -261,10 +261,9 @@ def test_check_task_reads_turns_gold_calls_per_turn_and_check(base, tmp_path):
     (tmp_path / "mycheck.py").write_text("def score(task, episode):\n    return 0.5\n")
     task = chat.read_chat_jsonl(write_task(tmp_path, {**row, "check": "mycheck.py:score"}), "tasks")[0]
     assert task["check"] == f"{tmp_path / 'mycheck.py'}:score"          # absolute: loads from anywhere
-    bad = {"gold_calls": (row["gold_calls"][:3], "'gold_calls' per turn needs 4 lists (the opening turn "
-                                                 "and 3 in 'turns'), got 3"),
-           "turns": ([[{"role": "assistant", "content": "x"}]] * 3, "turns item 1 must be a string or a "
-                                                                   "non-empty list of user messages"),
+    bad = {"gold_calls": (row["gold_calls"][:3], "'gold_calls' has 3 turns but the task has 4 user turns "
+                                                 "(the opening and 3 in 'turns')"),
+           "turns": ([[{"role": "assistant", "content": "x"}]] * 3, "turn 1 of 'turns', message 1: expected"),
            "check": ("bfcl:nope", "'check' 'bfcl:nope': bfcl has no class or function 'nope'")}
     for key, (value, message) in bad.items():
         with pytest.raises(DataError, match=f"t.jsonl line 1: {message}".replace("(", r"\(").replace(")", r"\)")):
@@ -288,16 +287,19 @@ def test_chat_reward_scores_a_task_by_its_own_check(base, tmp_path):
     assert chat_reward.chat_reward(episode, half, judge=lambda e, t: [0.8]) == pytest.approx(0.4)
 
 
-def test_a_prompt_that_does_not_fit_max_tokens_is_one_line(base):
+def test_a_prompt_that_does_not_fit_max_tokens_is_one_line(base, bfcl_dir):
     import chat
     from config import DEFAULTS
     from helpers import chat_tokenizer
     tokenizer = chat_tokenizer()
-    length = len(chat.prompt_ids(tokenizer, base[0]["messages"], base[0]["tools"]))
-    with pytest.raises(ConfigError, match=rf"max_tokens \(4096\) leaves no room for an episode: a task's prompt "
-                                          rf"\(messages \+ tools\) is {length} tokens \(\"Move 'final_report"):
-        chat.check_chat_prompts({**DEFAULTS, "max_tokens": 4096}, tokenizer, [dict(base[0])])
-    assert length > 4096
+    task = chat.read_chat_jsonl(str(bfcl_dir / "multi_turn_base_heldout.jsonl"), "tasks")[0]   # base task 0
+    opening = len(chat.prompt_ids(tokenizer, task["messages"], task["tools"]))
+    with pytest.raises(ConfigError) as e:
+        chat.check_chat_prompts({**DEFAULTS, "max_tokens": 4096}, tokenizer, [task])
+    prefix = ("max_tokens (4096) leaves no room for an episode: a task's prompt (messages + tools + later user "
+              "turns) is ")
+    assert str(e.value).startswith(prefix) and str(e.value).endswith(""" tokens ("Move 'final_report.pdf' within document ")""")
+    assert int(str(e.value)[len(prefix):].split()[0]) > opening > 4096       # the later turns counted too
 
 
 # ----------------------------------------------------------------------------- the oracle

@@ -107,7 +107,7 @@ def plain_features(cfg, tokenizer, splits, world=world):
 
 def chat_features(cfg, tokenizer, splits, device):
     """A chat model on chat JSONL tasks (chat.py); inline or separate rehearsal rows."""
-    tags = chat.chat_tags(tokenizer)          # a template that does not fit: one line, here
+    tags = chat.chat_tags(tokenizer, cfg["think"])   # a template that does not fit: one line, here
     chat.check_chat_prompts(cfg, tokenizer, splits["rl"] + splits["test"])
     k = cfg["grounding_examples"]
     counts = Counter([c for t in splits["logged"] for c in t["calls"]]

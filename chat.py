@@ -90,7 +90,7 @@ def chat_format(tokenizer, think="keep"):
     special = set(tokenizer.added_tokens_decoder)
     handoffs = set(first_ids + act_ids + env_ids + end_ids + [act_end, env_end])
     tags = {"bos": [], "first_act": first_ids, "act": act_ids, "env": env_ids, "end": end_ids,
-            "act_end": act_end, "env_end": env_end, "act_pre": fmt["act_pre"], "env_pre": fmt["env_pre"],
+            "act_end": act_end, "env_end": env_end, "act_pre": fmt["act_pre"], "env_pre": fmt["env_pre"], "env_lead": fmt["env_lead"],
             "pad": tokenizer.pad_token_id, "stops": (handoffs & special) | {tokenizer.pad_token_id},
             "format": fmt, "think_block": block, "template": fmt["template"]}
     check_assembly(tokenizer, tags)
@@ -135,7 +135,7 @@ def assemble(tokenizer, tags, prompt, calls, responses, answer=None, env_role=OB
             hand_to_actor(tags["act"], "hand-off env->act", k + 1)
         actor(format_call(call, fmt), k + 1, f"action {k + 1} and its stop")
         add(tags["env"], TAG, "hand-off act->env")
-        add(encode(tokenizer, response + tags["env_pre"]) + [tags["env_end"]], env_role,
+        add(encode(tokenizer, tags.get("env_lead", "") + response + tags["env_pre"]) + [tags["env_end"]], env_role,
             f"response {k + 1} and its stop")
     if answer is not None:
         if calls:
@@ -367,10 +367,11 @@ def task_world(task, tags):
     fmt = tags.get("format", templates.HERMES)
 
     def parse_response(text):
-        pre = tags["env_pre"]
-        if not text.endswith(pre) or any(s in text for s in fmt["markers"] + fmt["env_markers"]):
+        pre, lead = tags["env_pre"], tags.get("env_lead", "")
+        if (not text.endswith(pre) or not text.startswith(lead)
+                or any(s in text for s in fmt["markers"] + fmt["env_markers"])):
             return None
-        return text[:len(text) - len(pre)] if pre else text
+        return text[len(lead):len(text) - len(pre)]
 
     def replay(calls):
         state = toy_world.new_state()

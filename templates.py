@@ -182,13 +182,18 @@ def derive(tokenizer, think="keep", tools=None):
         raise TemplateError(f"a tool call turn ({after!r}) does not end with the answer's stop {stop!r}: the "
                             f"sampler ends every actor turn on one token")
     item_post, act_env = after.split(act_pre + stop, 1)
+    # a space ending the tool turn's opening after text (Mistral's '{"content": ') belongs to the
+    # response's first word in a byte-level BPE ('Ġ{'): the response is written with it (env_lead)
+    body = act_env.rstrip(" ")
+    env_lead = act_env[len(body):] if body and not any(body.endswith(t) for t in specials(tokenizer)) else ""
+    act_env = act_env[:len(act_env) - len(env_lead)]
     history = ("kept" if opener == first else "dropped") if block else None
     if wrapper:
         shown = tool(opening + [_call_message(1, _s("R1")), {"role": "tool", "content": _s("T1")}], True)
         history = "kept" if _s("R1") in shown else "dropped"
     fmt = {"item_pre": item_pre, "mid": mid, "item_post": item_post, "answer_pre": answer_pre,
            "think": wrapper or HERMES["think"], "reasons": wrapper is not None, "first": first, "act_env": act_env,
-           "act": act, "env_pre": env_pre, "env_stop": env_stop, "end": end, "stop": stop, "act_pre": act_pre,
+           "act": act, "env_lead": env_lead, "env_pre": env_pre, "env_stop": env_stop, "end": end, "stop": stop, "act_pre": act_pre,
            "think_block": block, "think_history": history,
            "env_markers": [t for t in specials(tokenizer) if t in act_env],
            "template": kw, **_several(tool, opening, prompt, opener, item_pre, item_post)}

@@ -74,7 +74,7 @@ def chat_format(tokenizer, think="keep"):
     (first_act), act->env after the actor's stop (env), env->act after the tool turn's stop (act),
     end after the final stop; the stop ids act_end/env_end and the text before each (act_pre,
     env_pre); the hand-off tokens the policy may not write (stops) and pad. think: keep (the
-    actor's think text stays) or off (the template's enable_thinking false: its empty think block
+    actor's think text stays) or disable (the template's enable_thinking false: its empty think block
     is forced, think_block). `format` holds the act format read_act parses. Checked whole with
     `check_assembly`."""
     fmt = templates.derive(tokenizer, think, [SAMPLE_TOOL])

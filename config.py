@@ -61,7 +61,7 @@ DEFAULTS = {
     # tasks_file etc. then hold chat JSONL); judge_model: a causal LM scoring task checklists
     "format": "plain", "judge_model": "",
     # think (Qwen3-style templates): keep (the actor's think text stays in the sequence, as
-    # sampled) | off (the template's own switch, enable_thinking false: its empty block is forced)
+    # sampled) | disable (the template's own switch, enable_thinking false: its empty block is forced)
     "think": "keep",
     # optional JSONL files replacing the generated splits (plain: taskfiles.read_jsonl; chat: chat
     # JSONL, tasks_file required)
@@ -86,7 +86,7 @@ DEFAULTS = {
 CHOICES = {"env_mode": ("rehearse", "real", "frozen", "none"), "device": ("auto", "cpu", "cuda"),
            "format": ("plain", "chat"), "model_init": ("pretrained", "random"),
            "rehearsal_mode": ("parallel", "sequential"), "rehearsal_context": ("inline", "separate"),
-           "advantage_groups": ("task_role", "task"), "think": ("keep", "off")}
+           "advantage_groups": ("task_role", "task"), "think": ("keep", "disable")}
 
 
 POSITIVE = {"n_layer", "n_embd", "n_head", "n_logged", "n_rl_tasks", "n_test", "sft_batch_size",

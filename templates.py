@@ -14,7 +14,7 @@ conversation whose contents are sentinels (a tool call named §N1§ with argumen
     answer     what it writes before an answer (answer_pre: Mistral's " ")
     after      the call's end: item text, then the actor's stop, then the tool turn's opening
     think      (Qwen3-style) the think wrapper the actor writes, whether earlier turns keep
-               it, or (think: off) the empty block the template's enable_thinking switch forces
+               it, or (think: disable) the empty block the template's enable_thinking switch forces
 
 chat.chat_format turns those texts into the sampler's ids and checks the whole token by token.
 `read_calls` parses an actor's text back: the wrapper words in order (any whitespace between
@@ -119,11 +119,11 @@ def _common_prefix(a, b):
 
 def derive(tokenizer, think="keep", tools=None):
     """The act format and the hand-off texts of this template (module docstring). think: keep
-    (the actor's think text stays in the sequence) or off (the template's enable_thinking false).
+    (the actor's think text stays in the sequence) or disable (the template's enable_thinking false).
     Returns a dict of texts: the act format (format_call/read_calls read it) and first, act_env
     (after the actor's stop, the tool turn's opening), env_act (from a tool response to the next
     actor turn), end (after the final stop), stop, act_pre, think_block, think_history."""
-    kw = {"enable_thinking": False} if think == "off" else {}
+    kw = {"enable_thinking": False} if think == "disable" else {}
     opening = [{"role": "system", "content": _s("S")}, {"role": "user", "content": _s("U")}]
 
     def tool(messages, generation_prompt=False):
@@ -134,10 +134,10 @@ def derive(tokenizer, think="keep", tools=None):
         raise TemplateError("hand-off prompt->act: the generation prompt does not extend the rendered opening")
     first = first[len(prompt):]
     block = ""
-    if think == "off":
+    if think == "disable":
         on = render(tokenizer, opening, tools, True, {"enable_thinking": True})[len(prompt):]
         if on == first or not first.startswith(on):
-            raise TemplateError("think: off needs a template whose enable_thinking switch adds an empty think "
+            raise TemplateError("think: disable needs a template whose enable_thinking switch adds an empty think "
                                 f"block to the generation prompt; this one writes {first!r} either way")
         block = first[len(on):]
     # the think wrapper, if the template renders reasoning (keep: the actor writes it)

@@ -22,7 +22,7 @@ from rollout import sample_episodes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = {"hermes": ("hermes", "keep"), "qwen2_newline": ("qwen2_newline", "keep"), "llama3": ("llama3", "keep"),
-         "mistral": ("mistral", "keep"), "qwen3_keep": ("qwen3", "keep"), "qwen3_off": ("qwen3", "off")}
+         "mistral": ("mistral", "keep"), "qwen3_keep": ("qwen3", "keep"), "qwen3_disable": ("qwen3", "disable")}
 TOKS = {}
 PAY = {"type": "function", "function": {"name": "pay", "parameters": {
     "type": "object", "properties": {"amount": {"type": "integer"}}, "required": ["amount"]}}}
@@ -64,7 +64,7 @@ EPISODES = {
                          + ['Ċ', '</tool_call>', '<|im_end|>']),
                         (T, IM_TOOL), (R, ['6', 'Ċ', '</tool_response>']), (T, IM_BACK),
                         (A, ['<think>', 'Ċ', 'd', 'on', 'e', 'Ċ', '</think>', 'Ċ', 'Ċ', '6', '<|im_end|>'])]),
-    "qwen3_off": (74, [(T, ['<|im_start|>', 'assistant', 'Ċ'] + BLOCK),
+    "qwen3_disable": (74, [(T, ['<|im_start|>', 'assistant', 'Ċ'] + BLOCK),
                        (A, ['<tool_call>', 'Ċ'] + CALL + ['Ċ', '</tool_call>', '<|im_end|>']),
                        (T, IM_TOOL), (R, ['6', 'Ċ', '</tool_response>']), (T, IM_BACK + BLOCK), (A, ['6', '<|im_end|>'])]),
 }
@@ -111,7 +111,7 @@ def test_roles_of_one_episode_token_by_token(case):
     assert mask == [float(r in (A, R)) for r in e["roles"][1:]]
     assert all(e["roles"][i] in (A, R) for i, lp in enumerate(e["logprobs"]) if lp != 0.0)
     # the sequence is the template's own rendering of the conversation (its end hand-off added),
-    # except that think: off's forced empty think block of the call turn is not re-rendered
+    # except that think: disable's forced empty think block of the call turn is not re-rendered
     call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": PAY3}]}
     answer = {"role": "assistant", "content": "6"}
     if case in THINKS:
@@ -119,7 +119,7 @@ def test_roles_of_one_episode_token_by_token(case):
     rendered = chat.prompt_ids(tok, pay_task()["messages"] + [call, {"role": "tool", "content": "6"}, answer], [PAY],
                                tags["template"])
     ids = e["ids"] + tags["end"]
-    if case == "qwen3_off":
+    if case == "qwen3_disable":
         assert tok.convert_ids_to_tokens(ids[n + 3:n + 9]) == BLOCK
         ids = ids[:n + 3] + ids[n + 9:]
     assert ids == rendered
@@ -159,7 +159,7 @@ def test_derived_call_forms():
     fmt = setup("llama3")[1]["format"]
     assert chat.format_call(PAY3, fmt) == '{"name": "pay", "parameters": {"amount": 3}}' and not fmt["several"]
     assert chat.read_act("{not a call", SCHEMAS, fmt)[0] == "bad_call_json"          # Llama: '{' starts a call
-    assert (setup("qwen3_keep")[1]["format"]["think_history"], setup("qwen3_off")[1]["format"]["think_history"]) == \
+    assert (setup("qwen3_keep")[1]["format"]["think_history"], setup("qwen3_disable")[1]["format"]["think_history"]) == \
         ("kept", "dropped")
 
 
@@ -168,8 +168,8 @@ def test_templates_that_still_do_not_fit_stop_with_one_line():
     with pytest.raises(chat.TemplateError) as e:
         chat.chat_format(family_tokenizer("qwen2_newline", newline_pairs=True))
     assert "in hand-off prompt->act, token 136 is 'Ċ' in the sampler's assembly but 'ĊĊ'" in str(e.value)
-    with pytest.raises(chat.TemplateError, match="think: off needs a template whose enable_thinking switch"):
-        chat.chat_format(setup("hermes")[0], "off")
+    with pytest.raises(chat.TemplateError, match="think: disable needs a template whose enable_thinking switch"):
+        chat.chat_format(setup("hermes")[0], "disable")
     for message in (str(e.value),):
         assert "\n" not in message
 
@@ -182,13 +182,17 @@ def test_warm_start_two_rl_steps_and_evaluation(case, tmp_path, monkeypatch):
     tok, _ = setup(case)
     tiny_qwen(tok, tmp_path / "m", width=32)
     monkeypatch.chdir(ROOT)
+    tasks, logged = tmp_path / "tasks.jsonl", tmp_path / "logged.jsonl"   # 2 of the 6 examples: short
+    for path, name in ((tasks, "toy_chat_example.jsonl"), (logged, "toy_chat_logged_example.jsonl")):
+        path.write_text("".join(open(os.path.join(ROOT, "data", name)).readlines()[:2]))
     cfg = config.load_config(os.path.join(ROOT, "configs", "chat_tiny.yaml"), [
         f"--model={tmp_path / 'm'}", f"--out_dir={tmp_path / 'run'}", "--max_act_tokens=12", "--temperature=2.0",
+        f"--tasks_file={tasks}", f"--test_file={tasks}", f"--logged_file={logged}", "--max_tokens=700",
         f"--think={CASES[case][1]}", "--lr=0.01"])
     assert train.run(cfg) == 0
     lines = [json.loads(t) for t in open(tmp_path / "run" / "metrics.jsonl")]
     assert [m["step"] for m in lines] == [1, 2] and all(sum(m["causes"].values()) == 4 for m in lines)
     result = json.load(open(tmp_path / "run" / "eval.json"))
     after = result.get("after", result)
-    assert after["n_tasks"] == sum(after["causes"].values()) == 6 and after["executed_tasks"] == 6
+    assert after["n_tasks"] == sum(after["causes"].values()) == 2 and after["executed_tasks"] == 2
     assert os.path.isdir(tmp_path / "run" / "warmstart") and os.path.isdir(tmp_path / "run" / "ckpt")

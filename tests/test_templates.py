@@ -37,6 +37,20 @@ def setup(case):
     return TOKS[name], chat.chat_format(TOKS[name], think)
 
 
+def published_qwen3():
+    """Qwen3's published chat template, as bfcl-eval (PyPI) ships it in its Qwen handler's
+    docstring, on the qwen3 fixture's tokenizer; None where bfcl-eval is not installed."""
+    import importlib.util
+    import textwrap
+    spec = importlib.util.find_spec("bfcl_eval")
+    if spec is None:
+        return None
+    src = open(os.path.join(spec.submodule_search_locations[0], "model_handler", "local_inference", "qwen.py")).read()
+    tok = family_tokenizer("qwen3")
+    tok.chat_template = textwrap.dedent(src.split('"chat_template":', 1)[1].split('"""', 1)[0]).strip()
+    return tok
+
+
 # the JSON of {"amount": 3} and the call's name, as every family's BPE splits them
 CALL = ['{"', 'name', '":', 'Ġ"', 'pay', '",', 'Ġ"', 'arguments', '":', 'Ġ{"', 'amount', '":', 'Ġ', '3', '}}']
 IM_TOOL = ['Ċ', '<|im_start|>', 'user', 'Ċ', '<tool_response>', 'Ċ']
@@ -98,12 +112,27 @@ def pay_task():
 
 @pytest.mark.parametrize("case", CASES)
 def test_roles_of_one_episode_token_by_token(case):
-    tok, tags = setup(case)
+    roles_of_one_episode(case, *setup(case))
+
+
+@pytest.mark.parametrize("case", ["qwen3_keep", "qwen3_disable"])
+def test_the_published_qwen3_template_fits_both_think_modes(case):
+    """The same episode, token by token, under Qwen3's own published template (not a fixture)."""
+    tok = published_qwen3()
+    if tok is None:
+        pytest.skip("bfcl-eval (which ships Qwen3's template) is not installed")
+    tags = chat.chat_format(tok, CASES[case][1])
+    assert tags["format"]["think_history"] == ("kept" if case == "qwen3_keep" else "dropped")
+    roles_of_one_episode(case, tok, tags, prompt_len=237)    # its tools preamble is longer than the fixture's
+
+
+def roles_of_one_episode(case, tok, tags, prompt_len=None):
     prompts, worlds = chat.episode_inputs(tok, tags, [pay_task()])
     script = chat.assemble(tok, tags, prompts[0], [PAY3], ["6"], "6", thinks=THINKS.get(case))["ids"][len(prompts[0]):]
     (e,) = sample_episodes(Script(len(tok), script), tok, prompts, "rehearse", world=worlds, tags=tags,
                            max_act_tokens=40, max_env_tokens=8, max_tokens=400)
     n, runs = EPISODES[case]
+    n = prompt_len or n
     assert (len(prompts[0]), e["cause"], e["calls"], e["responses"], e["answer"]) == (n, "answer", [json.dumps(PAY3)], ["6"], "6")
     assert tok.convert_ids_to_tokens(e["ids"][n:]) == [t for _, ts in runs for t in ts]
     assert e["roles"] == [P] * n + [r for r, ts in runs for _ in ts]

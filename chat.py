@@ -20,10 +20,12 @@ turns. This file lets the same inline rehearsal run on such a model (`format: ch
   At start, a sample conversation assembled token by token the sampler's way must equal the
   template's own tokens (`check_assembly`); a template that does not fit stops the run with one
   line saying which hand-off and the first differing token.
-- actions: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` (Qwen/Hermes), parsed
-  strictly against the tool's JSON schema (`read_act`, `check_value`); anything else in an
-  assistant turn is the final answer. A bad call ends the episode (cause bad_call_json,
-  unknown_tool or bad_arguments; reward 0).
+- actions: the template's own call form, derived with sentinels (templates.py: Hermes
+  `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, Llama's bare
+  `{"name": ..., "parameters": {...}}`, Mistral's `[TOOL_CALLS] [...]`), parsed strictly against
+  the tool's JSON schema (`read_act`, `check_value`); anything else in an assistant turn is the
+  final answer. A bad call ends the episode (cause bad_call_json, unknown_tool, bad_arguments or
+  several_calls; reward 0). Think blocks: `think` keep or disable (docs/chat.md).
 - task files (`read_chat_jsonl`): one task per line: opening `messages`, `tools` (OpenAI
   function schemas), success criteria `answer` / `gold_calls` / `checklist`, optional
   `call_order`, `examples` (per tool, reference {arguments, result} pairs) and `env: "toy"`

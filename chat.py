@@ -20,10 +20,12 @@ turns. This file lets the same inline rehearsal run on such a model (`format: ch
   At start, a sample conversation assembled token by token the sampler's way must equal the
   template's own tokens (`check_assembly`); a template that does not fit stops the run with one
   line saying which hand-off and the first differing token.
-- actions: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` (Qwen/Hermes), parsed
-  strictly against the tool's JSON schema (`read_act`, `check_value`); anything else in an
-  assistant turn is the final answer. A bad call ends the episode (cause bad_call_json,
-  unknown_tool or bad_arguments; reward 0).
+- actions: the template's own call form, derived with sentinels (templates.py: Hermes
+  `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, Llama's bare
+  `{"name": ..., "parameters": {...}}`, Mistral's `[TOOL_CALLS] [...]`), parsed strictly against
+  the tool's JSON schema (`read_act`, `check_value`); anything else in an assistant turn is the
+  final answer. A bad call ends the episode (cause bad_call_json, unknown_tool, bad_arguments or
+  several_calls; reward 0). Think blocks: `think` keep or disable (docs/chat.md).
 - task files (`read_chat_jsonl`): one task per line: opening `messages`, `tools` (OpenAI
   function schemas), success criteria `answer` / `gold_calls` / `checklist`, optional
   `call_order`, `examples` (per tool, reference {arguments, result} pairs) and `env`: "toy"
@@ -46,7 +48,6 @@ turns. This file lets the same inline rehearsal run on such a model (`format: ch
 """
 import json
 import os
-import re
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -54,12 +55,13 @@ import world as toy_world
 import executor
 import rehearse
 import taskfiles
+import templates
 from checkpoint import load_policy
 from chat_reward import make_judge
 from config import DEFAULTS, ConfigError
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, encode
+from templates import TemplateError, format_call, render
 
-SENTINEL = "\u00a7{}\u00a7"                    # rendered content markers, found by string search
 SAMPLE_TOOL = {"type": "function", "function": {
     "name": "lookup", "description": "Look a word up.",
     "parameters": {"type": "object", "properties": {"word": {"type": "string"}, "limit": {"type": "integer"}},
@@ -68,10 +70,8 @@ SAMPLE_TURNS = [({"name": "lookup", "arguments": {"word": "apple", "limit": 2}},
                 ({"name": "lookup", "arguments": {"word": "pear"}}, "error: not found")]
 SAMPLE_OPENING = [{"role": "system", "content": "You are a helpful assistant."},
                   {"role": "user", "content": "What is an apple?"}]
-
-
-class TemplateError(Exception):
-    """The tokenizer's chat template cannot host the sampler's hand-offs: says where."""
+SAMPLE_ANSWER = "An apple is a fruit."
+SAMPLE_THINKS = ["I should look the word up.", "Now pear, for comparison.", "I know enough."]
 
 
 class DataError(taskfiles.DataError):
@@ -80,94 +80,50 @@ class DataError(taskfiles.DataError):
 
 # ----------------------------------------------------------------------------- the template
 
-def render(tokenizer, messages, tools, generation_prompt=False):
-    try:
-        return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                             add_generation_prompt=generation_prompt)
-    except Exception as e:          # jinja errors, missing template: all say the same thing
-        raise TemplateError(f"the chat template cannot render a tool conversation: {e}") from None
-
-
-def format_call(call):
-    """{"name", "arguments"} -> the action text the actor writes (the Qwen/Hermes convention)."""
-    return "<tool_call>\n" + json.dumps({"name": call["name"], "arguments": call["arguments"]},
-                                        ensure_ascii=False) + "\n</tool_call>"
-
-
-def _after(text, start, what, end=None):
-    """The text after the sentinel `start` (up to the sentinel `end` if given)."""
-    i = text.find(start)
-    j = len(text) if end is None else text.find(end)
-    if i < 0 or j < 0:
-        missing = start if i < 0 else end
-        raise TemplateError(f"hand-off {what}: the template does not render the content {missing!r} "
-                            f"(does it support role 'tool' messages and a tools list?)")
-    return text[i + len(start):j]
-
-
-def _split_at_stop(tokenizer, text, what):
-    """Hand-off text -> (text the ending role writes before its stop, stop id, forced ids)."""
-    hits = [(text.find(str(t)), str(t), i) for i, t in tokenizer.added_tokens_decoder.items()
-            if str(t) and str(t) in text]
-    if not hits:
-        raise TemplateError(f"hand-off {what} ({text!r}) holds no special token to stop on")
-    at, token, stop = min(hits)
-    return text[:at], stop, encode(tokenizer, text[at + len(token):])
-
-
-def chat_format(tokenizer):
-    """Derive every hand-off from the template with sentinel contents, over two turns:
-      prompt->act  what the generation prompt adds to the rendered opening messages;
-      act->env     the text between an assistant turn's content and the next tool message's;
-      env->act     from a tool message's content to the end of the generation prompt after it
-                   (what the model sees when a real environment hands back);
-      end          after the last assistant turn's content.
-    Each is the same after turn 1 and turn 2 or the template does not fit; then the whole is
-    checked with `check_assembly`. Returns the `tags` dict the sampler takes: forced id lists
-    first_act/act/env/end, stop ids act_end/env_end, the text before each stop (act_pre,
-    env_pre), the hand-off tokens the policy may not write (stops) and pad."""
-    s = [SENTINEL.format(k) for k in ("S", "U", "A1", "T1", "A2", "T2")]
-    opening = [{"role": "system", "content": s[0]}, {"role": "user", "content": s[1]}]
-    a1, t1 = {"role": "assistant", "content": s[2]}, {"role": "tool", "content": s[3]}
-    a2, t2 = {"role": "assistant", "content": s[4]}, {"role": "tool", "content": s[5]}
-    tools = [SAMPLE_TOOL]
-    prompt, first = render(tokenizer, opening, tools), render(tokenizer, opening, tools, True)
-    if not first.startswith(prompt):
-        raise TemplateError("hand-off prompt->act: the generation prompt does not extend the rendered opening")
-    both = render(tokenizer, opening + [a1, t1, a2, t2], tools)
-    act_env = [_after(both, s[2], "act->env", s[3]), _after(both, s[4], "act->env", s[5])]
-    env_act = [_after(render(tokenizer, opening + [a1, t1], tools, True), s[3], "env->act"),
-               _after(render(tokenizer, opening + [a1, t1, a2, t2], tools, True), s[5], "env->act")]
-    end = _after(render(tokenizer, opening + [a1, t1, a2], tools), s[4], "end")
-    for name, (one, two) in (("act->env", act_env), ("env->act", env_act)):
-        if one != two:
-            raise TemplateError(f"hand-off {name} depends on the turn: {one!r} after turn 1, {two!r} after turn 2")
-    act_pre, act_end, env_ids = _split_at_stop(tokenizer, act_env[0], "act->env")
-    end_pre, end_stop, end_ids = _split_at_stop(tokenizer, end, "end")
-    if (end_pre, end_stop) != (act_pre, act_end):
-        raise TemplateError(f"hand-offs act->env ({act_env[0]!r}) and end ({end!r}) do not start with the "
-                            f"same stop: the actor cannot end a turn without knowing what follows")
-    env_pre, env_end, act_ids = _split_at_stop(tokenizer, env_act[0], "env->act")
-    first_ids = encode(tokenizer, first[len(prompt):])
+def chat_format(tokenizer, think="keep"):
+    """The sampler's hand-offs, derived from the template (templates.derive: sentinel contents,
+    one and two tool-call turns, an answer) and turned into ids: the prompt->act hand-off
+    (first_act), act->env after the actor's stop (env), env->act after the tool turn's stop (act),
+    end after the final stop; the stop ids act_end/env_end and the text before each (act_pre,
+    env_pre); the hand-off tokens the policy may not write (stops) and pad. think: keep (the
+    actor's think text stays) or disable (the template's enable_thinking false: its empty think block
+    is forced, think_block). `format` holds the act format read_act parses. Checked whole with
+    `check_assembly`."""
+    fmt = templates.derive(tokenizer, think, [SAMPLE_TOOL])
+    first_ids, act_ids = encode(tokenizer, fmt["first"]), encode(tokenizer, fmt["act"])
+    block = encode(tokenizer, fmt["think_block"]) if fmt["think_block"] else []
+    for name, forced in (("prompt->act", first_ids), ("env->act", act_ids)):
+        if forced[len(forced) - len(block):] != block:
+            raise TemplateError(f"hand-off {name}: the empty think block {fmt['think_block']!r} does not end "
+                                f"its tokens {tokenizer.convert_ids_to_tokens(forced)}")
+    env_ids, end_ids = encode(tokenizer, fmt["act_env"]), encode(tokenizer, fmt["end"])
+    ids = {str(t): i for i, t in tokenizer.added_tokens_decoder.items()}
+    act_end, env_end = ids[fmt["stop"]], ids[fmt["env_stop"]]
     special = set(tokenizer.added_tokens_decoder)
     handoffs = set(first_ids + act_ids + env_ids + end_ids + [act_end, env_end])
     tags = {"bos": [], "first_act": first_ids, "act": act_ids, "env": env_ids, "end": end_ids,
-            "act_end": act_end, "env_end": env_end, "act_pre": act_pre, "env_pre": env_pre,
-            "pad": tokenizer.pad_token_id, "stops": (handoffs & special) | {tokenizer.pad_token_id}}
+            "act_end": act_end, "env_end": env_end, "act_pre": fmt["act_pre"], "env_pre": fmt["env_pre"], "env_lead": fmt["env_lead"],
+            "pad": tokenizer.pad_token_id, "stops": (handoffs & special) | {tokenizer.pad_token_id},
+            "format": fmt, "think_block": block, "template": fmt["template"]}
     check_assembly(tokenizer, tags)
     return tags
 
 
-def prompt_ids(tokenizer, messages, tools):
-    return encode(tokenizer, render(tokenizer, messages, tools))
+def prompt_ids(tokenizer, messages, tools, template=None):
+    return encode(tokenizer, render(tokenizer, messages, tools, template=template))
 
 
 def assemble(tokenizer, tags, prompt, calls, responses, answer=None, env_role=OBS, act_role=ACT,
-             with_end=False):
+             with_end=False, thinks=None):
     """An episode's ids and roles built the sampler's way: prompt ids, forced hand-offs as TAG,
-    each action (call text or answer) + its stop as `act_role`, each response + its stop as
-    `env_role`. `calls` are {"name", "arguments"} dicts. answer=None with as many calls as
-    responses ends with the hand-back to the actor (env->act), as a generation prompt does."""
+    each action (call text or answer, in the template's act format) + its stop as `act_role`,
+    each response + its stop as `env_role`. `calls` are {"name", "arguments"} dicts. answer=None
+    with as many calls as responses ends with the hand-back to the actor (env->act), as a
+    generation prompt does. thinks: per actor turn the think text it writes first (think: keep)
+    or None. Labels (`where`) name every segment; a think text or a forced empty think block is
+    labelled "think k" / "think block k" (k: the actor turn), so that check_assembly can leave out
+    those the template does not re-render."""
+    fmt, block = tags.get("format", templates.HERMES), tags.get("think_block", [])
     ids, roles, where = [], [], []
 
     def add(tok_ids, role, label):
@@ -175,42 +131,67 @@ def assemble(tokenizer, tags, prompt, calls, responses, answer=None, env_role=OB
         roles.extend([role] * len(tok_ids))
         where.extend([label] * len(tok_ids))
 
+    def hand_to_actor(forced, label, turn):
+        add(forced[:len(forced) - len(block)], TAG, label)
+        add(forced[len(forced) - len(block):], TAG, f"think block {turn}")
+
+    def actor(text, turn, label):
+        if thinks and thinks[turn - 1] is not None:
+            add(encode(tokenizer, fmt["think"][0] + thinks[turn - 1] + fmt["think"][1]), act_role, f"think {turn}")
+        add(encode(tokenizer, text + tags["act_pre"]) + [tags["act_end"]], act_role, label)
+
     add(prompt, PROMPT, "prompt")
-    add(tags["first_act"], TAG, "hand-off prompt->act")
+    hand_to_actor(tags["first_act"], "hand-off prompt->act", 1)
     for k, (call, response) in enumerate(zip(calls, responses)):
         if k:
-            add(tags["act"], TAG, "hand-off env->act")
-        add(encode(tokenizer, format_call(call) + tags["act_pre"]) + [tags["act_end"]], act_role,
-            f"action {k + 1} and its stop")
+            hand_to_actor(tags["act"], "hand-off env->act", k + 1)
+        actor(format_call(call, fmt), k + 1, f"action {k + 1} and its stop")
         add(tags["env"], TAG, "hand-off act->env")
-        add(encode(tokenizer, response + tags["env_pre"]) + [tags["env_end"]], env_role,
+        add(encode(tokenizer, tags.get("env_lead", "") + response + tags["env_pre"]) + [tags["env_end"]], env_role,
             f"response {k + 1} and its stop")
     if answer is not None:
         if calls:
-            add(tags["act"], TAG, "hand-off env->act")
-        add(encode(tokenizer, answer + tags["act_pre"]) + [tags["act_end"]], act_role, "answer and its stop")
+            hand_to_actor(tags["act"], "hand-off env->act", len(calls) + 1)
+        actor(fmt["answer_pre"] + answer, len(calls) + 1, "answer and its stop")
         if with_end:
             add(tags["end"], TAG, "hand-off end")
     elif calls:
-        add(tags["act"], TAG, "hand-off env->act")
+        hand_to_actor(tags["act"], "hand-off env->act", len(calls) + 1)
     return {"ids": ids, "roles": roles, "where": where}
 
 
 def check_assembly(tokenizer, tags):
     """At every point where the actor is handed the turn (after the prompt, after each of two
-    tool responses), the sampler's token-by-token assembly of a sample conversation (structured
-    tool_calls, tool messages) must equal the template's own rendering of it with its generation
-    prompt, tokenized. The first difference is reported with the segment it falls in."""
-    history = []
+    tool responses, the second an error) and at the end of the answer, the sampler's
+    token-by-token assembly of a sample conversation (structured tool_calls, tool messages, with
+    think text where the template renders reasoning) must equal the template's own rendering of it
+    (with its generation prompt at a hand-off), tokenized. Where the template drops the think
+    blocks of earlier turns (think_history dropped), those are left out of the assembly before
+    comparing: the one documented difference between the sampled sequence and a re-rendering.
+    The first difference is reported with the segment it falls in."""
+    fmt, template = tags.get("format", templates.HERMES), tags.get("template")
+    thinks = SAMPLE_THINKS if fmt.get("reasons") else None
     calls, responses = [c for c, _ in SAMPLE_TURNS], [r for _, r in SAMPLE_TURNS]
-    prompt = prompt_ids(tokenizer, SAMPLE_OPENING, [SAMPLE_TOOL])
-    for k in range(len(SAMPLE_TURNS) + 1):
-        if k:
+    prompt = prompt_ids(tokenizer, SAMPLE_OPENING, [SAMPLE_TOOL], template)
+    history, n = [], len(SAMPLE_TURNS)
+    for k in range(n + 2):
+        end = k == n + 1
+        if 0 < k <= n:
             history += [{"role": "assistant", "content": "",
                          "tool_calls": [{"type": "function", "function": calls[k - 1]}]},
                         {"role": "tool", "content": responses[k - 1]}]
-        want = encode(tokenizer, render(tokenizer, SAMPLE_OPENING + history, [SAMPLE_TOOL], True))
-        got = assemble(tokenizer, tags, prompt, calls[:k], responses[:k])
+        if end:
+            history.append({"role": "assistant", "content": SAMPLE_ANSWER})
+        if thinks:
+            for j, m in enumerate([m for m in history if m["role"] == "assistant"]):
+                m["reasoning_content"] = thinks[j]
+        want = encode(tokenizer, render(tokenizer, SAMPLE_OPENING + history, [SAMPLE_TOOL], not end, template))
+        got = assemble(tokenizer, tags, prompt, calls[:k], responses[:k], SAMPLE_ANSWER if end else None,
+                       with_end=end, thinks=thinks)
+        dropped = {f"think{b} {j}" for j in range(1, min(k, n) + 1) for b in ("", " block")} \
+            if fmt.get("think_history") == "dropped" else set()
+        kept = [t for t, w in enumerate(got["where"]) if w not in dropped]
+        got = {key: [got[key][t] for t in kept] for key in ("ids", "where")}
         for t, (a, b) in enumerate(zip(got["ids"] + [None], want + [None])):
             if a != b:
                 seen = tokenizer.convert_ids_to_tokens(want[max(0, t - 3):t + 3])
@@ -310,37 +291,42 @@ def tool_schemas(tools):
     return {t["function"]["name"]: t["function"].get("parameters", {}) for t in tools}
 
 
-CALL_PATTERN = re.compile(r"\s*<tool_call>\s*(.*?)\s*</tool_call>\s*", re.DOTALL)
-
-
-def read_act(text, schemas):
-    """An actor's turn text -> ("answer", text) | ("call", canonical JSON) | (cause, message).
-    Causes: bad_call_json (not exactly one <tool_call> holding a JSON object with just "name"
-    and an "arguments" object), unknown_tool, bad_arguments (the schema says no), empty_answer,
-    unclosed_think. A leading <think>...</think> block (Qwen3's thinking mode) is not the action."""
-    if text.lstrip().startswith("<think>"):
-        if "</think>" not in text:
-            return "unclosed_think", "a <think> block without </think>"
-        text = text.split("</think>", 1)[1]
-    if "<tool_call>" not in text and "</tool_call>" not in text:
+def read_act(text, schemas, fmt=None):
+    """An actor's turn text -> ("answer", text) | ("call", canonical JSON) | (cause, message), in
+    the template's act format `fmt` (templates.derive; default the Qwen/Hermes form). Causes:
+    bad_call_json (not exactly the template's call form, holding JSON objects with just its name
+    and arguments keys, an arguments object), unknown_tool, bad_arguments (the schema says no),
+    several_calls (well-formed calls, more than one: the sampler runs one call per turn),
+    empty_answer, unclosed_think. A leading think block (Qwen3's thinking mode) is not the action."""
+    fmt = fmt or templates.HERMES
+    think_open, think_close = (w.strip() for w in fmt["think"])
+    if text.lstrip().startswith(think_open):
+        if think_close not in text:
+            return "unclosed_think", f"a {think_open} block without {think_close}"
+        text = text.split(think_close, 1)[1]
+    if not templates.is_call(text, fmt):
         answer = text.strip()
+        if fmt["answer_pre"].strip() and answer.startswith(fmt["answer_pre"].strip()):
+            answer = answer[len(fmt["answer_pre"].strip()):].strip()
         return ("answer", answer) if answer else ("empty_answer", "an empty assistant turn")
-    match = CALL_PATTERN.fullmatch(text)
-    if match is None or "<tool_call>" in match.group(1):
-        return "bad_call_json", "expected exactly one <tool_call>...</tool_call> and nothing else"
-    try:
-        call = json.loads(match.group(1))
-    except json.JSONDecodeError as e:
-        return "bad_call_json", f"not valid JSON: {e.msg}"
-    if (not isinstance(call, dict) or set(call) != {"name", "arguments"} or not isinstance(call["name"], str)
-            or not isinstance(call["arguments"], dict)):
-        return "bad_call_json", 'expected {"name": "...", "arguments": {...}}'
-    if call["name"] not in schemas:
-        return "unknown_tool", f"no tool named {call['name']!r}"
-    problem = check_value(call["arguments"], schemas[call["name"]])
-    if problem:
-        return "bad_arguments", problem
-    return "call", json.dumps({"name": call["name"], "arguments": call["arguments"]}, ensure_ascii=False)
+    parsed, problem = templates.read_calls(text, fmt)
+    if parsed is None:
+        return "bad_call_json", problem
+    calls = []
+    for call in parsed:
+        name, args = fmt["name_key"], fmt["args_key"]
+        if (not isinstance(call, dict) or set(call) != {name, args} or not isinstance(call[name], str)
+                or not isinstance(call[args], dict)):
+            return "bad_call_json", f'expected {{"{name}": "...", "{args}": {{...}}}}'
+        if call[name] not in schemas:
+            return "unknown_tool", f"no tool named {call[name]!r}"
+        problem = check_value(call[args], schemas[call[name]])
+        if problem:
+            return "bad_arguments", problem
+        calls.append({"name": call[name], "arguments": call[args]})
+    if len(calls) > 1:
+        return "several_calls", f"{len(calls)} calls in one turn: this sampler runs one call per turn"
+    return "call", json.dumps(calls[0], ensure_ascii=False)
 
 
 # ----------------------------------------------------------------------------- the worlds
@@ -397,19 +383,22 @@ def task_world(task, tags, tool_timeout=DEFAULTS["tool_timeout"]):
     by tool name."""
     schemas = tool_schemas(task["tools"])
     toy = task.get("env") == "toy"
-    new_state, step = toy_world.new_state, _toy_step if toy else _no_executor
+    fmt = tags.get("format", templates.HERMES)
     if has_executor(task) and not toy:
         def new_state():
             return task["env_class"](**task["env_config"])
 
         def step(state, call):
             return executor.call_tool(state, json.loads(call), schemas, tool_timeout)
+    else:
+        new_state, step = toy_world.new_state, _toy_step if toy else _no_executor
 
     def parse_response(text):
-        pre = tags["env_pre"]
-        if not text.endswith(pre) or any(s in text for s in ("<tool_call>", "<tool_response>")):
+        pre, lead = tags["env_pre"], tags.get("env_lead", "")
+        if (not text.endswith(pre) or not text.startswith(lead)
+                or any(s in text for s in fmt["markers"] + fmt["env_markers"])):
             return None
-        return text[:len(text) - len(pre)] if pre else text
+        return text[len(lead):len(text) - len(pre)]
 
     def replay(calls):
         state = new_state()
@@ -417,7 +406,7 @@ def task_world(task, tags, tool_timeout=DEFAULTS["tool_timeout"]):
 
     def read(text):
         pre = tags["act_pre"]
-        return read_act(text[:len(text) - len(pre)] if pre and text.endswith(pre) else text, schemas)
+        return read_act(text[:len(text) - len(pre)] if pre and text.endswith(pre) else text, schemas, fmt)
 
     def next_turn(answered):
         """The forced (id, role) pairs of the user turn after the `answered`-th answer (episode_inputs
@@ -425,7 +414,7 @@ def task_world(task, tags, tool_timeout=DEFAULTS["tool_timeout"]):
         later = task.get("turn_ids", [])
         return later[answered - 1] if answered <= len(later) else None
 
-    return SimpleNamespace(task=task, new_state=new_state, read_act=read, parse_response=parse_response,
+    return SimpleNamespace(task=task, tags=tags, new_state=new_state, read_act=read, parse_response=parse_response,
                            next_turn=next_turn, step=step, replay=replay,
                            TOOL_KINDS=toy_world.TOOL_KINDS if toy else {name: name for name in schemas},
                            parse_call=lambda call: (json.loads(call)["name"], None))
@@ -435,7 +424,7 @@ def episode_inputs(tokenizer, tags, tasks, tool_timeout=DEFAULTS["tool_timeout"]
     """Per task: its prompt ids and its world (cached in the task dict)."""
     for t in tasks:
         if "prompt_ids" not in t:
-            t["prompt_ids"] = prompt_ids(tokenizer, t["messages"], t["tools"])
+            t["prompt_ids"] = prompt_ids(tokenizer, t["messages"], t["tools"], tags.get("template"))
             t["turn_ids"] = [turn_ids(tokenizer, tags, turn) for turn in t.get("turns", [])]
             t["world"] = task_world(t, tags, tool_timeout)
     return [t["prompt_ids"] for t in tasks], [t["world"] for t in tasks]
@@ -660,7 +649,7 @@ SAMPLE_ANSWERS = ["An apple is a fruit.", "I could not find it."]
 SAMPLE_NEXT_TURN = [{"role": "user", "content": "And what is a pear?"}]
 
 
-def turn_handoff(tokenizer):
+def turn_handoff(tokenizer, template=None):
     """The hand-off answer -> next user turn, derived from the template with sentinel contents as
     chat_format derives the others. In `opening, answer A1, user U2` and in `..., A1, U2, answer
     A2, user U3, user U4` (a turn of two user messages), each rendered with the generation prompt,
@@ -669,15 +658,17 @@ def turn_handoff(tokenizer):
     then `turn_post` up to the end of the generation prompt. turn_pre and turn_post must be the
     same after answer 1 and answer 2. Returns them as text, with the stop (turn_stop) and the text
     before it (turn_stop_pre); `turn_ids` tokenizes them with each task's user contents."""
-    s = [SENTINEL.format(k) for k in ("S", "U", "A1", "U2", "A2", "U3", "U4")]
+    s = [templates.SENTINEL.format(k) for k in ("S", "U", "A1", "U2", "A2", "U3", "U4")]
     opening = [{"role": "system", "content": s[0]}, {"role": "user", "content": s[1]}]
     later = [{"role": r, "content": c} for r, c in zip(("assistant", "user", "assistant", "user", "user"), s[2:])]
-    one = _after(render(tokenizer, opening + later[:2], [SAMPLE_TOOL], True), s[2], "answer->user", s[3])
-    two = _after(render(tokenizer, opening + later, [SAMPLE_TOOL], True), s[4], "answer->user")
-    stop_pre, stop, _ = _split_at_stop(tokenizer, one, "answer->user")
-    stop_text = str(tokenizer.added_tokens_decoder[stop])
-    turn_pre = one[len(stop_pre) + len(stop_text):]
-    turn_post = _after(render(tokenizer, opening + later[:2], [SAMPLE_TOOL], True), s[3], "answer->user")
+    one = templates._cut(render(tokenizer, opening + later[:2], [SAMPLE_TOOL], True, template), s[2], s[3],
+                         "hand-off answer->user")
+    two = templates._cut(render(tokenizer, opening + later, [SAMPLE_TOOL], True, template), s[4], "",
+                         "hand-off answer->user")
+    stop_pre, stop_text, turn_pre = templates._first_special(tokenizer, one, "hand-off answer->user")
+    stop = {str(t): i for i, t in tokenizer.added_tokens_decoder.items()}[stop_text]
+    turn_post = templates._cut(render(tokenizer, opening + later[:2], [SAMPLE_TOOL], True, template), s[3], "",
+                               "hand-off answer->user")
     head = stop_pre + stop_text + turn_pre + s[5]
     if not (two.startswith(head) and two.endswith(s[6] + turn_post) and len(two) >= len(head + s[6] + turn_post)):
         raise TemplateError(f"hand-off answer->user depends on the turn: {one + s[3] + turn_post!r} after answer 1, "
@@ -690,7 +681,7 @@ def turn_tags(tokenizer, tags):
     """`tags` with the answer -> next user turn hand-off (turn_handoff), checked: the answer before
     a user turn ends with the actor's own end-of-turn stop (act_pre, act_end), and the sampler's
     assembly of a two-turn conversation equals the template's rendering (check_turn_assembly)."""
-    handoff = turn_handoff(tokenizer)
+    handoff = turn_handoff(tokenizer, tags.get("template"))
     if (handoff["turn_stop_pre"], handoff["turn_stop"]) != (tags["act_pre"], tags["act_end"]):
         raise TemplateError(f"hand-off answer->user: an answer before a user turn ends with "
                             f"{handoff['turn_stop_pre']!r} + {_tok(tokenizer, handoff['turn_stop'])}, not with the "
@@ -748,13 +739,13 @@ def check_turn_assembly(tokenizer, tags):
     tool_turn = [[{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": c}]},
                   {"role": "tool", "content": r}] for c, r in SAMPLE_TURNS]
     answer = [{"role": "assistant", "content": a} for a in SAMPLE_ANSWERS]
-    prompt = prompt_ids(tokenizer, SAMPLE_OPENING, [SAMPLE_TOOL])
+    prompt = prompt_ids(tokenizer, SAMPLE_OPENING, [SAMPLE_TOOL], tags.get("template"))
     forced = [turn_ids(tokenizer, tags, SAMPLE_NEXT_TURN)]
     # (history, later turns reached, calls made, answers given) at each hand-back
     points = [(tool_turn[0], 0, 1, 0), (tool_turn[0] + answer[:1] + SAMPLE_NEXT_TURN, 1, 1, 1),
               (tool_turn[0] + answer[:1] + SAMPLE_NEXT_TURN + tool_turn[1], 1, 2, 1)]
     for history, reached, n_calls, n_answers in points:
-        want = encode(tokenizer, render(tokenizer, SAMPLE_OPENING + history, [SAMPLE_TOOL], True))
+        want = encode(tokenizer, render(tokenizer, SAMPLE_OPENING + history, [SAMPLE_TOOL], True, tags.get("template")))
         got = assemble_dialogue(tokenizer, tags, prompt, forced[:reached], calls[:n_calls], responses[:n_calls],
                                 [0, 1][:n_calls], SAMPLE_ANSWERS[:n_answers])
         for t, (a, b) in enumerate(zip(got["ids"] + [None], want + [None])):
@@ -835,7 +826,7 @@ def warm_start_sequences(tokenizer, tags, logged, tasks):
     the initial world model, as world.tool_snippets is for the toy."""
     seqs = [logged_sequence(tokenizer, tags, t) for t in logged]
     for t in tasks:
-        prompt = prompt_ids(tokenizer, t["messages"], t["tools"])
+        prompt = prompt_ids(tokenizer, t["messages"], t["tools"], tags.get("template"))
         seqs += [assemble(tokenizer, tags, prompt, [call], [result], act_role=PROMPT)
                  for call, result in t.get("examples", [])]
     return [{"ids": s["ids"], "roles": s["roles"]} for s in seqs]
@@ -844,7 +835,7 @@ def warm_start_sequences(tokenizer, tags, logged, tasks):
 def logged_sequence(tokenizer, tags, t):
     """A logged trajectory's actor row: its calls and answers ACT, responses OBS, later user turns
     forced as the sampler forces them (turn_ids: glue TAG, user contents PROMPT)."""
-    prompt = prompt_ids(tokenizer, t["messages"], t["tools"])
+    prompt = prompt_ids(tokenizer, t["messages"], t["tools"], tags.get("template"))
     return assemble_dialogue(tokenizer, tags, prompt, [turn_ids(tokenizer, tags, m) for m in t.get("turns", [])],
                              t["call_dicts"], t["responses"], t["call_turns"], t["answers"])
 
@@ -886,7 +877,7 @@ REHEARSE_SYSTEM = ("You play the tool {name!r}, not the assistant. The assistant
                    "the tool's result only, exactly as the tool would return it.\nThe tool:\n{schema}")
 
 
-def rehearse_prompt_ids(tokenizer, task, dialogue, call, examples=()):
+def rehearse_prompt_ids(tokenizer, task, dialogue, call, examples=(), template=None):
     """The prompt of a separate rehearse row (rehearsal_context separate), as ids: the only place
     it is built. A system message: the policy plays the called tool and answers with its result
     only; the tool's JSON schema; `examples` ([(call, result)] of that tool) as JSON lines. A user
@@ -903,7 +894,7 @@ def rehearse_prompt_ids(tokenizer, task, dialogue, call, examples=()):
     lines += [_json({"call": _call(c), "result": r}) for c, r in dialogue]
     user = "The dialogue so far:\n" + "\n".join(lines) + "\nThe call:\n" + _json(_call(call))
     messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-    return encode(tokenizer, render(tokenizer, messages, None, generation_prompt=True))
+    return encode(tokenizer, render(tokenizer, messages, None, generation_prompt=True, template=template))
 
 
 def _json(value):
@@ -930,7 +921,7 @@ def separate_prompt(tokenizer, k, episode, world):
     world, chat.task_world, carries its task), with up to k of the task's examples."""
     calls = [json.loads(c) for c in episode["calls"]]
     return rehearse_prompt_ids(tokenizer, world.task, list(zip(calls, episode["responses"])), calls[-1],
-                               task_examples(world.task, calls[-1]["name"], k))
+                               task_examples(world.task, calls[-1]["name"], k), world.tags.get("template"))
 
 
 def rehearse_rows(tokenizer, tags, task, calls, responses, k=0):
@@ -940,7 +931,7 @@ def rehearse_rows(tokenizer, tags, task, calls, responses, k=0):
     rows = []
     for n, (call, response) in enumerate(zip(calls, responses)):
         prompt = rehearse_prompt_ids(tokenizer, task, list(zip(calls[:n], responses[:n])), call,
-                                     task_examples(task, call["name"], k))
+                                     task_examples(task, call["name"], k), tags.get("template"))
         target = encode(tokenizer, response + tags["act_pre"]) + [tags["act_end"]]
         rows.append({"ids": prompt + target, "roles": [PROMPT] * len(prompt) + [REHEARSE] * len(target),
                      "call": _json(_call(call)), "turn": n})
@@ -954,7 +945,7 @@ def separate_warm_start_sequences(tokenizer, tags, logged, tasks, k=0):
     empty dialogue, the example's call, its result REHEARSE)."""
     seqs = []
     for t in logged:
-        actor = assemble(tokenizer, tags, prompt_ids(tokenizer, t["messages"], t["tools"]), t["call_dicts"],
+        actor = assemble(tokenizer, tags, prompt_ids(tokenizer, t["messages"], t["tools"], tags.get("template")), t["call_dicts"],
                          t["responses"], t["answer"])
         seqs.append({"rows": [{"ids": actor["ids"], "roles": actor["roles"]}]
                      + rehearse_rows(tokenizer, tags, t, t["call_dicts"], t["responses"], k)})
@@ -980,11 +971,11 @@ def chat_tasks(cfg):
     return {"rl": rl, "test": test, "logged": logged}
 
 
-def chat_tags(tokenizer, multiturn=False):
+def chat_tags(tokenizer, think="keep", multiturn=False):
     """The hand-offs derived from the tokenizer's chat template (chat_format), checked; with
     multiturn (tasks with later user turns) also the answer -> next user turn one (turn_tags)."""
     try:
-        tags = chat_format(tokenizer)
+        tags = chat_format(tokenizer, think)
         return turn_tags(tokenizer, tags) if multiturn else tags
     except TemplateError as e:
         raise ConfigError(str(e)) from None
@@ -993,7 +984,8 @@ def chat_tags(tokenizer, multiturn=False):
 def check_chat_prompts(cfg, tokenizer, tasks):
     """The template fits (chat_tags) and every task's rendered prompt, with its later user turns,
     leaves room for an episode."""
-    prompts, _ = episode_inputs(tokenizer, chat_tags(tokenizer, multiturn(tasks)), tasks, cfg["tool_timeout"])
+    prompts, _ = episode_inputs(tokenizer, chat_tags(tokenizer, cfg["think"], multiturn(tasks)), tasks,
+                                cfg["tool_timeout"])
     lengths = [len(p) + sum(map(len, t["turn_ids"])) for p, t in zip(prompts, tasks)]
     longest = max(range(len(tasks)), key=lambda i: lengths[i])
     if lengths[longest] >= cfg["max_tokens"]:

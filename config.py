@@ -63,6 +63,9 @@ DEFAULTS = {
     # a task's own executor (env "MODULE:CLASS", executor.py): a tool call running longer than
     # tool_timeout seconds is an error response
     "tool_timeout": 10.0,
+    # think (Qwen3-style templates): keep (the actor's think text stays in the sequence, as
+    # sampled) | disable (the template's own switch, enable_thinking false: its empty block is forced)
+    "think": "keep",
     # optional JSONL files replacing the generated splits (plain: taskfiles.read_jsonl; chat: chat
     # JSONL, tasks_file required)
     "tasks_file": "", "test_file": "", "logged_file": "",
@@ -86,7 +89,7 @@ DEFAULTS = {
 CHOICES = {"env_mode": ("rehearse", "real", "frozen", "none"), "device": ("auto", "cpu", "cuda"),
            "format": ("plain", "chat"), "model_init": ("pretrained", "random"),
            "rehearsal_mode": ("parallel", "sequential"), "rehearsal_context": ("inline", "separate"),
-           "advantage_groups": ("task_role", "task")}
+           "advantage_groups": ("task_role", "task"), "think": ("keep", "disable")}
 
 
 POSITIVE = {"n_layer", "n_embd", "n_head", "n_logged", "n_rl_tasks", "n_test", "sft_batch_size",

@@ -60,7 +60,8 @@ def tag_ids(tokenizer):
     def one(tag):
         return tokenizer.convert_tokens_to_ids(TAGS[tag])
     tags = {"bos": [one("bos")], "first_act": [one("act")], "act": [one("act")], "env": [one("env")],
-            "act_end": one("act_end"), "env_end": one("env_end"), "pad": one("pad"), "act_pre": "", "env_pre": ""}
+            "act_end": one("act_end"), "env_end": one("env_end"), "pad": one("pad"), "act_pre": "", "env_pre": "",
+            "env_lead": ""}
     tags["stops"] = set(tags["act"] + tags["env"] + tags["bos"] + [tags["pad"], tags["act_end"], tags["env_end"]])
     return tags
 

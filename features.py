@@ -109,7 +109,7 @@ def plain_features(cfg, tokenizer, splits, world=world):
 def chat_features(cfg, tokenizer, splits, device):
     """A chat model on chat JSONL tasks (chat.py); inline or separate rehearsal rows."""
     multiturn = chat.multiturn(splits["rl"] + splits["test"] + splits["logged"])
-    tags = chat.chat_tags(tokenizer, multiturn)   # a template that does not fit: one line, here
+    tags = chat.chat_tags(tokenizer, cfg["think"], multiturn)   # a template that does not fit: one line, here
     if multiturn and cfg["rehearsal_context"] == "separate":
         raise ConfigError("rehearsal_context: separate does not support multi-turn tasks ('turns', or logged "
                           "trajectories with several user turns): use rehearsal_context: inline")

@@ -306,7 +306,7 @@ def _end_act(row, text, tags, tokenizer, world, env_mode, max_turns):
         # the only place the real world is called; with no world the response is empty
         response = world.step(row["state"], call) if env_mode == "real" else ""
         row["responses"].append(response)
-        row["forced"].extend((t, OBS) for t in encode(tokenizer, response + tags["env_pre"])
+        row["forced"].extend((t, OBS) for t in encode(tokenizer, tags["env_lead"] + response + tags["env_pre"])
                              + [tags["env_end"]])
     if row["plan"]:                            # a committed plan: go on only while unsurprised
         _, expected = row["plan"].popleft()

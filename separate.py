@@ -121,7 +121,7 @@ def _copy_response(episode, rehearsal, tags, tokenizer, max_tokens, frozen):
         return False
     # the ids a real tool's response would have (the toy's: the sampled ones; a chat template's
     # tool turn: not the rehearse row's assistant turn)
-    response = encode(tokenizer, rehearsal["responses"][0] + tags["env_pre"]) + [tags["env_end"]]
+    response = encode(tokenizer, tags["env_lead"] + rehearsal["responses"][0] + tags["env_pre"]) + [tags["env_end"]]
     add = tags["env"] + response
     room = max_tokens - len(episode["ids"])
     episode["ids"] += add[:room]

@@ -64,17 +64,28 @@ def test_hand_offs_are_derived_from_the_template():
     (CHAT_TEMPLATE.replace("'\\n<tool_response>\\n' + message.content",
                            "'\\n<tool_response>' + (loop.index|string) + '\\n' + message.content"),
      "hand-off act->env depends on the turn"),
-    # tool calls rendered without the newline after <tool_call>: the sampler's action text differs
-    (CHAT_TEMPLATE.replace("'\\n<tool_call>\\n{\"name\": \"'", "'\\n<tool_call>{\"name\": \"'"),
-     "in action 1 and its stop, token 139 is 'Ċ' in the sampler's assembly but '{\"'"),
-], ids=["no_tool_role", "numbered_turns", "call_without_newline"])
+    # tool responses written as JSON strings (tojson): the template escapes what the rehearsal writes raw
+    (CHAT_TEMPLATE.replace("'\\n<tool_response>\\n' + message.content", "'\\n<tool_response>\\n' + message.content|tojson"),
+     "in response 1 and its stop, token 180 is '{\"' in the sampler's assembly but '{' in the template's own rendering"),
+], ids=["no_tool_role", "numbered_turns", "response_as_json_string"])
 def test_a_template_that_does_not_fit_fails_with_one_clear_message(broken, where):
     with pytest.raises(chat.TemplateError) as e:
         chat.chat_format(chat_tokenizer(broken))
     message = str(e.value)
     assert where in message and "\n" not in message
-    # token 139: the sample prompt (135 tokens), <|im_start|> assistant Ċ, <tool_call>, then Ċ
+    # token 180: the sample prompt (135 tokens), <|im_start|> assistant Ċ, the call and <|im_end|> (32),
+    # Ċ <|im_start|> user Ċ <tool_response> Ċ (6), then the opening quote '"' the template adds
     assert len(chat.prompt_ids(TOK, chat.SAMPLE_OPENING, [chat.SAMPLE_TOOL])) == 135
+
+
+def test_the_call_form_follows_the_template():
+    """A template writing <tool_call>{"name"... with no newline (which stopped the run before the act
+    format was derived) fits: the actor is asked to write the call the template's way."""
+    tags = chat.chat_format(chat_tokenizer(CHAT_TEMPLATE.replace("'\\n<tool_call>\\n{\"name\": \"'",
+                                                                 "'\\n<tool_call>{\"name\": \"'")))
+    call = {"name": "pay", "arguments": {"amount": 3}}
+    assert chat.format_call(call, tags["format"]) == '<tool_call>{"name": "pay", "arguments": {"amount": 3}}\n</tool_call>'
+    assert chat.read_act(chat.format_call(call, tags["format"]), SCHEMAS, tags["format"]) == ("call", json.dumps(call))
 
 
 def test_a_bad_template_stops_train_with_one_line(tmp_path, capsys):
@@ -103,7 +114,10 @@ def test_strict_tool_call_parsing():
                  '{"name": "pay", "arguments": {"amount": 3}, "id": 1}', '{"name": "pay", "arguments": "3"}'):
         assert call(text)[0] == "bad_call_json", text
     two = '<tool_call>\n{"name": "pay", "arguments": {"amount": 1}}\n</tool_call>' * 2
-    assert chat.read_act(two, SCHEMAS)[0] == "bad_call_json"
+    # two well-formed calls are parsed (templates.read_calls), then refused: one call per turn
+    assert chat.read_act(two, SCHEMAS) == ("several_calls", "2 calls in one turn: this sampler runs one call per turn")
+    assert chat.read_act(two.replace("</tool_call><tool_call>", "</tool_call>\n<tool_call>"), SCHEMAS)[0] == "several_calls"
+    assert chat.read_act(two.replace("</tool_call><tool_call>", "</tool_call> and <tool_call>"), SCHEMAS)[0] == "bad_call_json"
     assert chat.read_act('I pay. <tool_call>{"name": "pay", "arguments": {"amount": 1}}</tool_call>',
                          SCHEMAS)[0] == "bad_call_json"
     assert chat.read_act('<tool_call>{"name": "pay", "arguments": {"amount": 1}}', SCHEMAS)[0] == "bad_call_json"

@@ -536,8 +536,9 @@ def check_task(row, where, kind, base_dir="."):
         if not isinstance(row["checklist"], list) or not all(isinstance(q, str) and q.strip() for q in row["checklist"]):
             _fail(where, "'checklist' must be a list of yes/no questions (strings)")
         task["checklist"] = row["checklist"]
-    if not any(k in task for k in ("answer", "gold_calls", "checklist")):
-        _fail(where, "no success criterion: give 'answer', 'gold_calls' or 'checklist'")
+    task.update(_check_check(row, where, base_dir))
+    if not any(k in task for k in ("answer", "gold_calls", "checklist", "check")):
+        _fail(where, "no success criterion: give 'answer', 'gold_calls', 'checklist' or 'check'")
     task["call_order"] = row.get("call_order", "exact")
     if task["call_order"] not in ("exact", "any"):
         _fail(where, f"'call_order' must be 'exact' or 'any', got {json.dumps(task['call_order'])}")
@@ -552,6 +553,20 @@ def check_task(row, where, kind, base_dir="."):
         task.update(_check_env(env, row.get("env_config", {}), schemas, where, base_dir))
     task["examples"] = _check_examples(row.get("examples", {}), schemas, where)
     return task
+
+
+def _check_check(row, where, base_dir):
+    """A task's own success `check` ("MODULE:FUNCTION" or "path.py:FUNCTION", loaded here to fail
+    at load; a path is made absolute so that chat_reward loads it from anywhere): {"check": spec}."""
+    if "check" not in row:
+        return {}
+    spec = row["check"]
+    try:
+        executor.load_object(spec, base_dir)
+    except ConfigError as e:              # its message names the spec as an env's
+        _fail(where, f"'check' {str(e).removeprefix('env ')}")
+    path, _, name = spec.rpartition(":")
+    return {"check": f"{os.path.abspath(os.path.join(base_dir, path))}:{name}" if path.endswith(".py") else spec}
 
 
 def _check_env(spec, env_config, schemas, where, base_dir):

@@ -4,12 +4,15 @@ The paper scores episodes with a checklist judge; BFCL compares calls AST-style.
 (chat.py) gives any of: `answer` (the final answer, normalised string or number match),
 `gold_calls` (the episode's calls compared AST-style: type-aware values, `call_order` exact or
 any; in a multi-turn task given per user turn, the calls of turn k against those of turn k), `checklist` (yes/no questions for a local causal LM judge, scored p(yes) / (p(yes) + p(no))
-of its next token). `chat_reward` is 0 unless the episode ended with an answer.
+of its next token), or `check` (its own success function "MODULE:FUNCTION", e.g. bfcl.py's
+official BFCL check, in place of answer and gold call matching). `chat_reward` is 0 unless the
+episode ended with an answer.
 """
 import json
 
 import torch
 
+import executor
 from envace import encode
 
 
@@ -80,6 +83,22 @@ def calls_match(calls, gold, order="exact"):
 
 
 
+_CHECKS = {}                              # a task's check spec -> its function, loaded once
+
+
+def checked_reward(episode, task, judge=None):
+    """The reward of a task with its own `check` ("MODULE:FUNCTION", or "path.py:FUNCTION" made
+    absolute at load by chat.check_task; loaded once): check(task, episode) in [0, 1] is the hard
+    criterion, times the mean judge p(yes) over the checklist when a judge is given."""
+    if task["check"] not in _CHECKS:
+        _CHECKS[task["check"]] = executor.load_object(task["check"])
+    score = float(_CHECKS[task["check"]](task, episode))
+    if score and judge is not None and task.get("checklist"):
+        scores = judge(episode, task)
+        return score * sum(scores) / len(scores)
+    return score
+
+
 def gold_calls_match(calls, call_turns, gold, order="exact"):
     """Flat gold calls against all of the episode's calls; gold calls per user turn (a list of
     lists) turn by turn: the calls made in turn k (call_turns) against the gold calls of turn k."""
@@ -93,9 +112,12 @@ def gold_calls_match(calls, call_turns, gold, order="exact"):
 def chat_reward(episode, task, judge=None):
     """Task success of a chat episode: 0 unless it ended with an answer; then 1 if every hard
     criterion the task gives holds (answer, gold_calls), times the mean judge p(yes) over the
-    task's checklist when a judge is given (`judge(episode, task) -> [p(yes)]`)."""
+    task's checklist when a judge is given (`judge(episode, task) -> [p(yes)]`). A task with its
+    own `check` is scored by it instead (`checked_reward`)."""
     if episode["cause"] != "answer":
         return 0.0
+    if "check" in task:
+        return checked_reward(episode, task, judge)
     if "answer" in task and not answer_match(episode["answer"], task["answer"]):
         return 0.0
     calls = [json.loads(c) for c in episode["calls"]]

@@ -15,6 +15,8 @@ those rehearsals against a real replay, and the collusion rate (rehearse.collusi
                                                         # after RL: <ckpt>/coverage.json
     python evaluate.py --ckpt out/small --collusion     # the imagined-world measures only:
                                                         # <ckpt>/collusion.json, eval.json untouched
+    python evaluate.py --oracle --test_file=F --out_dir=D   # no model: each task's gold calls
+                                                        # replayed and scored (oracle.py), D/eval.json
 
 What depends on the format and the rehearsal layout (the prompts, the reward, would-rehearse
 fidelity, the coverage and honesty measures) comes from `fx` (features.py). Chat-format tasks
@@ -38,6 +40,7 @@ import traceback
 import torch
 
 import features
+import oracle
 import rehearse
 from checkpoint import find_checkpoint, load_policy, write_file
 from config import ConfigError, check_lengths, load_config
@@ -170,8 +173,12 @@ def main(argv=None):
                              "into <ckpt>/coverage.json")
     parser.add_argument("--collusion", action="store_true",
                         help="only the imagined-world measures (collusion), into <ckpt>/collusion.json")
+    parser.add_argument("--oracle", action="store_true",
+                        help="no model: replay each task's gold calls (--test_file=F --out_dir=D; oracle.py)")
     parser.add_argument("--debug", action="store_true", help="an unexpected error's full traceback too")
     args, overrides = parser.parse_known_args(argv)
+    if args.oracle:
+        return oracle.main(overrides)
     phase = ["loading the checkpoint"]
     try:
         return run_main(args, overrides, phase)

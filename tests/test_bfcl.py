@@ -1,0 +1,335 @@
+"""BFCL-v4 multi-turn (bfcl.py): the converter, the executor, the check against the package's own
+checker, and the oracle through evaluate.py. Needs bfcl-eval (installed by .ci/run)."""
+import builtins
+import itertools
+import json
+import os
+
+import pytest
+
+import bfcl
+from config import ConfigError
+
+bfcl_eval = pytest.importorskip("bfcl_eval")
+from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def bfcl_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bfcl")
+    assert bfcl.convert(str(out)) == {"multi_turn_base": 200, "multi_turn_base_rl": 160,
+                                      "multi_turn_base_heldout": 40, "multi_turn_miss_param": 200,
+                                      "multi_turn_long_context": 200}
+    return out
+
+
+def lines(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def base(bfcl_dir):
+    return lines(bfcl_dir / "multi_turn_base.jsonl")
+
+
+def gold_episode(task):
+    """The episode that makes exactly the ground truth's calls, turn by turn, and answers each turn."""
+    calls = [c for turn in task["gold_calls"] for c in turn]
+    return {"calls": [json.dumps(c) for c in calls],
+            "call_turns": [k for k, turn in enumerate(task["gold_calls"]) for _ in turn],
+            "answers": ["done"] * len(task["gold_calls"]), "answer": "done", "cause": "answer"}
+
+
+# ----------------------------------------------------------------------------- the converter
+
+def test_json_schema_maps_bfcl_types_through_properties_and_items():
+    doc = {"type": "dict", "properties": {
+        "price": {"type": "float", "description": "p"},
+        "pairs": {"type": "tuple", "items": {"type": "dict", "properties": {"x": {"type": "any"}}}},
+        "n": {"type": "integer", "default": 3}}, "required": ["price"]}
+    assert bfcl.json_schema(doc) == {"type": "object", "properties": {
+        "price": {"type": "number", "description": "p"},
+        "pairs": {"type": "array", "items": {"type": "object", "properties": {"x": {}}}},
+        "n": {"type": "integer", "default": 3}}, "required": ["price"]}
+
+
+def test_parse_call_names_positional_arguments_and_never_runs_code():
+    docs = {"post_tweet": {"parameters": {"properties": {"content": {}, "tags": {}, "mentions": {}}}}}
+    assert bfcl.parse_call("post_tweet('hi', mentions=['@a'], tags=[])", docs) == {
+        "name": "post_tweet", "arguments": {"content": "hi", "mentions": ["@a"], "tags": []}}
+    assert bfcl.parse_call("post_tweet(content=(1, 2))", docs)["arguments"] == {"content": [1, 2]}
+    with pytest.raises(ValueError):                   # a call inside an argument is not a literal
+        bfcl.parse_call("post_tweet(content=__import__('os').getcwd())", docs)
+    with pytest.raises(ValueError):
+        bfcl.parse_call("os.system('ls')", docs)
+
+
+def test_converter_writes_the_first_base_task_as_a_multi_turn_chat_task(bfcl_dir, base):
+    assert not (bfcl_dir / "multi_turn_miss_func.jsonl").exists()
+    t = base[0]
+    assert t["id"] == "multi_turn_base_0" and t["family"] == "multi_turn_base"
+    assert [m["role"] for m in t["messages"]] == ["system", "user"]
+    assert t["messages"][0]["content"] == bfcl.SYSTEM
+    assert t["messages"][1]["content"].startswith("Move 'final_report.pdf' within document directory")
+    assert len(t["turns"]) == 3 and t["turns"][0][0]["content"].startswith("Perform a detailed search")
+    assert t["gold_calls"][0] == [{"name": "cd", "arguments": {"folder": "document"}},
+                                  {"name": "mkdir", "arguments": {"dir_name": "temp"}},
+                                  {"name": "mv", "arguments": {"source": "final_report.pdf", "destination": "temp"}}]
+    assert t["gold_calls"][2] == [{"name": "sort", "arguments": {"file_name": "final_report.pdf"}}]  # was positional
+    names = [tool["function"]["name"] for tool in t["tools"]]
+    assert len(names) == 31 and "post_tweet" in names and "mv" in names and "cp" not in names  # cp is excluded
+    mv = next(tool for tool in t["tools"] if tool["function"]["name"] == "mv")["function"]["parameters"]
+    assert mv["type"] == "object" and mv["required"] == ["source", "destination"]
+    assert t["env"] == "bfcl:BFCLEnv" and t["check"] == "bfcl:check"
+    assert t["env_config"]["involved_classes"] == ["TwitterAPI", "GorillaFileSystem"]
+    assert "long_context" not in t["env_config"]
+    heldout, rl = lines(bfcl_dir / "multi_turn_base_heldout.jsonl"), lines(bfcl_dir / "multi_turn_base_rl.jsonl")
+    assert [t["id"] for t in heldout[:3]] == ["multi_turn_base_0", "multi_turn_base_5", "multi_turn_base_10"]
+    assert [t["id"] for t in rl[:5]] == [f"multi_turn_base_{k}" for k in (1, 2, 3, 4, 6)]
+    assert sorted(t["id"] for t in heldout + rl) == sorted(t["id"] for t in base)
+    long = lines(bfcl_dir / "multi_turn_long_context.jsonl")[0]
+    assert long["env_config"]["long_context"] is True
+    assert len(lines(bfcl_dir / "multi_turn_miss_param.jsonl")[0]["gold_calls"]) == 5   # a turn asks for the parameter
+
+
+def test_every_converted_line_passes_check_task(bfcl_dir):
+    import chat
+    for category in ("multi_turn_base", "multi_turn_miss_param", "multi_turn_long_context"):
+        tasks = chat.read_chat_jsonl(str(bfcl_dir / f"{category}.jsonl"), "tasks")
+        assert len(tasks) == 200
+        assert all(len(t["gold_calls"]) == 1 + len(t.get("turns", [])) for t in tasks)
+        assert tasks[0]["check"] == "bfcl:check" and tasks[0]["env_config"]["involved_classes"]
+
+
+def test_missing_package_refuses_bfcl_only_with_the_install_line(bfcl_dir, monkeypatch, tmp_path):
+    import chat
+    from taskfiles import DataError
+    real_import = builtins.__import__
+
+    def no_bfcl(name, *args, **kwargs):
+        if name.startswith("bfcl_eval"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_bfcl)
+    with pytest.raises(ConfigError, match=r"pip install --no-deps bfcl-eval==2026\.3\.23 mpmath"):
+        bfcl.convert(str(tmp_path))
+    with pytest.raises(ConfigError, match="bfcl-eval package, not installed"):
+        bfcl.BFCLEnv({}, ["GorillaFileSystem"])
+    assert bfcl.main(["--out", str(tmp_path)]) == 2
+    with pytest.raises(DataError, match=r"line 1: env 'bfcl:BFCLEnv': BFCLEnv\(\*\*env_config\) raised ConfigError: "
+                                        r"BFCL tasks need the bfcl-eval package, not installed: pip install --no-deps"):
+        chat.read_chat_jsonl(str(bfcl_dir / "multi_turn_base.jsonl"), "tasks")
+    toy = os.path.join(os.path.dirname(__file__), "..", "data", "toy_chat_example.jsonl")
+    assert len(chat.read_chat_jsonl(toy, "tasks")) == 6                                   # other tasks load
+    assert bfcl.json_schema({"type": "float"}) == {"type": "number"}      # the rest still works
+
+
+# ----------------------------------------------------------------------------- the executor
+
+def test_bfcl_env_dispatches_tools_by_name_on_fresh_instances(base):
+    cfg = base[0]["env_config"]
+    env, other = bfcl.BFCLEnv(**cfg), bfcl.BFCLEnv(**cfg)
+    assert list(env.instances) == ["TwitterAPI", "GorillaFileSystem"]
+    assert env.cd(folder="document") == {"current_working_directory": "document"}
+    assert env.pwd() == {"current_working_directory": "/workspace/document"}
+    assert other.pwd() == {"current_working_directory": "/workspace"}       # its own state
+    assert env.posting_get_login_status() == {"login_status": False}         # the other class
+    assert bfcl.execution_result(env, {"name": "cd", "arguments": {"folder": "nope"}}) == \
+        '{"error": "cd: \'nope\': No such file or directory"}'
+    assert bfcl.execution_result(env, {"name": "cd", "arguments": {"nope": 1}}).startswith(
+        "Error during execution: GorillaFileSystem.cd() got an unexpected keyword argument 'nope'")
+    for name in ("_load_scenario", "__class__x", "no_such_tool"):
+        with pytest.raises(AttributeError):
+            getattr(env, name)
+    # the initial config is deep-copied: the file system of a new env is as loaded
+    env.mkdir(dir_name="made_here")
+    assert "made_here" not in bfcl.BFCLEnv(**cfg).ls()["current_directory_content"]
+
+
+# ----------------------------------------------------------------------------- the check
+
+def test_check_passes_the_ground_truth_and_fails_an_unfinished_episode(base):
+    assert all(bfcl.check(t, gold_episode(t)) == 1.0 for t in base)
+    t = base[0]
+    short = {**gold_episode(t), "answers": ["done"] * 3, "cause": "max_turns"}
+    assert bfcl.mismatch(t, short) == "the episode finished 3 of 4 turns"
+    nothing = {**gold_episode(t), "calls": [], "call_turns": []}
+    assert bfcl.mismatch(t, nothing) == "turn 0: no call made; the ground truth makes 3"
+
+
+def test_check_reads_state_and_results_as_hand_computed(base):
+    t = base[0]
+    episode = gold_episode(t)
+    # the first turn without the mkdir: the mv renames the file to 'temp' instead
+    calls, turns = episode["calls"][:1] + episode["calls"][2:], episode["call_turns"][:1] + episode["call_turns"][2:]
+    assert bfcl.mismatch(t, {**episode, "calls": calls, "call_turns": turns}) == \
+        "turn 0: GorillaFileSystem.root differs from the ground truth's"
+    # the grep of turn 1 moved to turn 2: turn 1's state matches but its result is missing
+    grep = episode["calls"][4]
+    moved = {**episode, "call_turns": [0, 0, 0, 1, 2, 2, 3, 3, 3, 3]}
+    assert json.loads(grep)["name"] == "grep"
+    assert bfcl.mismatch(t, moved).startswith("turn 1: the ground truth's result '{\"matching_lines\"")
+    # a result made in an earlier turn counts for a later one (the official all-turns list): the
+    # sort done in turn 1 already, turn 2 only asks pwd (no state change)
+    sort, pwd = episode["calls"][5], json.dumps({"name": "pwd", "arguments": {}})
+    early = {**episode, "calls": episode["calls"][:5] + [sort, pwd] + episode["calls"][6:],
+             "call_turns": [0, 0, 0, 1, 1, 1, 2, 3, 3, 3, 3]}
+    assert bfcl.mismatch(t, early) is None
+    late_only = {**early, "calls": early["calls"][:5] + early["calls"][6:], "call_turns": [0, 0, 0, 1, 1, 2, 3, 3, 3, 3]}
+    assert bfcl.mismatch(t, late_only).startswith("turn 2: the ground truth's result '{\"sorted_content\"")
+
+EXTRA = {"GorillaFileSystem": {"name": "touch", "arguments": {"file_name": "extra_file.txt"}},
+         "MessageAPI": {"name": "add_contact", "arguments": {"user_name": "extra_user"}},
+         "TradingBot": {"name": "fund_account", "arguments": {"amount": 1.0}},
+         "VehicleControlAPI": {"name": "setHeadlights", "arguments": {"mode": "on"}}}
+_RUNS = itertools.count()
+
+
+def official(task, episode):
+    """The package's own multi_turn_checker on the same episode: each call a step of its turn,
+    written as a Python call string; a fresh model name per run (it caches instances by name)."""
+    model_turns, _, _ = bfcl.episode_turns(task, episode)
+    strings = [[[f"{c['name']}({', '.join(f'{k}={v!r}' for k, v in c['arguments'].items())})"] for c in turn]
+               for turn in model_turns]
+    gold = [[f"{c['name']}({', '.join(f'{k}={v!r}' for k, v in c['arguments'].items())})" for c in turn]
+            for turn in task["gold_calls"]]
+    entry = {"id": task["id"], "initial_config": task["env_config"]["initial_config"],
+             "involved_classes": task["env_config"]["involved_classes"]}
+    return 1.0 if multi_turn_checker(strings, gold, entry, "multi_turn_base", f"envace_x{next(_RUNS)}")["valid"] else 0.0
+
+
+def perturbed(task):
+    """{what: episode}: the ground truth, its last call dropped, one argument wrong, and an extra
+    state-changing call at the end (when a class of EXTRA is involved)."""
+    episode = gold_episode(task)
+    calls, turns = episode["calls"], episode["call_turns"]
+    out = {"ground truth": episode,
+           "dropped call": {**episode, "calls": calls[:-1], "call_turns": turns[:-1]}}
+    for k, text in enumerate(calls):
+        call = json.loads(text)
+        key = next((a for a, v in call["arguments"].items() if isinstance(v, str)), None)
+        if key:
+            call["arguments"][key] += "_wrong"
+            out["wrong argument"] = {**episode, "calls": calls[:k] + [json.dumps(call)] + calls[k + 1:]}
+            break
+    cls = next((c for c in task["env_config"]["involved_classes"] if c in EXTRA), None)
+    if cls:
+        out["extra call"] = {**episode, "calls": calls + [json.dumps(EXTRA[cls])], "call_turns": turns + [turns[-1]]}
+    return out
+
+
+def test_check_agrees_with_the_official_checker_on_perturbed_trajectories(base):
+    seen = {}
+    for i in (0, 1, 2, 3, 50, 51, 52, 100, 101, 102, 150, 151, 152, 199):
+        task = base[i]
+        for what, episode in perturbed(task).items():
+            ours, theirs = bfcl.check(task, episode), official(task, episode)
+            assert ours == theirs, (task["id"], what, bfcl.mismatch(task, episode))
+            seen.setdefault(what, []).append(ours)
+    assert seen["ground truth"] == [1.0] * 14
+    # task 50's ground truth ends by turning the headlights on: one more setHeadlights on changes nothing
+    assert seen["extra call"] == [0.0] * 4 + [1.0] + [0.0] * 6
+    assert sum(seen["dropped call"]) < 14 and sum(seen["wrong argument"]) < len(seen["wrong argument"])
+
+
+def test_a_parameter_the_ground_truth_breaks_also_takes_its_type(base):
+    t = base[173]                            # close_ticket(ticket_id='ticket_001'), documented integer
+    close = next(x for x in t["tools"] if x["function"]["name"] == "close_ticket")["function"]["parameters"]
+    assert close["properties"]["ticket_id"]["type"] == ["integer", "string"]
+    assert t["gold_calls"][3] == [{"name": "close_ticket", "arguments": {"ticket_id": "ticket_001"}}]
+    other = next(x for x in base[2]["tools"] if x["function"]["name"] == "close_ticket")["function"]["parameters"]
+    assert other["properties"]["ticket_id"]["type"] == "integer"            # only where it is broken
+
+
+# ----------------------------------------------------------------------------- task files, reward
+
+def write_task(tmp_path, row):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    return str(path)
+
+
+def test_check_task_reads_turns_gold_calls_per_turn_and_check(base, tmp_path):
+    import chat
+    from taskfiles import DataError
+    row = {k: base[1][k] for k in ("messages", "turns", "tools", "gold_calls", "env", "env_config", "check")}
+    task = chat.read_chat_jsonl(write_task(tmp_path, row), "tasks")[0]
+    assert task["check"] == "bfcl:check" and len(task["turns"]) == 3 and task["env_class"] is bfcl.BFCLEnv
+    assert [len(t) for t in task["gold_calls"]] == [1, 2, 2, 1]
+    (tmp_path / "mycheck.py").write_text("def score(task, episode):\n    return 0.5\n")
+    task = chat.read_chat_jsonl(write_task(tmp_path, {**row, "check": "mycheck.py:score"}), "tasks")[0]
+    assert task["check"] == f"{tmp_path / 'mycheck.py'}:score"          # absolute: loads from anywhere
+    bad = {"gold_calls": (row["gold_calls"][:3], "'gold_calls' has 3 turns but the task has 4 user turns "
+                                                 "(the opening and 3 in 'turns')"),
+           "turns": ([[{"role": "assistant", "content": "x"}]] * 3, "turn 1 of 'turns', message 1: expected"),
+           "check": ("bfcl:nope", "'check' 'bfcl:nope': bfcl has no class or function 'nope'")}
+    for key, (value, message) in bad.items():
+        with pytest.raises(DataError, match=f"t.jsonl line 1: {message}".replace("(", r"\(").replace(")", r"\)")):
+            chat.read_chat_jsonl(write_task(tmp_path, {**row, key: value}), "tasks")
+
+
+def test_chat_reward_scores_a_task_by_its_own_check(base, tmp_path):
+    import chat
+    import chat_reward
+    row = {k: base[0][k] for k in ("messages", "turns", "tools", "gold_calls", "env", "env_config", "check")}
+    task = chat.read_chat_jsonl(write_task(tmp_path, row), "tasks")[0]
+    episode = gold_episode(task)
+    assert chat_reward.chat_reward(episode, task) == 1.0
+    assert chat_reward.chat_reward({**episode, "calls": episode["calls"][1:], "call_turns": episode["call_turns"][1:]},
+                                   task) == 0.0             # no cd: the mkdir is made in the wrong folder
+    assert chat_reward.chat_reward({**episode, "cause": "bad_call_json"}, task) == 0.0
+    (tmp_path / "half.py").write_text("def score(task, episode):\n    return 0.5\n")
+    half = chat.read_chat_jsonl(write_task(tmp_path, {**row, "check": "half.py:score",
+                                                      "checklist": ["Was it polite?"]}), "tasks")[0]
+    assert chat_reward.chat_reward(episode, half) == 0.5                   # the check, not gold call matching
+    assert chat_reward.chat_reward(episode, half, judge=lambda e, t: [0.8]) == pytest.approx(0.4)
+
+
+def test_a_prompt_that_does_not_fit_max_tokens_is_one_line(base, bfcl_dir):
+    import chat
+    from config import DEFAULTS
+    from helpers import chat_tokenizer
+    tokenizer = chat_tokenizer()
+    task = chat.read_chat_jsonl(str(bfcl_dir / "multi_turn_base_heldout.jsonl"), "tasks")[0]   # base task 0
+    opening = len(chat.prompt_ids(tokenizer, task["messages"], task["tools"]))
+    with pytest.raises(ConfigError) as e:
+        chat.check_chat_prompts({**DEFAULTS, "max_tokens": 4096}, tokenizer, [task])
+    prefix = ("max_tokens (4096) leaves no room for an episode: a task's prompt (messages + tools + later user "
+              "turns) is ")
+    assert str(e.value).startswith(prefix) and str(e.value).endswith(""" tokens ("Move 'final_report.pdf' within document ")""")
+    assert int(str(e.value)[len(prefix):].split()[0]) > opening > 4096       # the later turns counted too
+
+
+# ----------------------------------------------------------------------------- the oracle
+
+def test_oracle_scores_every_base_task_through_evaluate(bfcl_dir, tmp_path, capsys):
+    import evaluate
+    out = tmp_path / "oracle"
+    assert evaluate.main(["--oracle", f"--test_file={bfcl_dir / 'multi_turn_base.jsonl'}", f"--out_dir={out}"]) == 0
+    result = json.loads((out / "eval.json").read_text())
+    assert (result["success"], result["n_tasks"], result["executed_tasks"], result["failures"]) == (1.0, 200, 200, [])
+    assert capsys.readouterr().out.strip() == f"oracle success 1.000 on 200 replayed of 200 tasks; written to {out / 'eval.json'}"
+
+
+def test_oracle_lists_a_failing_task_and_refuses_a_file_it_cannot_replay(base, tmp_path, capsys):
+    import evaluate
+    row = {k: base[0][k] for k in ("messages", "turns", "tools", "gold_calls", "env", "env_config", "check")}
+    # a check that fails an episode with an error response; the second task's gold cd goes nowhere
+    (tmp_path / "strict.py").write_text("def score(task, episode):\n"
+                                        "    return 0.0 if any('error' in r for r in episode['responses']) else 1.0\n")
+    row["check"] = "strict.py:score"
+    wrong = {**row, "gold_calls": [[{"name": "cd", "arguments": {"folder": "nowhere"}}]] + row["gold_calls"][1:]}
+    path = tmp_path / "two.jsonl"
+    path.write_text(json.dumps(row) + "\n" + json.dumps(wrong) + "\n")
+    assert evaluate.main(["--oracle", f"--test_file={path}", f"--out_dir={tmp_path / 'o'}"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == (f"{path} line 2: reward 0.000 (first error response "
+                          "{\"error\": \"cd: 'nowhere': No such file or directory\"})")
+    result = json.loads((tmp_path / "o" / "eval.json").read_text())
+    assert (result["success"], result["executed_tasks"]) == (0.5, 2)
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({k: row[k] for k in ("messages", "tools")} | {"answer": "7"}) + "\n")
+    assert evaluate.main(["--oracle", f"--test_file={plain}", f"--out_dir={tmp_path / 'p'}"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {plain}: no task with gold_calls and an executor ('env') to replay"

@@ -79,6 +79,45 @@ def sample_token(logits, temperature, top_p, generator=None):
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
+class _GrowingLayer(DynamicLayer):
+    """A KV cache layer whose keys and values live in a buffer with room to grow (doubled when
+    full): appending a step writes into it, where transformers' DynamicLayer concatenates (copies
+    the whole cache, every step, every layer: a third of a decode step at 2k-token prompts)."""
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self.buffers, self.length = None, 0
+        n = self.length + key_states.shape[-2]
+        if self.buffers is None or n > self.buffers[0].shape[-2]:
+            room = max(2 * n, 64)
+            grown = []
+            for old, new in ((self.keys, key_states), (self.values, value_states)):
+                buf = new.new_zeros(*new.shape[:-2], room, new.shape[-1])
+                if self.length:
+                    buf[..., :self.length, :] = old
+                grown.append(buf)
+            self.buffers = grown
+        self.buffers[0][..., self.length:n, :] = key_states
+        self.buffers[1][..., self.length:n, :] = value_states
+        self.length = n
+        self.keys, self.values = self.buffers[0][..., :n, :], self.buffers[1][..., :n, :]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices):
+        if self.length:
+            self.buffers = [b[indices, ...] for b in self.buffers]
+            self.keys, self.values = self.buffers[0][..., :self.length, :], self.buffers[1][..., :self.length, :]
+
+
+def _new_cache(config):
+    """A DynamicCache of _GrowingLayer (the plain one where a model has other kinds of layers)."""
+    cache = DynamicCache(config=config)
+    if all(type(layer) is DynamicLayer for layer in cache.layers):
+        cache.layers = [_GrowingLayer() for _ in cache.layers]
+    return cache
+
+
 class _Decoder:
     """A batch of left-padded prefixes and their KV cache, advanced by one run of tokens per row per
     step. Identical prefixes (a task's G samples) are prefilled once and their cache rows copied, and
@@ -101,7 +140,7 @@ class _Decoder:
         for p, i in unique.items():
             ids[i, P - len(p):] = torch.tensor(p, device=device)
             mask[i, P - len(p):] = 1                   # left pads masked
-        self.cache = DynamicCache(config=model.config)
+        self.cache = _new_cache(model.config)
         self.mask = mask
         logits = self._forward(ids, (mask.cumsum(1) - 1).clamp(min=0))
         prefix_of_row = torch.tensor([unique[tuple(p)] for p in prefixes], device=device)
@@ -141,7 +180,7 @@ class _Decoder:
         that a later _Decoder can restore it (None where the cache has layers of another kind)."""
         if not all(isinstance(layer, DynamicLayer) and not layer.is_sliding for layer in self.cache.layers):
             return None
-        return {"kv": [(layer.keys[j:j + 1], layer.values[j:j + 1]) for layer in self.cache.layers],
+        return {"kv": [(layer.keys[j:j + 1].clone(), layer.values[j:j + 1].clone()) for layer in self.cache.layers],
                 "mask": self.mask[j:j + 1], "pos": self.pos[j:j + 1]}
 
     def _restore(self, saved, device):
@@ -151,7 +190,7 @@ class _Decoder:
         def left_pad(x, dim):                         # zeros on the left of dimension `dim`
             pad = [0, 0] * (x.dim() - 1 - dim % x.dim()) + [T - x.shape[dim], 0]
             return F.pad(x, pad)
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = _new_cache(self.model.config)
         for l, layer in enumerate(self.cache.layers):
             layer.update(torch.cat([left_pad(s["kv"][l][0], -2) for s in saved]),
                          torch.cat([left_pad(s["kv"][l][1], -2) for s in saved]))

@@ -197,12 +197,12 @@ def bench_update(model, tokenizer, episodes, cfg, group_size, args):
     model.eval()
     n_params = sum(p.numel() for p in model.parameters())
     res["train_step"] = figure(times, n_tok, pad_frac=sums["pad_frac"])
-    if device.startswith("cuda"):
-        estimate = memory_estimate(n_params, {**cfg, "tasks_per_step": len(episodes) // group_size,
-                                              "group_size": group_size}, model.config)
-        res["train_step"].update(peak_gib=torch.cuda.max_memory_allocated() / 2 ** 30,
-                                 estimate_train_gib=estimate["train"], estimate_sample_gib=estimate["sample"],
-                                 mfu=6 * n_params * n_tok / times[0] / (args.peak_tflops * 1e12))
+    estimate = memory_estimate(n_params, {**cfg, "tasks_per_step": len(episodes) // group_size,
+                                          "group_size": group_size}, model.config)
+    res["train_step"].update(peak_gib=peak_mb(device) / 1024, estimate_train_gib=estimate["train"],
+                             estimate_sample_gib=estimate["sample"])
+    if args.peak_tflops:                  # 6 x parameters x tokens: forward and backward, no attention term
+        res["train_step"]["mfu"] = 6 * n_params * n_tok / times[0] / (args.peak_tflops * 1e12)
     return res
 
 
@@ -251,7 +251,7 @@ def chat_workload(args):
     from helpers import chat_tokenizer
     tokenizer = chat_tokenizer()
     cuda = args.device.startswith("cuda")
-    if cuda or args.size == "1.7b":
+    if args.size in ("1.7b", "qwen3-tiny"):       # the GPU script's model; qwen3-tiny: its CPU test
         from transformers import Qwen3Config, Qwen3ForCausalLM
         shape = QWEN3_1_7B if args.size == "1.7b" else {**QWEN3_1_7B, "hidden_size": 64, "intermediate_size": 128,
                                                          "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -259,7 +259,7 @@ def chat_workload(args):
         torch.manual_seed(0)
         model = Qwen3ForCausalLM(Qwen3Config(**shape, max_position_embeddings=8192,
                                              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id))
-        name = f"random Qwen3 ({'1.7B' if args.size == '1.7b' else 'tiny'} shape)"
+        name = f"random Qwen3 ({'1.7B' if args.size == '1.7b' else 'tiny'} shape, vocab {shape['vocab_size']})"
     else:                         # tests/helpers.py's tiny Qwen2, with room for long prompts
         from transformers import Qwen2Config, Qwen2ForCausalLM
         torch.manual_seed(0)
@@ -283,7 +283,7 @@ def chat_workload(args):
          "tags": tags, "plans": [p for p in plans for _ in range(G)], "group_size": G,
          "prompt_tokens": sum(map(len, prompts)) / len(prompts)}
     longest = max(map(len, prompts))
-    cfg = {**DEFAULTS, "max_act_tokens": 48, "max_env_tokens": 24, "max_tokens": longest + 320,
+    cfg = {**DEFAULTS, "max_act_tokens": 48, "max_env_tokens": 24, "max_tokens": longest + args.max_new,
            "micro_batch_tokens": 16384, "bf16": cuda}
     return model.to(args.device).eval(), tokenizer, w, cfg, name
 
@@ -296,8 +296,10 @@ def table(name, model_name, res, w, n_params):
         if isinstance(v, dict):
             extra = f", padding {v['pad_frac']:.1%}" if "pad_frac" in v else ""
             if "mfu" in v:
-                extra += (f", MFU {v['mfu']:.1%}, peak {v['peak_gib']:.1f} GiB (estimate: train "
-                          f"{v['estimate_train_gib']:.1f}, sample {v['estimate_sample_gib']:.1f})")
+                extra += f", MFU {v['mfu']:.1%}"
+            if "peak_gib" in v:
+                extra += (f", peak {v['peak_gib']:.2f} GiB (memory_estimate: train {v['estimate_train_gib']:.2f}, "
+                          f"sample {v['estimate_sample_gib']:.2f})")
             lines.append(f"{k:20s} {v['tok_per_s']:9.0f} tok/s  {v['tokens']:6d} tokens  {v['seconds'] * 1e3:8.1f} ms "
                          f"({v['min_s'] * 1e3:.1f}-{v['max_s'] * 1e3:.1f}){extra}")
     lines.append(f"sampler / generate on the same episodes: rehearse {res['ratio_rehearse']:.2f}x, real "
@@ -314,18 +316,22 @@ def main(argv=None):
     parser.add_argument("--ckpt", default=None, help="toy: a trained checkpoint (default out/small/ckpt if "
                                                      "any; '' for random weights)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--size", default=None, choices=["tiny", "1.7b"],
-                        help="chat model: tiny (CPU default) or Qwen3-1.7B's shape (CUDA default)")
+    parser.add_argument("--size", default=None, choices=["tiny", "qwen3-tiny", "1.7b"],
+                        help="chat model: tiny Qwen2 (CPU default), Qwen3-1.7B's shape (CUDA default), or "
+                             "qwen3-tiny: the CUDA script's Qwen3 path at a tiny shape (tests)")
     parser.add_argument("--tasks", type=int, default=16)
     parser.add_argument("--group_size", type=int, default=None, help="default: toy 8, chat 4")
     parser.add_argument("--pad_tools", type=int, default=6, help="chat: extra tool schemas (6: ~2.1k tokens)")
+    parser.add_argument("--max_new", type=int, default=320, help="chat: room for an episode after the prompt")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--min_seconds", type=float, default=1.0)
-    parser.add_argument("--peak_tflops", type=float, default=989.0, help="bf16 dense peak (H200: 989)")
+    parser.add_argument("--peak_tflops", type=float, default=None,
+                        help="for MFU: the device's dense peak (default on CUDA: 989, an H200 in bf16)")
     parser.add_argument("--out", default="bench.json")
     args = parser.parse_args(argv)
     cuda = args.device.startswith("cuda")
     args.size = args.size or ("1.7b" if cuda else "tiny")
+    args.peak_tflops = args.peak_tflops or (989.0 if cuda else None)
     workloads = {"both": ["toy", "chat"], None: ["chat"] if cuda else ["toy", "chat"]}.get(args.workload,
                                                                                             [args.workload])
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)

@@ -93,7 +93,7 @@ class _GrowingLayer(DynamicLayer):
             room = max(2 * n, 64)
             grown = []
             for old, new in ((self.keys, key_states), (self.values, value_states)):
-                buf = new.new_zeros(*new.shape[:-2], room, new.shape[-1])
+                buf = new.new_empty(*new.shape[:-2], room, new.shape[-1])   # read only up to n
                 if self.length:
                     buf[..., :self.length, :] = old
                 grown.append(buf)

@@ -98,16 +98,13 @@ def generate_episodes(model, tokenizer, prompts, env_mode, cfg, seed, world=worl
     limits["rehearse_check"] = None
     for r in rows:
         r["state"] = r["world"].new_state()
-    while True:
-        for r in rows:                               # forced ids: no model call
-            while r["forced"] and r["phase"] != "done":
-                _append(r, None, 0.0, env_mode, tags, tokenizer, limits)
-        live = [r for r in rows if r["phase"] != "done"]
-        if not live:
-            break
+    while any(r["phase"] != "done" for r in rows):
         for phase, stop, limit in (("act", tags["act_end"], cfg["max_act_tokens"]),
                                    ("env", tags["env_end"], cfg["max_env_tokens"])):
-            group = [r for r in live if r["phase"] == phase]
+            for r in rows:                           # forced ids first: no model call
+                while r["forced"] and r["phase"] != "done":
+                    _append(r, None, 0.0, env_mode, tags, tokenizer, limits)
+            group = [r for r in rows if r["phase"] == phase]
             if not group:
                 continue
             width = max(len(r["ids"]) for r in group)

@@ -2,11 +2,14 @@
 
 The paper's episode alternates two roles of one policy: the actor writes a tool call, then the
 same policy writes the environment's response to it (rehearsal), and the next action conditions
-on that response. This file samples a batch of such episodes in lock step: every row appends
-exactly one token per step (sampled, or forced from its queue), so all rows share one KV cache
-and one forward per step, whatever role each row is in. Two things keep that cheap: a task's G
-rows share one prefill of its prompt (the cache rows are copied), and once a quarter of the rows
-in the cache have finished they are dropped from it, so short episodes stop costing compute.
+on that response. This file samples a batch of such episodes in lock step: at every step each row appends
+one sampled token and then every forced id queued behind it (a hand-off, a planned call, a real
+observation: a run), so all rows share one KV cache and one forward per step, whatever role each
+row is in (the shorter runs' slots are masked holes). What keeps that cheap: a task's G rows
+share one prefill of its prompt (the cache rows are copied); forced ids cost no step of their
+own; the cache grows in place (_GrowingLayer), not by a copy per step; once a quarter of the rows
+in the cache have finished they are dropped from it, so short episodes stop costing compute; and
+a separate-layout actor row paused at its call keeps its cache for the next round.
 
 Per-row state machine (the sampler forces every hand-off; no role ever writes another's tag):
 

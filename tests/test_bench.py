@@ -7,6 +7,7 @@ import resource
 import pytest
 
 import bench
+import envace
 import world
 from envace import encode
 from helpers import tiny_llama, toy_tokenizer
@@ -76,3 +77,19 @@ def test_generate_baseline_builds_interleaved_episodes():
     # the planned call was forced, the toy world answered it for real
     assert rows[0]["calls"][0] == "price apple" and rows[0]["responses"][0] == "3"
     assert " ".join(tok.convert_ids_to_tokens(rows[0]["ids"][3:10])) == "<act> price apple </act> <env> 3 </env>"
+
+
+def test_generate_baseline_gives_episodes_of_our_samplers_kind():
+    """Rehearse mode with a planned call: the hand-off is forced before the rehearsal's generate
+    call, so both baselines' rows rehearse after <env> exactly as our sampler's do."""
+    tok = toy_tokenizer()
+    model = tiny_llama(tok)
+    plans = [[("price apple", "3")]] * 3
+    ends, generate = [], model.generate
+    model.generate = lambda input_ids, **kw: ends.append(input_ids[:, -1].tolist()) or generate(input_ids=input_ids, **kw)
+    rows = bench.generate_episodes(model, tok, ["price apple"] * 3, "rehearse", bench.DEFAULTS, seed=0, plans=plans)
+    assert ends[0] == tok.convert_tokens_to_ids(["<env>"] * 3)          # the first call: the rehearsals
+    for r in rows:
+        words = tok.convert_ids_to_tokens(r["ids"][r["prompt_len"]:])
+        assert words[:5] == ["<act>", "price", "apple", "</act>", "<env>"] and len(words) > 5
+        assert r["roles"][r["prompt_len"] + 5] == envace.REHEARSE      # sampled by the policy, after <env>

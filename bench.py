@@ -1,20 +1,29 @@
 """Speed: our KV-cached act/rehearse sampler against transformers' generate, and the update.
 
-    python bench.py                                   # the demo model and batch (16 tasks x 8)
-    python bench.py --ckpt out/small/ckpt             # a trained checkpoint: realistic episodes
-    python bench.py --size 0.5b --device cuda         # a bigger model built from a config
+    python bench.py                          # both workloads on CPU: the demo's toy, chat at BFCL scale
+    python bench.py --workload toy --ckpt out/small/ckpt      # a trained toy checkpoint
+    python bench.py --device cuda            # GPU: bf16, a Qwen3-1.7B-shaped random model (chat only)
 
-In one run, on the same model, prompts and lengths, it times (median of --repeats after one
-warm-up): our sampler in each env mode; transformers' `generate` driving the same interleaved
-episodes the way most peers do (one generate call per act or rehearse segment, stopped at the
-segment's end tag, the context re-fed each call); plain `generate` decoding the same number of
-new tokens per row in one call (its best case, no state machine); the old-logprob forward; and
-one training step. It prints tokens/s, the ratio to generate and peak memory, and writes JSON.
-Random weights end episodes early (the actor soon writes a stray tag), so pass --ckpt of a
-trained demo run for the demo's real episode lengths; without one, it uses out/small/ckpt if
-that exists.
+Two workloads, each timed side by side in one run on the same model, prompts and limits:
+  toy   the demo: 16 tasks x 8 samples of the toy shop (the trained demo checkpoint if there is one,
+        else a random model of its shape);
+  chat  BFCL scale: 16 tasks x 4 samples of the toy tasks in the chat format (chat.toy_task_line,
+        env toy, executed for real), their tools padded with extra tool schemas to ~2k prompt
+        tokens, a random Qwen2 (CPU: 2 layers, width 64; --device cuda: Qwen3-1.7B's shape and
+        vocabulary) and the Hermes-style chat template of tests/helpers.py. Random weights write
+        no valid JSON call, so the tasks' gold calls are forced as plans (rollout.py `plans`) in
+        every sampler and baseline: the actor's calls are forced, the rest is sampled.
+Figures per workload: our sampler in rehearse, real and separate modes; transformers' `generate`
+building the same episodes the way most peers do (`generate_episodes`: one generate call per act
+or rehearse segment, stopped at its end, the context re-fed each call; our state machine decides
+what a segment is, so the episodes are of the same kind); plain `generate` decoding as many steps
+in one call (its best case: no state machine, no stops); the old-logprob forward; one RL update.
+Each figure is the median of --repeats timings (min-max alongside), each timing over at least
+--min_seconds of work (a call repeated), after one warm-up; every ratio comes from this one run.
+Peak memory: the process's peak resident size on CPU, torch's peak allocation on CUDA. On CUDA the
+train step also reports MFU (6 x parameters x tokens / time against --peak_tflops) and the peak
+against distributed.memory_estimate. JSON to --out.
 """
-
 import argparse
 import json
 import os
@@ -24,254 +33,319 @@ import sys
 import time
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
+
+import chat
 import world
-from envace import encode, tag_ids, token_logprobs
-from checkpoint import build_tokenizer
-from rollout import sample_episodes
-from train import make_batch, rl_step
+from checkpoint import build_tokenizer, load_policy
 from config import DEFAULTS
-from checkpoint import load_policy
+from distributed import memory_estimate
+from envace import encode, tag_ids, token_logprobs
+from rollout import _append, _new_row, sample_episodes
+from separate import SEPARATE_WORDS, sample_separate
+from train import make_batch, rl_step
 
-SIZES = {  # name: (layers, width, heads, kv heads, mlp width); the larger two have Qwen2.5-0.5B and
-    # Qwen3-1.7B shapes without their big vocabularies (the toy tokenizer has 54 words)
-    "demo": (4, 128, 4, 4, 512),
-    "0.5b": (24, 896, 14, 2, 4864),
-    "1.7b": (28, 2048, 16, 8, 6144),
-}
+QWEN3_1_7B = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                  num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True)
 
 
-def timed(fn, repeats, device):
-    """Median seconds of `repeats` calls after one warm-up, and fn's last result."""
+def timed(fn, device, repeats, min_seconds):
+    """(median, min, max) seconds of one call of fn, each timing over >= min_seconds of calls,
+    after one warm-up; and fn's last result."""
+    def sync():
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    sync()
+    t0 = time.perf_counter()
     result = fn()
+    sync()
+    calls = max(1, int(min_seconds / max(time.perf_counter() - t0, 1e-6)) + 1) if min_seconds else 1
     times = []
     for _ in range(repeats):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
-        result = fn()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), result
+        for _ in range(calls):
+            result = fn()
+        sync()
+        times.append((time.perf_counter() - t0) / calls)
+    return (statistics.median(times), min(times), max(times)), result
+
+
+def figure(times, tokens, **extra):
+    return {"seconds": times[0], "min_s": times[1], "max_s": times[2], "tokens": tokens,
+            "tok_per_s": tokens / times[0], **extra}
 
 
 def new_tokens(episodes):
-    return sum(len(e["ids"]) - e["prompt_len"] for e in episodes)
+    """Ids each episode gained after its prompt, and those of its separate rehearse rows."""
+    return sum(len(r["ids"]) - r["prompt_len"] for e in episodes for r in [e] + e.get("rehearsals", []))
 
 
 @torch.no_grad()
-def generate_episodes(model, tokenizer, prompts, env_mode, cfg, seed):
-    """The same episodes built with transformers' generate, one call per segment (peers' way):
-    the actor's segment stops at </act>, the rehearsal at </env>; forced tags and real responses
-    are appended between calls, and each call re-feeds the whole context."""
+def generate_episodes(model, tokenizer, prompts, env_mode, cfg, seed, world=world, tags=None, plans=None):
+    """The same kind of episodes built with transformers' generate, one call per segment (peers'
+    way): rows are advanced by our state machine (rollout._append), forced ids appended without a
+    model call; each act segment is one generate call stopped at the act stop, each rehearsal one
+    stopped at the env stop, re-feeding the whole context each call."""
     torch.manual_seed(seed)
-    tags = tag_ids(tokenizer)
+    tags = tags or tag_ids(tokenizer)
     device = next(model.parameters()).device
-    rows = [
-        {
-            "ids": tags["bos"] + encode(tokenizer, p) + tags["act"],
-            "state": world.new_state(),
-            "phase": "act",
-            "calls": 0,
-        }
-        for p in prompts
-    ]
+    worlds = world if isinstance(world, list) else [world] * len(prompts)
+    rows = [_new_row(p if isinstance(p, list) else tags["bos"] + encode(tokenizer, p), tags, plan, tokenizer, w)
+            for p, plan, w in zip(prompts, plans or [None] * len(prompts), worlds)]
+    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+    limits["rehearse_check"] = None
     for r in rows:
-        r["prompt_len"] = len(r["ids"]) - len(tags["act"])
-    while True:
-        live = [r for r in rows if r["phase"] != "done" and len(r["ids"]) < cfg["max_tokens"]]
-        if not live:
-            break
-        for phase, stop, limit in (
-            ("act", tags["act_end"], cfg["max_act_tokens"]),
-            ("env", tags["env_end"], cfg["max_env_tokens"]),
-        ):
-            group = [r for r in live if r["phase"] == phase]
+        r["state"] = r["world"].new_state()
+    while any(r["phase"] != "done" for r in rows):
+        for phase, stop, limit in (("act", tags["act_end"], cfg["max_act_tokens"]),
+                                   ("env", tags["env_end"], cfg["max_env_tokens"])):
+            for r in rows:                           # forced ids first: no model call
+                while r["forced"] and r["phase"] != "done":
+                    _append(r, None, 0.0, env_mode, tags, tokenizer, limits)
+            group = [r for r in rows if r["phase"] == phase]
             if not group:
                 continue
             width = max(len(r["ids"]) for r in group)
-            ids = torch.tensor(
-                [[tags["pad"]] * (width - len(r["ids"])) + r["ids"] for r in group], device=device
-            )
-            mask = (
-                torch.arange(width, device=device)[None]
-                >= torch.tensor([width - len(r["ids"]) for r in group], device=device)[:, None]
-            ).long()
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                do_sample=True,
-                temperature=cfg["temperature"],
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=limit + 1,
-                eos_token_id=stop,
-                pad_token_id=tags["pad"],
-            )
+            ids = torch.tensor([[tags["pad"]] * (width - len(r["ids"])) + r["ids"] for r in group], device=device)
+            mask = (torch.arange(width, device=device)[None] >= torch.tensor(
+                [width - len(r["ids"]) for r in group], device=device)[:, None]).long()
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True,
+                                 temperature=cfg["temperature"], top_k=0, top_p=1.0,
+                                 max_new_tokens=min(limit + 1, cfg["max_tokens"] - min(len(r["ids"]) for r in group)),
+                                 eos_token_id=stop, pad_token_id=tags["pad"])
             for r, seq in zip(group, out[:, width:].tolist()):
-                seq = seq[: seq.index(stop) + 1] if stop in seq else seq
-                r["ids"] += seq
-                if stop not in seq:
-                    r["phase"] = "done"
-                elif phase == "env":
-                    r["ids"] += tags["act"]
-                    r["phase"] = "act"
+                for tok in seq:                      # until the state machine ends the segment
+                    _append(r, tok, 0.0, env_mode, tags, tokenizer, limits)
+                    if r["phase"] != phase or r["forced"] or tok == stop:
+                        break
                 else:
-                    _after_act(r, tokenizer.decode(seq[:-1]), tags, tokenizer, env_mode, cfg)
+                    if r["phase"] == phase and not r["forced"]:
+                        r["phase"], r["cause"] = "done", f"{phase}_limit"
     return rows
 
 
-def _after_act(row, text, tags, tokenizer, env_mode, cfg):
-    if world.parse_call(text) is None or row["calls"] >= cfg["max_turns"]:
-        row["phase"] = "done"  # an answer, or a call that ends the episode
-        return
-    row["calls"] += 1
-    row["ids"] += tags["env"]
-    if env_mode == "real":
-        row["ids"] += encode(tokenizer, world.step(row["state"], text)) + [tags["env_end"]] + tags["act"]
-    else:
-        row["phase"] = "env"
+def one_call(model, prompts, steps, pad_id):
+    """Plain generate: `steps` new tokens for every row in one call (no state machine, no stop)."""
+    width = max(map(len, prompts))
+    device = next(model.parameters()).device
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
+    mask = (torch.arange(width, device=device)[None] >= torch.tensor(
+        [width - len(p) for p in prompts], device=device)[:, None]).long()
+    return model.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=0, top_p=1.0,
+                          max_new_tokens=steps, min_new_tokens=steps, pad_token_id=pad_id, eos_token_id=None)
 
 
-def figure(seconds, tokens, **extra):
-    return {"seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds, **extra}
-
-
-def bench_sampling(model, tokenizer, prompts, cfg, repeats, device):
-    """Our sampler and generate on the same episodes, then generate's one-call best case."""
-    results, gen = {}, torch.Generator().manual_seed(0)
+def bench_workload(name, model, tokenizer, w, cfg, args):
+    """Every figure of one workload `w` (prompts, worlds, tags, plans, rows' group size)."""
+    device, res = args.device, {}
+    run = dict(world=w["worlds"], tags=w["tags"], plans=w["plans"], generator=torch.Generator().manual_seed(0),
+               **{k: cfg[k] for k in ("temperature", "top_p", "max_turns", "max_act_tokens", "max_env_tokens",
+                                      "max_tokens")})
+    episodes = {}
+    for mode in ("rehearse", "real", "separate"):
+        sampler = sample_separate if mode == "separate" else sample_episodes
+        env_mode = "rehearse" if mode == "separate" else mode
+        times, eps = timed(lambda: sampler(model, tokenizer, w["prompts"], env_mode, **run), device,
+                           args.repeats, args.min_seconds)
+        res[f"sampler_{mode}"] = figure(times, new_tokens(eps), causes=_causes(eps))
+        episodes[mode] = eps
+        if mode != "separate":
+            times, rows = timed(lambda: generate_episodes(model, tokenizer, w["prompts"], mode, cfg, 0, w["worlds"],
+                                                          w["tags"], w["plans"]), device, args.repeats, args.min_seconds)
+            res[f"generate_{mode}"] = figure(times, new_tokens(rows), causes=_causes(rows))
+    steps = max(len(e["ids"]) - e["prompt_len"] for e in episodes["rehearse"])
+    prompt_ids = [e["ids"][:e["prompt_len"]] for e in episodes["rehearse"]]
+    times, _ = timed(lambda: one_call(model, prompt_ids, steps, (w["tags"] or tag_ids(tokenizer))["pad"]), device, args.repeats,
+                     args.min_seconds)
+    res["generate_one_call"] = figure(times, steps * len(prompt_ids))
+    res.update(bench_update(model, tokenizer, episodes["real"], cfg, w["group_size"], args))
     for mode in ("rehearse", "real"):
-        sec, eps = timed(
-            lambda: sample_episodes(model, tokenizer, prompts, mode, generator=gen), repeats, device
-        )
-        results[f"sampler_{mode}"] = figure(sec, new_tokens(eps))
-        sec, rows = timed(lambda: generate_episodes(model, tokenizer, prompts, mode, cfg, 0), repeats, device)
-        results[f"generate_{mode}"] = figure(sec, new_tokens(rows))
-    steps = max(len(e["ids"]) - e["prompt_len"] for e in eps)  # as many steps as our longest row
-    tags = tag_ids(tokenizer)
-    starts = [tags["bos"] + encode(tokenizer, p) for p in prompts]
-    width = max(map(len, starts))
-    ids = torch.tensor([[tags["pad"]] * (width - len(x)) + x for x in starts], device=device)
-    sec, _ = timed(
-        lambda: model.generate(
-            input_ids=ids,
-            attention_mask=(ids != tags["pad"]).long(),
-            do_sample=True,
-            top_k=0,
-            max_new_tokens=steps,
-            min_new_tokens=steps,
-            pad_token_id=tags["pad"],
-            eos_token_id=None,
-        ),
-        repeats,
-        device,
-    )
-    results["generate_one_call"] = figure(sec, steps * len(prompts))
-    return results, eps
+        res[f"ratio_{mode}"] = res[f"sampler_{mode}"]["tok_per_s"] / res[f"generate_{mode}"]["tok_per_s"]
+    res["ratio_vs_one_call"] = res["sampler_rehearse"]["tok_per_s"] / res["generate_one_call"]["tok_per_s"]
+    res["separate_vs_inline_time"] = res["sampler_separate"]["seconds"] / res["sampler_rehearse"]["seconds"]
+    res["peak_memory_mb"] = peak_mb(device)
+    return res
 
 
-def bench_update(model, tokenizer, episodes, cfg, group_size, repeats, device):
-    """The old-logprob forward over the batch (what reuse_sampler_logprobs skips), one RL step."""
+def _causes(episodes):
+    out = {}
+    for e in episodes:
+        out[e["cause"]] = out.get(e["cause"], 0) + 1
+    return out
+
+
+def bench_update(model, tokenizer, episodes, cfg, group_size, args):
+    """The old-logprob forward over the batch (what reuse_sampler_logprobs skips), one RL step;
+    on CUDA the step's peak memory, MFU and memory_estimate."""
     rewards = [float(i % 2) for i in range(len(episodes))]  # every group mixed
     groups = [i // group_size for i in range(len(episodes))]
     batch = make_batch(episodes, rewards, groups, cfg, tokenizer.pad_token_id)
-    n_tok = sum(batch["lengths"])
-    sec, _ = timed(lambda: token_logprobs(model, batch["ids"].to(device)).sum().item(), repeats, device)
-    results = {"old_logprob_forward": figure(sec, n_tok)}
+    n_tok, device = sum(batch["lengths"]), args.device
+    ids = batch["ids"].to(device)
+    times, _ = timed(lambda: token_logprobs(model, ids).sum().item(), device, args.repeats, args.min_seconds)
+    res = {"old_logprob_forward": figure(times, n_tok)}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7)
-    sec, (sums, _) = timed(
-        lambda: rl_step(model, model, opt, episodes, rewards, groups, cfg, tokenizer.pad_token_id),
-        repeats,
-        device,
-    )
-    results["train_step"] = figure(sec, n_tok, pad_frac=sums["pad_frac"])
-    return results
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    times, (sums, _) = timed(lambda: rl_step(model, model, opt, episodes, rewards, groups, cfg,
+                                             tokenizer.pad_token_id), device, args.repeats, args.min_seconds)
+    model.eval()
+    n_params = sum(p.numel() for p in model.parameters())
+    res["train_step"] = figure(times, n_tok, pad_frac=sums["pad_frac"])
+    estimate = memory_estimate(n_params, {**cfg, "tasks_per_step": len(episodes) // group_size,
+                                          "group_size": group_size}, model.config)
+    res["train_step"].update(peak_gib=peak_mb(device) / 1024, estimate_train_gib=estimate["train"],
+                             estimate_sample_gib=estimate["sample"])
+    if args.peak_tflops:                  # 6 x parameters x tokens: forward and backward, no attention term
+        res["train_step"]["mfu"] = 6 * n_params * n_tok / times[0] / (args.peak_tflops * 1e12)
+    return res
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--ckpt",
-        default=None,
-        help="a trained checkpoint (default: out/small/ckpt if any; '' for random weights)",
-    )
-    parser.add_argument("--size", default="demo", choices=sorted(SIZES))
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--tasks", type=int, default=16)
-    parser.add_argument("--group_size", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", default="bench.json")
-    args = parser.parse_args(argv)
-    cfg = {**DEFAULTS, "device": args.device}
-    ckpt = args.ckpt  # "" asks for random weights
-    if ckpt is None and args.size == "demo" and os.path.isdir("out/small/ckpt"):
+def peak_mb(device):
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 2 ** 20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# ----------------------------------------------------------------------------- the workloads
+
+def toy_workload(args):
+    """The demo: its trained checkpoint (or a random model of its shape), 16 toy tasks x 8."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    ckpt = args.ckpt
+    if ckpt is None and os.path.isdir("out/small/ckpt"):
         ckpt = "out/small/ckpt"
     if ckpt:
         model, tokenizer = load_policy(ckpt, args.device)
     else:
-        tokenizer = build_tokenizer(world.WORDS)
-        layers, width, heads, kv, mlp = SIZES[args.size]
+        tokenizer = build_tokenizer(world.WORDS + SEPARATE_WORDS)
         torch.manual_seed(0)
-        model = LlamaForCausalLM(
-            LlamaConfig(
-                vocab_size=len(tokenizer),
-                hidden_size=width,
-                intermediate_size=mlp,
-                num_hidden_layers=layers,
-                num_attention_heads=heads,
-                num_key_value_heads=kv,
-                max_position_embeddings=256,
-                tie_word_embeddings=True,
-            )
-        ).to(args.device)
-    model.eval()
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=512,
+                                             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+                                             max_position_embeddings=256, tie_word_embeddings=True))
+    tasks = world.make_splits(0, 10, 0, 200, 10)["rl"][:args.tasks]
+    G = args.group_size or 8
+    w = {"prompts": [t["prompt"] for t in tasks for _ in range(G)], "worlds": world, "tags": None,
+         "plans": None, "group_size": G}
+    return model.to(args.device).eval(), tokenizer, w, {**DEFAULTS}, ckpt or "random demo-shaped Llama"
+
+
+def padding_tools(n):
+    """n extra tool schemas (BFCL-like: a description, typed and enum arguments) to pad a prompt."""
+    return [{"type": "function", "function": {
+        "name": f"lookup_record_{i}", "description": f"Look up record {i} of the shop's catalogue by its item name "
+                                                   "and return the stored price and amount as a string.",
+        "parameters": {"type": "object", "properties": {
+            "item": {"type": "string", "enum": world.ITEMS, "description": "the item"},
+            "amount": {"type": "integer", "description": "how many"}},
+            "required": ["item"], "additionalProperties": False}}} for i in range(n)]
+
+
+def chat_workload(args):
+    """BFCL scale: toy tasks in the chat format with ~2k-token prompts of tool schemas, 16 x 4."""
+    from helpers import chat_tokenizer
+    tokenizer = chat_tokenizer()
     cuda = args.device.startswith("cuda")
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
-    tasks = world.make_splits(0, 10, 0, 200, 10)["rl"][: args.tasks]
-    prompts = [t["prompt"] for t in tasks for _ in range(args.group_size)]
-    n_params = sum(p.numel() for p in model.parameters())
-    print(
-        f"model {ckpt or args.size} ({n_params / 1e6:.2f}M parameters) on {args.device}, {len(prompts)} rows "
-        f"({args.tasks} tasks x {args.group_size}), {torch.get_num_threads()} threads"
-    )
-    results = {
-        "model": ckpt or args.size,
-        "parameters": n_params,
-        "device": args.device,
-        "rows": len(prompts),
-        "threads": torch.get_num_threads(),
-        "repeats": args.repeats,
-    }
-    with amp:
-        sampling, episodes = bench_sampling(model, tokenizer, prompts, cfg, args.repeats, args.device)
-        results.update(sampling)
-        results.update(
-            bench_update(model, tokenizer, episodes, cfg, args.group_size, args.repeats, args.device)
-        )
-    results["peak_memory_mb"] = (
-        torch.cuda.max_memory_allocated() / 2**20
-        if cuda
-        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    )
-    for mode in ("rehearse", "real"):
-        results[f"ratio_{mode}"] = (
-            results[f"sampler_{mode}"]["tok_per_s"] / results[f"generate_{mode}"]["tok_per_s"]
-        )
-    results["ratio_vs_one_call"] = (
-        results["sampler_rehearse"]["tok_per_s"] / results["generate_one_call"]["tok_per_s"]
-    )
-    for k, v in results.items():
+    if args.size in ("1.7b", "qwen3-tiny"):       # the GPU script's model; qwen3-tiny: its CPU test
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+        shape = QWEN3_1_7B if args.size == "1.7b" else {**QWEN3_1_7B, "hidden_size": 64, "intermediate_size": 128,
+                                                         "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 4096}
+        torch.manual_seed(0)
+        model = Qwen3ForCausalLM(Qwen3Config(**shape, max_position_embeddings=8192,
+                                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id))
+        name = f"random Qwen3 ({'1.7B' if args.size == '1.7b' else 'tiny'} shape, vocab {shape['vocab_size']})"
+    else:                         # tests/helpers.py's tiny Qwen2, with room for long prompts
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             max_position_embeddings=8192, tie_word_embeddings=True,
+                                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
+        name = "random Qwen2 (2 layers, width 64)"
+    tags = chat.chat_format(tokenizer)
+    raw = world.make_splits(0, 10, 0, 200, 10)["rl"][:args.tasks]
+    tasks = []
+    for t in raw:
+        line = chat.toy_task_line(t)
+        line["tools"] = line["tools"] + padding_tools(args.pad_tools)
+        tasks.append(chat.check_task(line, "bench", "tasks"))
+    G = args.group_size or 4
+    prompts, worlds = chat.episode_inputs(tokenizer, tags, tasks)
+    plans = [[(chat.format_call(c), r)
+              for c, r in zip(t["gold_calls"], world.replay(rt["calls"]))] for t, rt in zip(tasks, raw)]
+    w = {"prompts": [p for p in prompts for _ in range(G)], "worlds": [x for x in worlds for _ in range(G)],
+         "tags": tags, "plans": [p for p in plans for _ in range(G)], "group_size": G,
+         "prompt_tokens": sum(map(len, prompts)) / len(prompts)}
+    longest = max(map(len, prompts))
+    cfg = {**DEFAULTS, "max_act_tokens": 48, "max_env_tokens": 24, "max_tokens": longest + args.max_new,
+           "micro_batch_tokens": 16384, "bf16": cuda}
+    return model.to(args.device).eval(), tokenizer, w, cfg, name
+
+
+def table(name, model_name, res, w, n_params):
+    lines = [f"== {name}: {model_name}, {n_params / 1e6:.2f}M parameters, {len(w['prompts'])} rows "
+             f"({len(w['prompts']) // w['group_size']} tasks x {w['group_size']})"
+             + (f", prompts {w['prompt_tokens']:.0f} tokens on average" if "prompt_tokens" in w else "")]
+    for k, v in res.items():
         if isinstance(v, dict):
             extra = f", padding {v['pad_frac']:.1%}" if "pad_frac" in v else ""
-            ms = v["seconds"] * 1e3
-            print(f"{k:20s} {v['tok_per_s']:9.0f} tok/s ({v['tokens']} tokens in {ms:.1f} ms{extra})")
-    print(
-        f"sampler / generate on the same episodes: rehearse {results['ratio_rehearse']:.2f}x, real "
-        f"{results['ratio_real']:.2f}x; sampler (rehearse) / one generate call: "
-        f"{results['ratio_vs_one_call']:.2f}x; peak memory {results['peak_memory_mb']:.0f} MB"
-    )
+            if "mfu" in v:
+                extra += f", MFU {v['mfu']:.1%}"
+            if "peak_gib" in v:
+                extra += (f", peak {v['peak_gib']:.2f} GiB (memory_estimate: train {v['estimate_train_gib']:.2f}, "
+                          f"sample {v['estimate_sample_gib']:.2f})")
+            lines.append(f"{k:20s} {v['tok_per_s']:9.0f} tok/s  {v['tokens']:6d} tokens  {v['seconds'] * 1e3:8.1f} ms "
+                         f"({v['min_s'] * 1e3:.1f}-{v['max_s'] * 1e3:.1f}){extra}")
+    lines.append(f"sampler / generate on the same episodes: rehearse {res['ratio_rehearse']:.2f}x, real "
+                 f"{res['ratio_real']:.2f}x; sampler (rehearse) / one generate call {res['ratio_vs_one_call']:.2f}x; "
+                 f"separate / inline time {res['separate_vs_inline_time']:.2f}x; peak memory "
+                 f"{res['peak_memory_mb']:.0f} MB")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workload", default=None, choices=["toy", "chat", "both"],
+                        help="default: both on CPU, chat on CUDA")
+    parser.add_argument("--ckpt", default=None, help="toy: a trained checkpoint (default out/small/ckpt if "
+                                                     "any; '' for random weights)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--size", default=None, choices=["tiny", "qwen3-tiny", "1.7b"],
+                        help="chat model: tiny Qwen2 (CPU default), Qwen3-1.7B's shape (CUDA default), or "
+                             "qwen3-tiny: the CUDA script's Qwen3 path at a tiny shape (tests)")
+    parser.add_argument("--tasks", type=int, default=16)
+    parser.add_argument("--group_size", type=int, default=None, help="default: toy 8, chat 4")
+    parser.add_argument("--pad_tools", type=int, default=6, help="chat: extra tool schemas (6: ~2.1k tokens)")
+    parser.add_argument("--max_new", type=int, default=320, help="chat: room for an episode after the prompt")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--min_seconds", type=float, default=1.0)
+    parser.add_argument("--peak_tflops", type=float, default=None,
+                        help="for MFU: the device's dense peak (default on CUDA: 989, an H200 in bf16)")
+    parser.add_argument("--out", default="bench.json")
+    args = parser.parse_args(argv)
+    cuda = args.device.startswith("cuda")
+    args.size = args.size or ("1.7b" if cuda else "tiny")
+    args.peak_tflops = args.peak_tflops or (989.0 if cuda else None)
+    workloads = {"both": ["toy", "chat"], None: ["chat"] if cuda else ["toy", "chat"]}.get(args.workload,
+                                                                                            [args.workload])
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
+    results = {"device": args.device, "threads": torch.get_num_threads(), "repeats": args.repeats,
+               "min_seconds": args.min_seconds}
+    print(f"device {args.device}, {torch.get_num_threads()} threads; each figure: median of {args.repeats} "
+          f"(min-max), each over >= {args.min_seconds} s of work")
+    for name in workloads:
+        model, tokenizer, w, cfg, model_name = (toy_workload if name == "toy" else chat_workload)(args)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        with amp:
+            res = bench_workload(name, model, tokenizer, w, cfg, args)
+        n_params = sum(p.numel() for p in model.parameters())
+        results[name] = {"model": model_name, "parameters": n_params, "rows": len(w["prompts"]), **res}
+        print(table(name, model_name, res, w, n_params), flush=True)
+        del model
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     return 0

@@ -145,17 +145,31 @@ def padded_fraction(lengths, batches):
     return 1 - sum(lengths[i] for b in batches for i in b) / computed
 
 
-def token_logprobs(model, ids, temperature=1.0, with_entropy=False):
+def token_logprobs(model, ids, temperature=1.0, with_entropy=False, start=0):
     """Paper, the policy's logprobs (old, new, reference): of every target token ids[:, 1:] under
     the model at `temperature`, in fp32.
     Rows are right-padded, so no attention mask is needed: with causal attention a real token
-    never attends to the pads after it. Returns [B, L-1] (and entropy [B, L-1] if asked)."""
-    logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float() / temperature   # no KV cache to build
+    never attends to the pads after it. Returns [B, L-1] (and entropy [B, L-1] if asked).
+    start: the first target position wanted (`first_target`); the LM head, the softmax and the
+    gather run only from there on (transformers' `logits_to_keep`: on a 2k-token prompt of tool
+    schemas that is most of a chat row's logits), and positions before it are 0."""
+    L = ids.shape[1]
+    keep = L - start                              # positions start .. L-1; the last one predicts nothing
+    cut = {"logits_to_keep": keep} if start else {}    # (a test's fake model may not take the key)
+    logits = model(input_ids=ids, use_cache=False, **cut).logits
+    logits = logits[:, -keep:-1].float() / temperature              # no KV cache to build
     logp = F.log_softmax(logits, dim=-1)
-    target_logp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    target_logp = F.pad(logp.gather(-1, ids[:, start + 1:, None]).squeeze(-1), (start, 0))
     if not with_entropy:
         return target_logp
-    return target_logp, -(logp.exp() * logp).sum(-1)
+    return target_logp, F.pad(-(logp.exp() * logp).sum(-1), (start, 0))
+
+
+def first_target(mask):
+    """[B, T] bool over targets -> the first position any row needs (0 if none): what
+    token_logprobs may start at, since every earlier target is a prompt token with no loss."""
+    needed = mask.any(0)
+    return int(needed.int().argmax()) if bool(needed.any()) else 0
 
 
 

@@ -33,7 +33,7 @@ SIGNATURES = {"price": "price item", "mul": "mul number , number", "pay": "pay n
 def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_model=None, examples=None,
                     world=toy_world, temperature=1.0, top_p=1.0, max_turns=6, max_act_tokens=8,
                     max_env_tokens=6, max_tokens=96, generator=None, tags=None, rehearse_check=None,
-                    rehearse_prompt=None):
+                    rehearse_prompt=None, plans=None):
     """rehearsal_context separate (the official implementation's choice): every rehearsal is its
     own row with its own prompt (rehearse.rehearse_prompt: the tool's signature, `examples(call)`
     logged examples if given, the dialogue so far and the call), which the actor never sees.
@@ -41,7 +41,8 @@ def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     then the pending rehearse rows are sampled together (role REHEARSE, stopping at </env>); each
     response is copied into its actor row as `<env>` (TAG) + response + `</env>` (OBS: context
     with no loss; its training is in the rehearse row) and the actor rows go on. Each round
-    prefills the rows anew (no cache is kept across rounds).
+    keeps the actor rows' KV cache (rollout._save_paused): a round feeds them only the ids
+    appended since. `plans`: as in sample_episodes (bench.py forces calls on random weights).
     frozen: `env_model` writes the rehearse rows; their tokens are then OBS (no loss).
     Returns the actor rows as sample_episodes does, each with "rehearsals": its rehearse rows in
     call order (ids, roles, logprobs, calls [the call], responses, cause, "episode": the index of
@@ -61,8 +62,8 @@ def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
               "max_act_tokens": max_act_tokens, "max_env_tokens": max_env_tokens, "generator": generator,
               "rehearse_check": rehearse_check}
     worlds = world if isinstance(world, list) else [world] * len(prompts)
-    episodes = [_new_row(p if chat_rows else tags["bos"] + encode(tokenizer, p), tags, None, tokenizer, w)
-                for p, w in zip(prompts, worlds)]
+    episodes = [_new_row(p if chat_rows else tags["bos"] + encode(tokenizer, p), tags, plan, tokenizer, w)
+                for p, w, plan in zip(prompts, worlds, plans or [None] * len(prompts))]
     for i, e in enumerate(episodes):
         e.update(episode=i, rehearsals=[], stop_at="call")
     active = episodes
@@ -83,6 +84,7 @@ def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     for e in episodes:
         for row in [e] + e["rehearsals"]:
             row.pop("stop_at", None)
+            row.pop("saved_kv", None)             # a row whose rehearsal failed kept its cache
         del e["episode"]
     return episodes
 

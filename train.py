@@ -63,7 +63,7 @@ from distributed import (all_sum, autocast, from_rank0, full_state_dict, gathere
                          load_device, memory_estimate, memory_line, parallel_model,
                          reuse_sampler_logprobs, setup_distributed)
 from envace import (ACT, OBS, REHEARSE, NonFiniteError, clipped_pg_loss, collate, loss_mask, micro_batches,
-                    padded_fraction, token_advantages, token_kl_coefs, token_logprobs)
+                    first_target, padded_fraction, token_advantages, token_kl_coefs, token_logprobs)
 from evaluate import evaluate, success_name, summary
 from metrics import add_micro_batch, episode_sums, role_sums, start_metrics, step_record
 from reward import group_advantages, training_rows
@@ -117,8 +117,8 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
         batches = micro_batches(lengths, cfg["micro_batch_tokens"])
         for index, n, weight in in_step(batches, lengths, ddp_model):
             index = index.to(device)
-            with autocast(cfg, device):
-                logprobs = token_logprobs(ddp_model, ids[index, :n])
+            with autocast(cfg, device):     # no LM head on the prompt: its targets have no loss
+                logprobs = token_logprobs(ddp_model, ids[index, :n], start=first_target(mask[index, :n - 1] > 0))
             loss = -(logprobs * mask[index, :n - 1]).sum() / n_tokens * weight
             (loss * world_size).backward()  # DDP averages over ranks; x world_size makes it the sum
             total += loss.item()
@@ -169,13 +169,15 @@ def uses_kl(cfg):
 
 
 @torch.no_grad()
-def batch_logprobs(model, ids, lengths, cfg):
-    """No-grad fp32 logprobs of every target [B, L-1], in length-grouped micro-batches."""
+def batch_logprobs(model, ids, lengths, cfg, mask=None):
+    """No-grad fp32 logprobs of every target [B, L-1], in length-grouped micro-batches; with a
+    [B, L-1] `mask`, only from each micro-batch's first masked target on (0 before it)."""
     out = torch.zeros(ids.shape[0], ids.shape[1] - 1, device=ids.device)
     for index in micro_batches(lengths, cfg["micro_batch_tokens"]):
         n = max(lengths[i] for i in index)
         index = torch.tensor(index, device=ids.device)
-        out[index, :n - 1] = token_logprobs(model, ids[index, :n], cfg["temperature"])
+        start = 0 if mask is None else first_target(mask[index, :n - 1])
+        out[index, :n - 1] = token_logprobs(model, ids[index, :n], cfg["temperature"], start=start)
     return out
 
 
@@ -199,8 +201,11 @@ def accumulate_gradients(model, batch, old, ref, cfg, world_size=1):
               "pad_frac": padded_fraction(lengths, batches) / world_size if keep else 0.0}
     for index, n, weight in in_step(batches, lengths, model):
         index = index.to(device)
+        # no LM head on the prompt: from the first target that is trained or has an entropy stat
+        start = first_target(mask[index, :n - 1] | (target_roles[index, :n - 1] == ACT)
+                             | (target_roles[index, :n - 1] == REHEARSE))
         with autocast(cfg, device):
-            new, entropy = token_logprobs(model, ids[index, :n], cfg["temperature"], with_entropy=True)
+            new, entropy = token_logprobs(model, ids[index, :n], cfg["temperature"], with_entropy=True, start=start)
         loss, stats = clipped_pg_loss(new, old[index, :n - 1], adv[index, :n - 1],
                                       mask[index, :n - 1], batch["n_tokens"],
                                       None if ref is None else ref[index, :n - 1],
@@ -235,9 +240,10 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
             old = batch["sampled_logprobs"].to(device)
         else:               # the sampling policy's logprobs recomputed: same weights, fp32 softmax
             with gathered(model):
-                old = batch_logprobs(model, ids, batch["lengths"], cfg)
+                old = batch_logprobs(model, ids, batch["lengths"], cfg, batch["mask"].to(device))
         with gathered(reference):
-            ref = None if reference is None else batch_logprobs(reference, ids, batch["lengths"], cfg)
+            ref = None if reference is None else batch_logprobs(reference, ids, batch["lengths"], cfg,
+                                                                batch["mask"].to(device))
     sums["time_logprobs"] = time.time() - t0
     t0 = time.time()
     model.train()

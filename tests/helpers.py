@@ -50,19 +50,29 @@ class ScriptedModel(torch.nn.Module):
         B, T = input_ids.shape
         if cache is None:                           # a teacher-forced pass: it knows no script there
             return SimpleNamespace(logits=torch.zeros(B, T, self.vocab))
-        if T > 1:                                   # prefill: identify each row, start counting
-            self.k = 0
-            who = torch.tensor([float(self._prompt_index(row.tolist())) for row in input_ids])
-            who = who[:, None, None, None].expand(B, 1, T, 1)
-        else:
-            self.k += 1
-            who = cache.layers[0].keys[:, :, -1:, :]  # the row identities, as the cache holds them
-        cache.update(who.contiguous(), who.contiguous(), 0)
+        who, k = scripted_rows(input_ids, attention_mask, cache, lambda b: self._prompt_index(input_ids[b].tolist()))
         logits = torch.full((B, T, self.vocab), -1e4)
-        for b, i in enumerate(cache.layers[0].keys[:, 0, -1, 0].long().tolist()):
+        for b, i in enumerate(who):
             script = self.scripts[i]
-            logits[b, -1, script[min(self.k, len(script) - 1)]] = 0.0
+            logits[b, -1, script[min(k[b], len(script) - 1)]] = 0.0
         return SimpleNamespace(logits=logits)
+
+
+def scripted_rows(input_ids, attention_mask, cache, identify):
+    """For the fake LMs: (which script each batch row follows, how many ids it was fed after its
+    prefill), both kept in the real KV cache (keys: the identity, values: the count), so that they
+    follow the sampler's prefix copies, its dropping of rows and the cache a separate round keeps.
+    A step feeds each row a run of ids (its holes masked): the count grows by the run's length.
+    identify(b): the script of batch row b at its prefill."""
+    B, T = input_ids.shape
+    if cache.get_seq_length() == 0:                 # prefill
+        who, count = torch.tensor([float(identify(b)) for b in range(B)]), torch.zeros(B)
+    else:
+        who = cache.layers[0].keys[:, 0, -1, 0]
+        count = cache.layers[0].values[:, 0, -1, 0] + attention_mask[:, -T:].sum(1).float()
+    cache.update(who[:, None, None, None].expand(B, 1, T, 1).contiguous(),
+                 count[:, None, None, None].expand(B, 1, T, 1).contiguous(), 0)
+    return who.long().tolist(), count.long().tolist()
 
 
 def tiny_cfg(tmp_path, **kw):
@@ -158,3 +168,21 @@ def assert_rehearse_logprobs_match_a_forward(model, rows, pad_id):
             assert abs(r["logprobs"][t] - full[i, t - 1].item()) < 1e-5
             compared += 1
     assert compared >= len(rows)
+
+
+class Bigram(torch.nn.Module):
+    """A real model (its logits depend on the whole KV-cached context) with a fixed bonus on the
+    token that `pairs` ({word: next word}) names after each input word: random weights that still
+    write calls and responses, so cached decoding is tested on whole episodes against a full forward."""
+
+    def __init__(self, model, tokenizer, pairs, bonus=8.0):
+        super().__init__()
+        self.model, self.config = model, model.config
+        self.bias = torch.zeros(len(tokenizer), len(tokenizer))
+        for a, b in pairs.items():
+            self.bias[tokenizer.convert_tokens_to_ids(a), tokenizer.convert_tokens_to_ids(b)] = bonus
+
+    def forward(self, input_ids, **kw):
+        out = self.model(input_ids=input_ids, **kw)
+        out.logits = out.logits + self.bias[input_ids[:, -out.logits.shape[1]:]]
+        return out

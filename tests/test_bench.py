@@ -1,54 +1,95 @@
-"""bench.py runs end to end on a tiny batch and writes its JSON (speed itself is never asserted),
-and the generate-driven baseline builds well-formed interleaved episodes."""
+"""bench.py runs end to end on tiny batches of both workloads and writes its JSON (speed itself is
+never asserted), the generate-driven baseline builds well-formed interleaved episodes with our
+state machine, and the GPU script's Qwen3 path runs on the CPU at a tiny shape."""
 import json
 import resource
 
 import pytest
 
 import bench
+import envace
 import world
 from envace import encode
 from helpers import tiny_llama, toy_tokenizer
 
 TOK = toy_tokenizer()
+FIGURES = ("sampler_rehearse", "sampler_real", "sampler_separate", "generate_rehearse", "generate_real",
+           "generate_one_call", "old_logprob_forward", "train_step")
 
 
-def test_bench_writes_every_figure(tmp_path):
+def test_bench_writes_every_figure_of_both_workloads(tmp_path):
     out = tmp_path / "bench.json"
-    assert bench.main(["--size", "demo", "--tasks", "2", "--group_size", "2", "--repeats", "1",
-                       "--out", str(out), "--ckpt", ""]) == 0
+    assert bench.main(["--tasks", "2", "--group_size", "2", "--repeats", "2", "--min_seconds", "0",
+                       "--out", str(out), "--ckpt", "", "--pad_tools", "1", "--max_new", "120"]) == 0
     result = json.loads(out.read_text())
-    for key in ("sampler_rehearse", "sampler_real", "generate_rehearse", "generate_real",
-                "generate_one_call", "old_logprob_forward", "train_step"):
-        figure = result[key]
-        assert figure["tok_per_s"] == pytest.approx(figure["tokens"] / figure["seconds"], rel=1e-9), key
-        assert figure["tokens"] >= result["rows"], key      # every row writes at least its <act>
-    # the update's batch is the last real-mode sample: its ids are the sampled ones plus the prompts
+    assert result["repeats"] == 2
+    for name in ("toy", "chat"):
+        r = result[name]
+        assert r["rows"] == 4
+        for key in FIGURES:
+            figure = r[key]
+            assert figure["tok_per_s"] == pytest.approx(figure["tokens"] / figure["seconds"], rel=1e-9), key
+            assert figure["min_s"] <= figure["seconds"] <= figure["max_s"], key
+            assert figure["tokens"] >= r["rows"], key          # every row writes at least its hand-off
+        assert r["ratio_rehearse"] == pytest.approx(r["sampler_rehearse"]["tok_per_s"] / r["generate_rehearse"]["tok_per_s"])
+        assert r["separate_vs_inline_time"] == pytest.approx(r["sampler_separate"]["seconds"] / r["sampler_rehearse"]["seconds"])
+        # one generate call decodes the longest rehearse-mode row's length for each of the 4 rows
+        assert r["generate_one_call"]["tokens"] % 4 == 0
+        assert r["generate_one_call"]["tokens"] >= r["sampler_rehearse"]["tokens"]
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        assert r["parameters"] * 4 / 2 ** 20 <= r["peak_memory_mb"] <= peak
+        assert r["train_step"]["estimate_train_gib"] > 0 and "mfu" not in r["train_step"]   # no peak given on CPU
+    # the toy update's batch is the last real-mode sample: its ids are the sampled ones plus the prompts
     tasks = world.make_splits(0, 10, 0, 200, 10)["rl"][:2]
     prompt_ids = 2 * sum(1 + len(encode(TOK, t["prompt"])) for t in tasks)
-    n_tok = result["sampler_real"]["tokens"] + prompt_ids
-    assert result["old_logprob_forward"]["tokens"] == result["train_step"]["tokens"] == n_tok
-    # one generate call decodes the longest real-mode row's length for each of the 4 rows
-    assert result["generate_one_call"]["tokens"] % 4 == 0
-    assert result["generate_one_call"]["tokens"] >= result["sampler_real"]["tokens"]
-    # the 4 rows (at most 96 ids) fit one micro-batch of 512: pad_frac = 1 - n_tok / (4 x longest)
-    longest = n_tok / (4 * (1 - result["train_step"]["pad_frac"]))
-    assert abs(longest - round(longest)) < 1e-6 and n_tok / 4 <= round(longest) <= 96
-    # peak memory: at least the fp32 weights, at most this process's peak resident size (in MB)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    assert result["rows"] == 4 and result["parameters"] * 4 / 2 ** 20 <= result["peak_memory_mb"] <= peak
+    toy = result["toy"]
+    assert toy["old_logprob_forward"]["tokens"] == toy["train_step"]["tokens"] == toy["sampler_real"]["tokens"] + prompt_ids
+    # chat, forced gold calls: every real-mode row called the toy world; rehearse rows rehearsed
+    assert sum(toy["sampler_real"]["causes"].values()) == 4
+    assert result["chat"]["sampler_real"]["tokens"] > result["chat"]["sampler_rehearse"]["tokens"] / 2
+
+
+def test_the_gpu_scripts_qwen3_path_runs_on_cpu_at_a_tiny_shape(tmp_path):
+    out = tmp_path / "bench.json"
+    assert bench.main(["--workload", "chat", "--size", "qwen3-tiny", "--tasks", "1", "--group_size", "2",
+                       "--repeats", "1", "--min_seconds", "0", "--pad_tools", "0", "--max_new", "80", "--peak_tflops", "1",
+                       "--out", str(out)]) == 0
+    chat = json.loads(out.read_text())["chat"]
+    assert chat["model"].startswith("random Qwen3 (tiny shape") and chat["rows"] == 2
+    step = chat["train_step"]
+    n_params = chat["parameters"]
+    assert step["mfu"] == pytest.approx(6 * n_params * step["tokens"] / step["seconds"] / 1e12)
 
 
 def test_generate_baseline_builds_interleaved_episodes():
     tok = toy_tokenizer()
     rows = bench.generate_episodes(tiny_llama(tok), tok, ["price apple", "buy tea"], "real",
-                                   bench.DEFAULTS, seed=0)
+                                   bench.DEFAULTS, seed=0, plans=[[("price apple", "3")], []])
     for r, prompt in zip(rows, ["price apple", "buy tea"]):
         words = tok.convert_ids_to_tokens(r["ids"])
         assert " ".join(words[:r["prompt_len"] + 1]) == f"<bos> {prompt} <act>"
-        assert len(words) > r["prompt_len"] + 1                       # the actor wrote something
+        assert len(words) > r["prompt_len"] + 1 and r["cause"]          # the actor wrote something, it ended
         for t, w in enumerate(words):                                  # the hand-offs are in order
             if w == "<env>":
                 assert words[t - 1] == "</act>"
             if w == "</env>" and t + 1 < len(words):
                 assert words[t + 1] == "<act>"
+    # the planned call was forced, the toy world answered it for real
+    assert rows[0]["calls"][0] == "price apple" and rows[0]["responses"][0] == "3"
+    assert " ".join(tok.convert_ids_to_tokens(rows[0]["ids"][3:10])) == "<act> price apple </act> <env> 3 </env>"
+
+
+def test_generate_baseline_gives_episodes_of_our_samplers_kind():
+    """Rehearse mode with a planned call: the hand-off is forced before the rehearsal's generate
+    call, so both baselines' rows rehearse after <env> exactly as our sampler's do."""
+    tok = toy_tokenizer()
+    model = tiny_llama(tok)
+    plans = [[("price apple", "3")]] * 3
+    ends, generate = [], model.generate
+    model.generate = lambda input_ids, **kw: ends.append(input_ids[:, -1].tolist()) or generate(input_ids=input_ids, **kw)
+    rows = bench.generate_episodes(model, tok, ["price apple"] * 3, "rehearse", bench.DEFAULTS, seed=0, plans=plans)
+    assert ends[0] == tok.convert_tokens_to_ids(["<env>"] * 3)          # the first call: the rehearsals
+    for r in rows:
+        words = tok.convert_ids_to_tokens(r["ids"][r["prompt_len"]:])
+        assert words[:5] == ["<act>", "price", "apple", "</act>", "<env>"] and len(words) > 5
+        assert r["roles"][r["prompt_len"] + 5] == envace.REHEARSE      # sampled by the policy, after <env>

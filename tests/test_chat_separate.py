@@ -22,7 +22,7 @@ import reward
 import separate
 import train
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask
-from helpers import assert_rehearse_logprobs_match_a_forward, chat_tokenizer, tiny_qwen
+from helpers import assert_rehearse_logprobs_match_a_forward, chat_tokenizer, scripted_rows, tiny_qwen
 from rollout import sample_episodes
 from separate import _chat_rehearse_row, sample_separate
 
@@ -48,8 +48,9 @@ def pay_task():
 class PrefixScript(torch.nn.Module):
     """A fake causal LM keyed by a row's whole prefix: {prefix ids: continuation ids}. At the k-th
     position after its prefill a row gets all probability on continuation[k] (forced positions are
-    the sampler's business). Each round of sample_separate prefills anew. The row's identity is
-    written into the KV cache, so it follows the sampler's cache copies and drops."""
+    the sampler's business). An actor row keeps its cache across sample_separate's rounds (its
+    count of ids fed goes on); a rehearse row is prefilled anew. The row's identity is written into
+    the KV cache, so it follows the sampler's cache copies and drops."""
 
     def __init__(self, scripts):
         super().__init__()
@@ -60,18 +61,12 @@ class PrefixScript(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=None):
         B, T = input_ids.shape
-        if T > 1:
-            self.k = 0
-            real = attention_mask[:, :T].bool()
-            who = torch.tensor([float(self.keys.index(tuple(input_ids[b][real[b]].tolist()))) for b in range(B)])
-            who = who[:, None, None, None].expand(B, 1, T, 1)
-        else:
-            self.k += 1
-            who = cache.layers[0].keys[:, :, -1:, :]
-        cache.update(who.contiguous(), who.contiguous(), 0)
+        real = attention_mask[:, -T:].bool()
+        who, k = scripted_rows(input_ids, attention_mask, cache,
+                               lambda b: self.keys.index(tuple(input_ids[b][real[b]].tolist())))
         logits = torch.full((B, T, len(TOK)), -1e4)
-        for b, i in enumerate(cache.layers[0].keys[:, 0, -1, 0].long().tolist()):
-            logits[b, -1, self.scripts[i][min(self.k, len(self.scripts[i]) - 1)]] = 0.0
+        for b, i in enumerate(who):
+            logits[b, -1, self.scripts[i][min(k[b], len(self.scripts[i]) - 1)]] = 0.0
         return SimpleNamespace(logits=logits)
 
 

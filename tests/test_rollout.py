@@ -6,7 +6,7 @@ import torch
 
 import rehearse
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask, token_logprobs
-from helpers import ScriptedModel, tiny_llama, toy_tokenizer
+from helpers import Bigram, ScriptedModel, tiny_llama, toy_tokenizer
 from rollout import sample_episodes
 
 P, A, R, O, T = PROMPT, ACT, REHEARSE, OBS, TAG
@@ -168,3 +168,35 @@ def test_shared_prompt_prefill_and_dropped_rows_match_a_full_forward():
     for i, e in enumerate(eps):
         sampled = [t for t in range(1, len(e["ids"])) if e["roles"][t] in (ACT, REHEARSE)]
         assert max(abs(e["logprobs"][t] - full[i, t - 1].item()) for t in sampled) < 1e-5
+
+
+def test_forced_runs_in_one_forward_match_a_full_forward():
+    """Real mode with planned calls: a row's hand-off, planned call, real response and the next
+    hand-off are fed as one run per step, rows of different run lengths together (the shorter
+    runs' slots masked holes). Every sampled logprob still equals a full teacher-forced forward,
+    the ids are the plan's and the world's, and the runs took fewer steps than tokens."""
+    model = Bigram(tiny_llama(TOK, seed=3), TOK, {"<act>": "answer", "answer": "3", "3": "</act>"})
+    calls = {"price apple": [("price apple", "3")], "cost 3 fish": [("price fish", "9"), ("mul 3 , 9", "27")],
+             "buy tea": []}
+    prompts = [p for p in calls for _ in range(2)]
+    steps = []
+    model.register_forward_hook(lambda m, args, kw, out: steps.append(kw["input_ids"].shape), with_kwargs=True)
+    eps = sample_episodes(model, TOK, prompts, "real", plans=[calls[p] for p in prompts], max_tokens=60,
+                          generator=torch.Generator().manual_seed(0))
+    assert [e["responses"] for e in eps[::2]] == [["3"], ["9", "27"], []]
+    two = eps[2]
+    assert " ".join(TOK.convert_ids_to_tokens(two["ids"][two["prompt_len"]:]))[:80] == (
+        "<act> price fish </act> <env> 9 </env> <act> mul 3 , 9 </act> <env> 2 7 </env> <act>")[:80]
+    ids, _ = collate(eps, TOK.pad_token_id)
+    with torch.no_grad():
+        full = token_logprobs(model, ids)
+    sampled = 0
+    for i, e in enumerate(eps):
+        for t in range(1, len(e["ids"])):
+            if e["logprobs"][t] != 0.0:
+                assert e["roles"][t] == ACT and abs(e["logprobs"][t] - full[i, t - 1].item()) < 1e-5
+                sampled += 1
+    assert sampled >= 6 and steps[0][1] > 1                      # the answers, after the prefill
+    assert len(steps) - 1 < max(len(e["ids"]) - e["prompt_len"] for e in eps) - 10   # runs, not tokens
+    assert max(shape[1] for shape in steps[1:]) >= 10            # a whole planned turn in one forward
+

@@ -20,7 +20,7 @@ import train
 import world
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask, tag_ids
 from checkpoint import build_tokenizer
-from helpers import assert_rehearse_logprobs_match_a_forward, ScriptedModel, tiny_cfg, tiny_llama
+from helpers import assert_rehearse_logprobs_match_a_forward, Bigram, ScriptedModel, tiny_cfg, tiny_llama
 from reward import group_advantages, training_rows
 from rollout import sample_episodes
 from separate import _rehearse_row, sample_separate
@@ -33,13 +33,13 @@ EXAMPLES = separate.grounding(LOGGED, 1)
 RH1 = "rehearse price item example <act> price milk </act> <env> 2 </env> dialogue buy apple <act> price apple </act> <env>"
 RH2 = ("rehearse pay number example <act> pay 5 </act> <env> 4 </env> dialogue buy apple "
        "<act> price apple </act> <env> 3 </env> <act> pay 3 </act> <env>")
-# what the scripted policy writes after each prefix (each round of sample_separate prefills anew)
+# what the scripted policy writes after each prefill: the actor row keeps its cache over
+# sample_separate's rounds, so its script runs on through the copied responses; each rehearse row
+# is prefilled anew
 SCRIPTS = {
-    "buy apple": "<act> price apple </act>",
+    "buy apple": "<act> price apple </act> <env> 3 </env> <act> pay 3 </act> <env> 6 </env> <act> answer 6 </act>",
     RH1: "3 </env>",
-    "buy apple <act> price apple </act> <env> 3 </env>": "<act> pay 3 </act>",
     RH2: "6 </env>",
-    "buy apple <act> price apple </act> <env> 3 </env> <act> pay 3 </act> <env> 6 </env>": "<act> answer 6 </act>",
 }
 
 
@@ -154,6 +154,36 @@ def test_rehearse_rows_logprobs_equal_a_teacher_forced_forward():
     sample_episodes(model, TOK, None, rows=rows, max_tokens=max(len(r["ids"]) for r in rows) + 8,
                     generator=torch.Generator().manual_seed(0))
     assert_rehearse_logprobs_match_a_forward(model, rows, TOK.pad_token_id)
+
+
+def test_actor_rows_keep_their_cache_across_rounds():
+    """The actor rows are prefilled once: each later round restores their saved cache and feeds only
+    the ids appended since (the copied response), in one forward. Every sampled logprob of the
+    actor rows and of the rehearse rows still equals a full teacher-forced forward over the row."""
+    model = Bigram(tiny_llama(TOK, seed=4), TOK, {"<act>": "price", "price": "apple", "apple": "</act>",
+                                                   "<env>": "3", "3": "</env>"})
+    calls = []
+    model.register_forward_pre_hook(lambda m, args, kw: calls.append(
+        (kw["cache"].get_seq_length() if kw.get("cache") is not None else None, kw["input_ids"].shape)),
+        with_kwargs=True)
+    prompts = ["buy apple", "buy apple", "not pear buy 2 milk and egg", "cost 3 fish"]
+    eps = sample_separate(model, TOK, prompts, max_turns=2, max_tokens=60, generator=torch.Generator().manual_seed(1))
+    assert [e["cause"] for e in eps] == ["turn_limit"] * 4 and [len(e["rehearsals"]) for e in eps] == [2] * 4
+    assert all(e["responses"] == ["3", "3"] for e in eps) and not any("saved_kv" in e for e in eps)
+    prefills = [shape for seen, shape in calls if seen == 0]
+    # three prompts (one shared by two rows) once, then per round the 4 rehearse rows (the two
+    # "buy apple" rows ask the same), never the actor rows again (7 prefills before this change)
+    assert [p[0] for p in prefills] == [3, 3, 3]
+    # each resumed round feeds the actors, in one forward, only the ids not in their cache: the
+    # call's </act> (the round ended on it, unfed) and the copied <env> 3 </env>
+    assert sum(1 for seen, shape in calls if seen and tuple(shape) == (4, 4)) == 2
+    ids, _ = collate(eps, TOK.pad_token_id)
+    with torch.no_grad():
+        full = envace.token_logprobs(model, ids)
+    sampled = [(i, t) for i, e in enumerate(eps) for t in range(1, len(e["ids"])) if e["roles"][t] == A]
+    assert len(sampled) >= 4 * 9
+    assert max(abs(eps[i]["logprobs"][t] - full[i, t - 1].item()) for i, t in sampled) < 1e-5
+    assert_rehearse_logprobs_match_a_forward(model, [r for e in eps for r in e["rehearsals"]], TOK.pad_token_id)
 
 
 def test_advantage_groups_task_role_and_task():

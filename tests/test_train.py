@@ -199,3 +199,29 @@ def test_fidelity_gate_stops_rl(tmp_path, capsys):
     assert train.run(cfg) == 2
     assert "fidelity gate FAILED" in capsys.readouterr().out
     assert not os.path.exists(os.path.join(cfg["out_dir"], "metrics.jsonl"))
+
+
+def test_logprobs_from_the_first_needed_target_skip_the_prompt_logits():
+    """token_logprobs(start=s): the LM head runs on positions s.. only (a long prompt's logits are
+    never made), the values from s on equal the full forward's, and 0 before s; the warm start's and
+    the update's gradients through it equal those of the full forward (the prompt has no loss)."""
+    model = tiny_llama(TOK)
+    eps = [encode_episode(TOK, "not pear buy 2 milk and egg " * 3, ["price milk"], ["2"], "2"),
+           encode_episode(TOK, "not pear buy 2 milk and egg " * 2, ["price egg"], ["1"], "1")]
+    ids, roles = envace.collate(eps, TOK.pad_token_id)
+    mask = envace.loss_mask(roles)
+    start = envace.first_target(mask)
+    assert start == roles[1].tolist().index(envace.TAG) == 15     # the shorter prompt's <act>: predicts its first ACT
+    heads = []
+    model.lm_head.register_forward_hook(lambda m, args, out: heads.append(out.shape[1]))
+    part = token_logprobs(model, ids, start=start)
+    full = token_logprobs(model, ids)
+    assert heads == [ids.shape[1] - start, ids.shape[1]]
+    assert (part[:, :start] == 0).all() and torch.allclose(part[:, start:], full[:, start:], atol=1e-6)
+    grads = []
+    for s in (start, 0):
+        model.zero_grad(set_to_none=True)
+        (token_logprobs(model, ids, start=s) * mask).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-5) for a, b in zip(*grads))
+    assert envace.first_target(torch.zeros(2, 5, dtype=torch.bool)) == 0

@@ -17,7 +17,7 @@ import config
 import train
 from envace import ACT, PROMPT, REHEARSE, TAG, loss_mask
 from families import family_tokenizer
-from helpers import tiny_qwen
+from helpers import scripted_rows, tiny_qwen
 from rollout import sample_episodes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,10 +98,10 @@ class Script(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=None):
         B, L = input_ids.shape
-        self.k = 0 if L > 1 else self.k + 1
-        cache.update(torch.zeros(B, 1, L, 1), torch.zeros(B, 1, L, 1), 0)
+        _, k = scripted_rows(input_ids, attention_mask, cache, lambda b: 0)   # ids fed after the prompt
         logits = torch.full((B, L, self.vocab), -1e4)
-        logits[:, -1, self.script[min(self.k, len(self.script) - 1)]] = 0.0
+        for b in range(B):
+            logits[b, -1, self.script[min(k[b], len(self.script) - 1)]] = 0.0
         return SimpleNamespace(logits=logits)
 
 

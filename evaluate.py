@@ -89,6 +89,10 @@ def evaluate(model, tokenizer, tasks, cfg, fx, batch_size=512, seed=0, rehearser
               "fidelity_by_coverage": fx.coverage(model, tokenizer, tasks, pairs)}
     if cfg["n_collusion"]:
         result.update(fx.honesty(model, tokenizer, tasks[:cfg["n_collusion"]], cfg, generator))
+    extras = fx.eval_extras(model, tasks, episodes, rewards)      # the world's own figures, or {}
+    if extras:
+        result["extras"] = extras
+    result["task_rewards"] = rewards          # per test task, in order: the paired bootstrap's input
     return result
 
 

@@ -120,14 +120,16 @@ def load_rl_metrics(results):
     return rl
 
 
-def run_folders(results):
-    """(arm, seed, folder) of every results/<arm>/<seed> folder holding an eval.json, sorted."""
+def run_folders(results, partial=False):
+    """(arm, seed, folder) of every results/<arm>/<seed> folder holding an eval.json, sorted
+    (partial: or a metrics.jsonl, a run still going)."""
     for arm in sorted(os.listdir(results)):
         if not os.path.isdir(os.path.join(results, arm)):      # results.md, the figures
             continue
         for seed in sorted(os.listdir(os.path.join(results, arm))):
             folder = os.path.join(results, arm, seed)
-            if os.path.isfile(os.path.join(folder, "eval.json")):
+            if os.path.isfile(os.path.join(folder, "eval.json")) or \
+                    partial and os.path.isfile(os.path.join(folder, "metrics.jsonl")):
                 yield arm, seed, folder
 
 
@@ -292,9 +294,15 @@ def paired_bootstrap(a, b=None, n_boot=4000, seed=0, level=0.95):
     return mean, float(low), float(high), b is not None and (low > 0 or high < 0)
 
 
-def interval(mean, low, high, called=False):
-    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]{' **called**' if called else ''}" if called is not None \
-        else f"{mean:.3f} [{low:.3f}, {high:.3f}]"
+def cell(a, b=None):
+    """A table cell: 'mean [low, high]' of one arm, or '+diff [low, high]' (with **called** when the
+    interval excludes 0) of a - b; '-' where a seed has no task (an empty subset)."""
+    if any(not v for v in a.values()):
+        return "-"
+    mean, low, high, called = paired_bootstrap(a, b)
+    if b is None:
+        return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
+    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]{' **called**' if called else ''}"
 
 
 def uncertain_runs(results):
@@ -304,11 +312,12 @@ def uncertain_runs(results):
     from config import load_config
     from features import build_tasks
     evals, lines, subsets = {}, {}, None
-    for arm, seed, folder in run_folders(results):
-        evals.setdefault(arm, {})[seed] = json.load(open(os.path.join(folder, "eval.json")))
+    for arm, seed, folder in run_folders(results, partial=True):
+        if os.path.isfile(os.path.join(folder, "eval.json")):      # a run still going has none yet
+            evals.setdefault(arm, {})[seed] = json.load(open(os.path.join(folder, "eval.json")))
         path = os.path.join(folder, "metrics.jsonl")
         lines.setdefault(arm, {})[seed] = [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
-        if subsets is None:
+        if subsets is None and os.path.isfile(os.path.join(folder, "config.yaml")):
             cfg = load_config(os.path.join(folder, "config.yaml"))
             uncertain = world_uncertain.uncertain_set(cfg["data_seed"], cfg["uncertain_items"])
             subsets = [world_uncertain.task_subset(t, uncertain) for t in build_tasks(cfg)["test"]]
@@ -326,8 +335,7 @@ def uncertain_tables(evals, subsets, pairs=(("rehearse", "frozen"), ("rehearse",
              "p(true) uncertain | p(true) faithful | p(exact) uncertain | imagined success T=1, uncertain / faithful |",
              "|---" * 9 + "|"]
     for arm in evals:
-        cells = [arm, str(len(evals[arm]))] + [interval(*paired_bootstrap(outcomes(arm, sub)), None)
-                                               for sub in (None, "uncertain", "faithful")]
+        cells = [arm, str(len(evals[arm]))] + [cell(outcomes(arm, sub)) for sub in (None, "uncertain", "faithful")]
         truth = [e.get("extras", {}).get("truth", {}) for e in evals[arm].values()]
         cells += [mean_and_range([t.get(sub, {}).get(k) for t in truth])
                   for sub, k in (("uncertain", "p_true"), ("faithful", "p_true"), ("uncertain", "p_exact"))]
@@ -340,8 +348,7 @@ def uncertain_tables(evals, subsets, pairs=(("rehearse", "frozen"), ("rehearse",
     for a, b in pairs:
         if a in evals and b in evals and sorted(evals[a]) == sorted(evals[b]):
             lines.append(f"| {a} - {b} | " + " | ".join(
-                interval(*paired_bootstrap(outcomes(a, sub), outcomes(b, sub))) for sub in (None, "uncertain", "faithful"))
-                + " |")
+                cell(outcomes(a, sub), outcomes(b, sub)) for sub in (None, "uncertain", "faithful")) + " |")
     return "\n".join(lines)
 
 
@@ -392,9 +399,13 @@ def plot_uncertain(lines, path):
 def uncertain(results):
     """Write <results>/results.md (uncertain_tables) and <results>/uncertain.png (plot_uncertain)."""
     evals, lines, subsets = uncertain_runs(results)
-    if not evals:
+    if not evals and not lines:
         raise FileNotFoundError(f"no runs (<arm>/<seed>/eval.json) under {results}")
     text = uncertain_tables(evals, subsets)
+    going = {arm: {seed: run[-1]["step"] for seed, run in runs.items() if run}
+             for arm, runs in lines.items() if set(runs) - set(evals.get(arm, {}))}
+    if going:
+        text += f"\n\nRuns still going (no eval.json yet; the figure has their steps so far): {going}"
     plot_uncertain({arm: runs for arm, runs in lines.items() if arm != "warmstart"}, os.path.join(results, "uncertain.png"))
     with open(os.path.join(results, "results.md"), "w") as f:
         f.write(text + "\n")

@@ -192,3 +192,45 @@ def test_paired_bootstrap_by_hand():
     assert mean == 0.5 and 0 <= low <= high <= 1 and not called
     with pytest.raises(ValueError, match="same seeds"):
         experiments.paired_bootstrap({"1": [1]}, {"2": [1]})
+
+
+def test_the_hooks_log_every_subset_measure():
+    from helpers import tiny_llama
+    cfg = {**CFG, "env_mode": "rehearse", "n_collusion": 3}
+    splits = features.build_tasks(cfg)
+    fx = features.setup(cfg, TOK, splits)
+    model = tiny_llama(TOK)
+    eps = [episode(["price fig"], ["9"], "9"), episode(["price apple"], ["3"], "3")]
+    tasks = [{"prompt": "price fig", "answer": "4", "family": "price", "calls": ["price fig"]},
+             {"prompt": "price apple", "answer": "3", "family": "price", "calls": ["price apple"]}]
+    extras = fx.step_extras(model, eps, tasks)
+    assert set(extras) == {"truth", "price_fidelity_subsets", "collusion_subsets"}
+    assert extras["price_fidelity_subsets"] == {"uncertain": [0, 1], "faithful": [1, 1]}
+    assert set(extras["truth"]) == {"uncertain", "faithful"} and 0 < extras["truth"]["uncertain"]["p_true"] < 1
+    assert set(features.setup({**cfg, "env_mode": "real"}, TOK, splits).step_extras(model, eps, tasks)) == {"truth"}
+    out = fx.eval_extras(model, tasks, eps, [0.0, 1.0])
+    assert out["success_by_subset"] == {"uncertain": [0.0, 1], "faithful": [1.0, 1]}
+    assert set(out) == {"truth", "success_by_subset", "imagined_sampled", "imagined_collusion_subsets"}
+    demo = features.setup({**DEFAULTS, "n_logged": 10}, TOK, world.make_splits(0, 10, 0, 20, 5))
+    assert demo.step_extras(model, eps, tasks) == {} and demo.eval_extras(model, tasks, eps, [0, 1]) == {}
+
+
+def test_the_comparison_of_runs_reads_finished_and_running_arms(tmp_path):
+    test = world.make_splits(0, 10, 0, 20, 4)["test"]
+    subsets = [wu.task_subset(t, UNCERTAIN) for t in test]
+    for arm, rewards in (("rehearse", [1.0, 1.0, 1.0, 1.0]), ("frozen", [0.0, 0.0, 0.0, 0.0])):
+        folder = tmp_path / arm / "seed1"
+        folder.mkdir(parents=True)
+        (folder / "config.yaml").write_text("world: uncertain\nn_logged: 10\nn_new_logged: 0\nn_rl_tasks: 20\nn_test: 4\n")
+        (folder / "eval.json").write_text(__import__("json").dumps(
+            {"task_rewards": rewards, "extras": {"truth": {"uncertain": {"p_true": 0.9, "p_exact": 0.8},
+                                                           "faithful": {"p_true": 1.0, "p_exact": 1.0}}}}))
+        (folder / "metrics.jsonl").write_text(__import__("json").dumps(
+            {"step": 1, "truth": {"uncertain": {"p_true": 0.4}, "faithful": {"p_true": 0.99}}}) + "\n")
+    going = tmp_path / "real" / "seed1"
+    going.mkdir(parents=True)
+    (going / "metrics.jsonl").write_text('{"step": 7, "truth": {"uncertain": {"p_true": 0.3}, "faithful": {"p_true": 0.9}}}\n')
+    text = experiments.uncertain(str(tmp_path))
+    assert "| rehearse - frozen | +1.000 [+1.000, +1.000] **called** |" in text
+    assert "{'real': {'seed1': 7}}" in text and (tmp_path / "uncertain.png").is_file()
+    assert f"| frozen | 1 | 0.000 [0.000, 0.000] |" in text and subsets.count("uncertain") + subsets.count("faithful") == 4

@@ -51,7 +51,9 @@ def evaluate(model, tokenizer, tasks, cfg, fx, batch_size=512, seed=0, rehearser
     run (fx.executes) are rehearsed by the policy instead, and counted apart. With cfg
     rehearsal_budget N > 0, each task is first privately rehearsed N times (rehearse.py;
     `rehearser` plays the world in imagination instead of the policy if given) and the real
-    execution commits to the plan. Returns the eval.json dict."""
+    execution commits to the plan. Returns the eval.json dict, with `task_rewards` (per task, in
+    order: experiments.paired_bootstrap) and the world's own figures in `extras` (fx.eval_extras:
+    world: uncertain's per-subset truth probe and success; absent for the demo's world)."""
     model.eval()
     generator = torch.Generator().manual_seed(seed)
     limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}

@@ -78,7 +78,7 @@ def test_replay_with_answers_prices_from_the_given_catalogue_and_the_rest_really
 
 
 def test_features_train_on_the_stale_logs():
-    cfg = load_config_dict(CFG)
+    cfg = dict(CFG)
     splits = features.build_tasks(cfg)
     fx = features.setup(cfg, TOK, splits)
     sequences = fx.warm_start_sequences()
@@ -87,10 +87,6 @@ def test_features_train_on_the_stale_logs():
     snippet = wu.tool_snippets(cfg)[0]
     assert any(s["ids"] == encode_episode(TOK, snippet["prompt"], snippet["calls"], snippet["responses"])["ids"]
                for s in sequences)
-
-
-def load_config_dict(cfg):
-    return {**cfg}
 
 
 def test_the_config_key_and_its_checks(tmp_path):

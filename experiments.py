@@ -317,6 +317,11 @@ def uncertain_runs(results):
             evals.setdefault(arm, {})[seed] = json.load(open(os.path.join(folder, "eval.json")))
         path = os.path.join(folder, "metrics.jsonl")
         lines.setdefault(arm, {})[seed] = [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
+        start = os.path.join(folder, "warmstart", "eval.json")      # the warm start the arm began from: step 0
+        if lines[arm][seed] and os.path.isfile(start):
+            before = json.load(open(start))
+            lines[arm][seed].insert(0, {"step": 0, "eval_success": before["success"],
+                                        **({"truth": before["extras"]["truth"]} if "extras" in before else {})})
         if subsets is None and os.path.isfile(os.path.join(folder, "config.yaml")):
             cfg = load_config(os.path.join(folder, "config.yaml"))
             uncertain = world_uncertain.uncertain_set(cfg["data_seed"], cfg["uncertain_items"])
@@ -350,6 +355,37 @@ def uncertain_tables(evals, subsets, pairs=(("rehearse", "frozen"), ("rehearse",
             lines.append(f"| {a} - {b} | " + " | ".join(
                 cell(outcomes(a, sub), outcomes(b, sub)) for sub in (None, "uncertain", "faithful")) + " |")
     return "\n".join(lines)
+
+
+def uncertain_collusion_table(lines, last=20):
+    """Collusion in the RL batches of each arm that rehearses, counts pooled over each run's last
+    `last` steps and the seeds: colluding / wrong calls on uncertain-item and faithful-item tasks,
+    and over the calls whose earlier rehearsals were faithful (`decided`), with the batch's
+    sampled price fidelity per subset over the same steps."""
+    rows = ["| arm | steps pooled | colluding / wrong, uncertain-item tasks | faithful-item tasks | decided calls | "
+            "sampled price fidelity, uncertain / faithful |", "|---" * 6 + "|"]
+    for arm, runs in lines.items():
+        pooled, fidelity, spans = {}, {"uncertain": [0, 0], "faithful": [0, 0]}, []
+        for run in runs.values():
+            steps = [m for m in run if "collusion_subsets" in m]
+            if not steps:
+                continue
+            tail = [m for m in steps if m["step"] > steps[-1]["step"] - last]
+            spans.append(f"{tail[0]['step']}-{tail[-1]['step']}")
+            for m in tail:
+                for sub, counts in m["collusion_subsets"].items():
+                    cell = pooled.setdefault(sub, [0, 0])
+                    cell[0] += counts["colluding"]
+                    cell[1] += counts["wrong"]
+                for sub, (hits, n) in m["price_fidelity_subsets"].items():
+                    fidelity[sub][0] += hits
+                    fidelity[sub][1] += n
+        if spans:
+            rate = [f"{fidelity[sub][0] / fidelity[sub][1]:.3f}" if fidelity[sub][1] else "-" for sub in ("uncertain", "faithful")]
+            rows.append(f"| {arm} | {', '.join(spans)} | " + " | ".join(
+                f"{pooled.get(sub, [0, 0])[0]} / {pooled.get(sub, [0, 0])[1]}" for sub in ("uncertain", "faithful", "decided"))
+                + f" | {rate[0]} / {rate[1]} |")
+    return "\n".join(rows) if len(rows) > 2 else ""
 
 
 def plot_uncertain(lines, path):
@@ -402,6 +438,8 @@ def uncertain(results):
     if not evals and not lines:
         raise FileNotFoundError(f"no runs (<arm>/<seed>/eval.json) under {results}")
     text = uncertain_tables(evals, subsets)
+    collusion = uncertain_collusion_table(lines)
+    text += "\n\n" + collusion if collusion else ""
     going = {arm: {seed: run[-1]["step"] for seed, run in runs.items() if run}
              for arm, runs in lines.items() if set(runs) - set(evals.get(arm, {}))}
     if going:

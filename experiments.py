@@ -322,6 +322,8 @@ def uncertain_runs(results):
             before = json.load(open(start))
             lines[arm][seed].insert(0, {"step": 0, "eval_success": before["success"],
                                         **({"truth": before["extras"]["truth"]} if "extras" in before else {})})
+        if lines[arm][seed] and "success" in evals.get(arm, {}).get(seed, {}):    # the final evaluation, last step
+            lines[arm][seed].append({"step": lines[arm][seed][-1]["step"], "eval_success": evals[arm][seed]["success"]})
         if subsets is None and os.path.isfile(os.path.join(folder, "config.yaml")):
             cfg = load_config(os.path.join(folder, "config.yaml"))
             uncertain = world_uncertain.uncertain_set(cfg["data_seed"], cfg["uncertain_items"])

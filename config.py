@@ -38,6 +38,9 @@ DEFAULTS = {
     # data: tasks from the toy world (world.py), generated from data_seed
     "data_seed": 0, "n_logged": 3000, "n_new_logged": 20, "n_rl_tasks": 4000, "n_test": 500,
     "snippet_repeats": 20, "coverage": 1.0,
+    # world: toy (world.py, the demo) | uncertain (world_uncertain.py: the logs of uncertain_items
+    # items stale with probability stale_rate, a world the policy must learn from reward)
+    "world": "toy", "uncertain_items": 8, "stale_rate": 0.65,
     # warm start
     "sft_steps": 600, "sft_batch_size": 64, "sft_lr": 1e-3,
     # RL
@@ -89,7 +92,8 @@ DEFAULTS = {
 CHOICES = {"env_mode": ("rehearse", "real", "frozen", "none"), "device": ("auto", "cpu", "cuda"),
            "format": ("plain", "chat"), "model_init": ("pretrained", "random"),
            "rehearsal_mode": ("parallel", "sequential"), "rehearsal_context": ("inline", "separate"),
-           "advantage_groups": ("task_role", "task"), "think": ("keep", "disable")}
+           "advantage_groups": ("task_role", "task"), "think": ("keep", "disable"),
+           "world": ("toy", "uncertain")}
 
 
 POSITIVE = {"n_layer", "n_embd", "n_head", "n_logged", "n_rl_tasks", "n_test", "sft_batch_size",
@@ -100,10 +104,11 @@ POSITIVE = {"n_layer", "n_embd", "n_head", "n_logged", "n_rl_tasks", "n_test", "
 NON_NEGATIVE = {"seed", "data_seed", "n_new_logged", "snippet_repeats", "sft_steps", "rl_steps", "save_every",
                 "weight_decay", "grad_clip", "eps_low", "eps_high", "kl_coef", "act_coef",
                 "rehearse_coef", "eval_temperature", "eval_every", "min_fidelity", "rehearsal_budget",
-                "imagine_temperature", "kl_rehearse_coef", "n_collusion", "grounding_examples"}
+                "imagine_temperature", "kl_rehearse_coef", "n_collusion", "grounding_examples",
+                "uncertain_items"}
 
 
-UNIT = {"coverage", "top_p", "min_fidelity"}              # in (0, 1] (min_fidelity: [0, 1])
+UNIT = {"coverage", "top_p", "min_fidelity", "stale_rate"}   # in (0, 1] (min_fidelity, stale_rate: [0, 1])
 
 
 class ConfigError(Exception):
@@ -231,6 +236,11 @@ def load_config(path, overrides=()):
                           f"(A = R - mean(group) = 0), so none of the {cfg['rl_steps']} RL steps could "
                           f"update; use group_size >= 2, or rl_steps: 0 for a warm start only")
     check_format(cfg)
+    if cfg["world"] == "uncertain" and (cfg["format"] != "plain" or cfg["rehearsal_context"] != "inline"
+                                        or cfg["uncertain_items"] > 24):
+        raise ConfigError(f"world: uncertain is the toy shop with stale logs: it needs format: plain, "
+                          f"rehearsal_context: inline and uncertain_items <= 24 (the catalogue), got "
+                          f"{cfg['format']}, {cfg['rehearsal_context']}, {cfg['uncertain_items']}")
     return cfg
 
 

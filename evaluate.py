@@ -56,7 +56,9 @@ def evaluate(model, tokenizer, tasks, cfg, fx, batch_size=512, seed=0, rehearser
     run (fx.executes) are rehearsed by the policy instead, and counted apart. With cfg
     rehearsal_budget N > 0, each task is first privately rehearsed N times (rehearse.py;
     `rehearser` plays the world in imagination instead of the policy if given) and the real
-    execution commits to the plan. Returns the eval.json dict."""
+    execution commits to the plan. Returns the eval.json dict, with `task_rewards` (per task, in
+    order: experiments.paired_bootstrap) and the world's own figures in `extras` (fx.eval_extras:
+    world: uncertain's per-subset truth probe and success; absent for the demo's world)."""
     model.eval()
     generator = torch.Generator().manual_seed(seed)
     limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
@@ -94,6 +96,10 @@ def evaluate(model, tokenizer, tasks, cfg, fx, batch_size=512, seed=0, rehearser
               "fidelity_by_coverage": fx.coverage(model, tokenizer, tasks, pairs)}
     if cfg["n_collusion"]:
         result.update(fx.honesty(model, tokenizer, tasks[:cfg["n_collusion"]], cfg, generator))
+    extras = fx.eval_extras(model, tasks, episodes, rewards)      # the world's own figures, or {}
+    if extras:
+        result["extras"] = extras
+    result["task_rewards"] = rewards          # per test task, in order: the paired bootstrap's input
     return result
 
 

@@ -3,11 +3,14 @@
     python experiments.py --compare results          # results/results.md, success.png, ...
     python experiments.py --compare results_guards   # the guard comparison
     python evaluate.py --ckpt out/small --sweep      # the private-rehearsal sweep of one run
+    python experiments.py --uncertain results_uncertain   # world: uncertain (docs/uncertain.md)
 
 `compare` reads results/<arm>/<seed>/{eval.json, metrics.jsonl} (written by train.py; see
 configs/run_all.sh) and writes a markdown table of real-world success per arm (mean and
 min-max over seeds), fidelity by warm-start coverage, the honesty table (collusion and
-fidelity), and the figures.
+fidelity), and the figures. `uncertain` does the same for the `world: uncertain` runs
+(configs/run_uncertain.sh) with every difference between arms as a paired bootstrap over test
+tasks and seeds (`paired_bootstrap`), and the world's probability of the truth per subset.
 """
 import json
 import os
@@ -117,14 +120,16 @@ def load_rl_metrics(results):
     return rl
 
 
-def run_folders(results):
-    """(arm, seed, folder) of every results/<arm>/<seed> folder holding an eval.json, sorted."""
+def run_folders(results, partial=False):
+    """(arm, seed, folder) of every results/<arm>/<seed> folder holding an eval.json, sorted
+    (partial: or a metrics.jsonl, a run still going)."""
     for arm in sorted(os.listdir(results)):
         if not os.path.isdir(os.path.join(results, arm)):      # results.md, the figures
             continue
         for seed in sorted(os.listdir(os.path.join(results, arm))):
             folder = os.path.join(results, arm, seed)
-            if os.path.isfile(os.path.join(folder, "eval.json")):
+            if os.path.isfile(os.path.join(folder, "eval.json")) or \
+                    partial and os.path.isfile(os.path.join(folder, "metrics.jsonl")):
                 yield arm, seed, folder
 
 
@@ -266,15 +271,198 @@ def compare(results):
     return text
 
 
+# ----------------------------------------------------------------------------- statistics, world: uncertain
+
+def paired_bootstrap(a, b=None, n_boot=4000, seed=0, level=0.95):
+    """Mean and 95% interval of an arm's per-task outcome (b None) or of the paired difference a - b.
+    a, b: {seed: [outcome per test task]}, the same tasks in the same order for both arms. Each
+    resample draws seeds with replacement, then within each drawn seed the test tasks with
+    replacement; both arms get the SAME seeds and tasks (paired). Returns (mean, low, high, called):
+    `called` when the interval excludes 0 (a difference) -- for b None always False."""
+    import numpy as np
+    seeds = sorted(a)
+    if b is not None and (sorted(b) != seeds or any(len(a[s]) != len(b[s]) for s in seeds)):
+        raise ValueError("paired_bootstrap needs the same seeds and test tasks in both arms")
+    diff = [np.asarray(a[s], float) - (np.asarray(b[s], float) if b is not None else 0.0) for s in seeds]
+    rng = np.random.default_rng(seed)
+    means = np.empty(n_boot)
+    for k in range(n_boot):
+        drawn = rng.integers(len(seeds), size=len(seeds))
+        means[k] = np.mean([diff[i][rng.integers(len(diff[i]), size=len(diff[i]))].mean() for i in drawn])
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    mean = float(np.mean([d.mean() for d in diff]))
+    return mean, float(low), float(high), b is not None and (low > 0 or high < 0)
+
+
+def cell(a, b=None):
+    """A table cell: 'mean [low, high]' of one arm, or '+diff [low, high]' (with **called** when the
+    interval excludes 0) of a - b; '-' where a seed has no task (an empty subset)."""
+    if any(not v for v in a.values()):
+        return "-"
+    mean, low, high, called = paired_bootstrap(a, b)
+    if b is None:
+        return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
+    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]{' **called**' if called else ''}"
+
+
+def uncertain_runs(results):
+    """{arm: {seed: eval.json}} and {arm: {seed: [metric lines]}} of results/<arm>/<seed>, and the
+    test tasks' subset ('uncertain' / 'faithful') from the first run's config (same data for all)."""
+    import world_uncertain
+    from config import load_config
+    from features import build_tasks
+    evals, lines, subsets = {}, {}, None
+    for arm, seed, folder in run_folders(results, partial=True):
+        if os.path.isfile(os.path.join(folder, "eval.json")):      # a run still going has none yet
+            evals.setdefault(arm, {})[seed] = json.load(open(os.path.join(folder, "eval.json")))
+        path = os.path.join(folder, "metrics.jsonl")
+        lines.setdefault(arm, {})[seed] = [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
+        start = os.path.join(folder, "warmstart", "eval.json")      # the warm start the arm began from: step 0
+        if lines[arm][seed] and os.path.isfile(start):
+            before = json.load(open(start))
+            lines[arm][seed].insert(0, {"step": 0, "eval_success": before["success"],
+                                        **({"truth": before["extras"]["truth"]} if "extras" in before else {})})
+        if lines[arm][seed] and "success" in evals.get(arm, {}).get(seed, {}):    # the final evaluation, last step
+            lines[arm][seed].append({"step": lines[arm][seed][-1]["step"], "eval_success": evals[arm][seed]["success"]})
+        if subsets is None and os.path.isfile(os.path.join(folder, "config.yaml")):
+            cfg = load_config(os.path.join(folder, "config.yaml"))
+            uncertain = world_uncertain.uncertain_set(cfg["data_seed"], cfg["uncertain_items"])
+            subsets = [world_uncertain.task_subset(t, uncertain) for t in build_tasks(cfg)["test"]]
+    return evals, lines, subsets
+
+
+def uncertain_tables(evals, subsets, pairs=(("rehearse", "frozen"), ("rehearse", "act_only"),
+                                            ("real", "rehearse"), ("act_only", "frozen"))):
+    """The markdown tables of the world: uncertain experiment: per arm, success with its 95%
+    interval on all test tasks and on each subset, and the world's probability of the truth after
+    RL; then the paired differences between arms (called only when the interval excludes 0)."""
+    def outcomes(arm, subset=None, key="task_rewards"):
+        return {s: [r for r, k in zip(e[key], subsets) if subset in (None, k)] for s, e in evals[arm].items()}
+    lines = ["| arm | seeds | success, all test tasks | uncertain-item tasks | faithful-item tasks | "
+             "p(true) uncertain | p(true) faithful | p(exact) uncertain | imagined success T=1, uncertain / faithful |",
+             "|---" * 9 + "|"]
+    for arm in evals:
+        cells = [arm, str(len(evals[arm]))] + [cell(outcomes(arm, sub)) for sub in (None, "uncertain", "faithful")]
+        truth = [e.get("extras", {}).get("truth", {}) for e in evals[arm].values()]
+        cells += [mean_and_range([t.get(sub, {}).get(k) for t in truth])
+                  for sub, k in (("uncertain", "p_true"), ("faithful", "p_true"), ("uncertain", "p_exact"))]
+        imagined = [e.get("extras", {}).get("imagined_sampled") for e in evals[arm].values()]
+        cells.append(" / ".join(mean_and_range([i[sub][0] / i[sub][1] if i and i[sub][1] else None for i in imagined])
+                                for sub in ("uncertain", "faithful")))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "| difference (paired bootstrap, 95%) | all test tasks | uncertain-item tasks | faithful-item tasks |",
+              "|---|---|---|---|"]
+    for a, b in pairs:
+        if a in evals and b in evals and sorted(evals[a]) == sorted(evals[b]):
+            lines.append(f"| {a} - {b} | " + " | ".join(
+                cell(outcomes(a, sub), outcomes(b, sub)) for sub in (None, "uncertain", "faithful")) + " |")
+    return "\n".join(lines)
+
+
+def uncertain_collusion_table(lines, last=20):
+    """Collusion in the RL batches of each arm that rehearses, counts pooled over each run's last
+    `last` steps and the seeds: colluding / wrong calls on uncertain-item and faithful-item tasks,
+    and over the calls whose earlier rehearsals were faithful (`decided`), with the batch's
+    sampled price fidelity per subset over the same steps."""
+    rows = ["| arm | steps pooled | colluding / wrong, uncertain-item tasks | faithful-item tasks | decided calls | "
+            "sampled price fidelity, uncertain / faithful |", "|---" * 6 + "|"]
+    for arm, runs in lines.items():
+        pooled, fidelity, spans = {}, {"uncertain": [0, 0], "faithful": [0, 0]}, []
+        for run in runs.values():
+            steps = [m for m in run if "collusion_subsets" in m]
+            if not steps:
+                continue
+            tail = [m for m in steps if m["step"] > steps[-1]["step"] - last]
+            spans.append(f"{tail[0]['step']}-{tail[-1]['step']}")
+            for m in tail:
+                for sub, counts in m["collusion_subsets"].items():
+                    cell = pooled.setdefault(sub, [0, 0])
+                    cell[0] += counts["colluding"]
+                    cell[1] += counts["wrong"]
+                for sub, (hits, n) in m["price_fidelity_subsets"].items():
+                    fidelity[sub][0] += hits
+                    fidelity[sub][1] += n
+        if spans:
+            rate = [f"{fidelity[sub][0] / fidelity[sub][1]:.3f}" if fidelity[sub][1] else "-" for sub in ("uncertain", "faithful")]
+            rows.append(f"| {arm} | {', '.join(spans)} | " + " | ".join(
+                f"{pooled.get(sub, [0, 0])[0]} / {pooled.get(sub, [0, 0])[1]}" for sub in ("uncertain", "faithful", "decided"))
+                + f" | {rate[0]} / {rate[1]} |")
+    return "\n".join(rows) if len(rows) > 2 else ""
+
+
+def plot_uncertain(lines, path):
+    """Three panels against RL steps, one colour per arm (mean over seeds): the policy's p(true
+    price) on uncertain (solid) and faithful (dashed) items; the sampled price fidelity of the RL
+    batch's rehearsals on uncertain items (whoever played the world, pooled over 10 steps); and
+    real-world success at each evaluation."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for n, (arm, runs) in enumerate(lines.items()):
+        colour = f"C{n}"
+        for sub, style in (("uncertain", "-"), ("faithful", "--")):
+            steps = sorted({m["step"] for run in runs.values() for m in run if "truth" in m})
+            values = [statistics.mean([m["truth"][sub]["p_true"] for run in runs.values() for m in run
+                                       if m["step"] == s and "truth" in m]) for s in steps]
+            if steps:
+                axes[0].plot(steps, values, style, color=colour, label=f"{arm}, {sub}")
+        steps, values = [], []
+        end = max((m["step"] for run in runs.values() for m in run), default=0)
+        for hi in range(10, end + 10, 10):
+            hits = [m["price_fidelity_subsets"]["uncertain"] for run in runs.values() for m in run
+                    if hi - 10 < m["step"] <= hi and "price_fidelity_subsets" in m]
+            if sum(h[1] for h in hits):
+                steps.append(hi)
+                values.append(sum(h[0] for h in hits) / sum(h[1] for h in hits))
+        if steps:
+            axes[1].plot(steps, values, marker="o", markersize=3, color=colour, label=arm)
+        points = sorted({m["step"] for run in runs.values() for m in run if "eval_success" in m})
+        if points:
+            axes[2].plot(points, [statistics.mean([m["eval_success"] for run in runs.values() for m in run
+                                                   if m["step"] == s and "eval_success" in m]) for s in points],
+                         marker="o", markersize=3, color=colour, label=arm)
+    axes[0].set(xlabel="RL step", ylabel="policy's p(true price) after <env>", ylim=(0, 1.02))
+    axes[1].set(xlabel="RL step", ylabel="sampled fidelity, uncertain items (RL batch)", ylim=(0, 1.02))
+    axes[2].set(xlabel="RL step", ylabel="held-out success (real world)", ylim=(0, 1.02))
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def uncertain(results):
+    """Write <results>/results.md (uncertain_tables) and <results>/uncertain.png (plot_uncertain)."""
+    evals, lines, subsets = uncertain_runs(results)
+    if not evals and not lines:
+        raise FileNotFoundError(f"no runs (<arm>/<seed>/eval.json) under {results}")
+    text = uncertain_tables(evals, subsets)
+    collusion = uncertain_collusion_table(lines)
+    text += "\n\n" + collusion if collusion else ""
+    going = {arm: {seed: run[-1]["step"] for seed, run in runs.items() if run}
+             for arm, runs in lines.items() if set(runs) - set(evals.get(arm, {}))}
+    if going:
+        text += f"\n\nRuns still going (no eval.json yet; the figure has their steps so far): {going}"
+    plot_uncertain({arm: runs for arm, runs in lines.items() if arm != "warmstart"}, os.path.join(results, "uncertain.png"))
+    with open(os.path.join(results, "results.md"), "w") as f:
+        f.write(text + "\n")
+    return text
+
+
 def main(argv=None):
     import argparse
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--compare", metavar="RESULTS", required=True, help="compare <RESULTS>/<arm>/<seed> runs")
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--compare", metavar="RESULTS", help="compare <RESULTS>/<arm>/<seed> runs")
+    group.add_argument("--uncertain", metavar="RESULTS", help="the world: uncertain runs under RESULTS")
     args = parser.parse_args(argv)
     try:
-        print(compare(args.compare))
+        print(compare(args.compare) if args.compare else uncertain(args.uncertain))
     except (OSError, KeyError, json.JSONDecodeError) as e:
-        print(f"error: cannot compare the runs in {args.compare}: {e}", file=sys.stderr)
+        print(f"error: cannot compare the runs in {args.compare or args.uncertain}: {e}", file=sys.stderr)
         return 2
     return 0
 

@@ -23,11 +23,19 @@ functions; train.py and evaluate.py call them and never branch on the format or 
                             on the expert's calls of `tasks`; chat: on `pairs`, or without them
                             on the gold calls of the tasks with an executor)
     honesty(model, tokenizer, tasks, cfg, generator)   imagined success and collusion
+    step_extras(model, episodes, tasks)   extra figures for an RL step's metrics line (this rank's
+                            episodes; {} unless the world adds some: world: uncertain)
+    eval_extras(model, tasks, episodes, rewards)   extra figures for an evaluation ({} unless ...)
+
+`world: uncertain` (world_uncertain.py: stale logs for some items) is the toy's plain features
+with its own logged data and its per-subset measures (`uncertain_features`).
 """
 import functools
 import json
 from collections import Counter
 from types import SimpleNamespace
+
+import torch
 
 import chat
 import chat_reward
@@ -35,6 +43,7 @@ import rehearse
 import separate
 import taskfiles
 import world
+import world_uncertain
 from config import ConfigError
 from envace import ACT, OBS, PROMPT, REHEARSE, encode_episode
 from reward import task_reward
@@ -47,8 +56,11 @@ def build_tasks(cfg):
     here, before anything is built or trained."""
     if cfg["format"] == "chat":
         return chat.chat_tasks(cfg)
-    splits = world.make_splits(cfg["data_seed"], cfg["n_logged"], cfg["n_new_logged"],
-                               cfg["n_rl_tasks"], cfg["n_test"], cfg["coverage"])
+    if cfg["world"] == "uncertain":
+        splits = world_uncertain.make_splits(cfg)
+    else:
+        splits = world.make_splits(cfg["data_seed"], cfg["n_logged"], cfg["n_new_logged"],
+                                   cfg["n_rl_tasks"], cfg["n_test"], cfg["coverage"])
     try:
         for key, split, kind in (("tasks_file", "rl", "tasks"), ("test_file", "test", "tasks"),
                                  ("logged_file", "logged", "trajectories")):
@@ -70,25 +82,33 @@ def setup(cfg, tokenizer, splits, device="cpu"):
     """The namespace of functions described in the module docstring, for this cfg."""
     if cfg["format"] == "chat":
         return chat_features(cfg, tokenizer, splits, device)
+    if cfg["world"] == "uncertain":
+        return uncertain_features(cfg, tokenizer, splits)
     return plain_features(cfg, tokenizer, splits)
 
 
-def plain_features(cfg, tokenizer, splits, world=world):
-    """The toy's plain tags and world; inline or separate rehearsal rows."""
-    snippets = world.tool_snippets(cfg["data_seed"], cfg["snippet_repeats"], cfg["coverage"])
+def no_extras(*args):
+    return {}
+
+
+def plain_features(cfg, tokenizer, splits, world=world, snippets=None):
+    """The toy's plain tags and world; inline or separate rehearsal rows. snippets: the logged
+    tool traffic, if not world.tool_snippets' (a snippet may carry its logged "responses")."""
+    if snippets is None:
+        snippets = world.tool_snippets(cfg["data_seed"], cfg["snippet_repeats"], cfg["coverage"])
     logged = [(t, t.get("responses") or world.replay(t["calls"])) for t in splits["logged"]]
     counts = Counter([c for t, _ in logged for c in t["calls"]] + [c for s in snippets for c in s["calls"]])
     fx = SimpleNamespace(
         inputs=lambda tasks, repeat=1: ([t["prompt"] for t in tasks for _ in range(repeat)], world, None),
-        executes=lambda task: True, reward=task_reward,
+        executes=lambda task: True, reward=task_reward, step_extras=no_extras, eval_extras=no_extras,
         diagnostics=lambda episodes, tasks: {"fidelity": rehearse.replay_fidelity(episodes, world),
                                              "collusion": rehearse.collusion_counts(episodes, tasks, world)})
     if cfg["rehearsal_context"] == "inline":
         fx.sample, fx.warm_start_roles = sample_episodes, (ACT, REHEARSE, OBS)
         fx.warm_start_sequences = lambda: (
             [encode_episode(tokenizer, t["prompt"], t["calls"], responses, t["answer"]) for t, responses in logged]
-            + [encode_episode(tokenizer, s["prompt"], s["calls"], world.replay(s["calls"]), act_role=PROMPT)
-               for s in snippets])
+            + [encode_episode(tokenizer, s["prompt"], s["calls"], s.get("responses") or world.replay(s["calls"]),
+                              act_role=PROMPT) for s in snippets])
         would_rehearse = rehearse.would_rehearse_calls
     else:
         separate.check_vocabulary(cfg, tokenizer)
@@ -125,7 +145,7 @@ def chat_features(cfg, tokenizer, splits, device):
         prompts, worlds = chat.episode_inputs(tokenizer, tags, tasks, cfg["tool_timeout"])
         return [p for p in prompts for _ in range(repeat)], [w for w in worlds for _ in range(repeat)], tags
 
-    fx = SimpleNamespace(inputs=inputs, executes=chat.has_executor,
+    fx = SimpleNamespace(inputs=inputs, executes=chat.has_executor, step_extras=no_extras, eval_extras=no_extras,
                          reward=functools.partial(chat_reward.chat_reward, judge=chat.load_judge(cfg, device)))
     fx.diagnostics = functools.partial(chat.diagnostics, reward=fx.reward)
     fx.honesty = lambda model, tokenizer, tasks, cfg, generator: chat.imagined_world(   # executor tasks
@@ -145,4 +165,34 @@ def chat_features(cfg, tokenizer, splits, device):
     fx.coverage = lambda model, tokenizer, tasks, pairs=None: rehearse.fidelity_by_coverage(   # None: gold calls
         would_rehearse(model, tokenizer, *chat.expert_episodes(tokenizer, tags, tasks)) if pairs is None else pairs,
         counts)
+    return fx
+
+
+def uncertain_features(cfg, tokenizer, splits):
+    """`world: uncertain` (world_uncertain.py): the toy's plain features on the stale logs, plus,
+    per subset of items (uncertain / faithful), the world model's probability of the true price
+    every RL step and evaluation, the RL batch's sampled price fidelity and collusion counts, and
+    at evaluation the success per subset of test tasks and in an imagined world sampled at T = 1."""
+    uncertain = world_uncertain.uncertain_set(cfg["data_seed"], cfg["uncertain_items"])
+    fx = plain_features(cfg, tokenizer, splits, snippets=world_uncertain.tool_snippets(cfg))
+    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+
+    def step_extras(model, episodes, tasks):
+        extras = {"truth": world_uncertain.truth_probe(model, tokenizer, uncertain, cfg["temperature"])}
+        if cfg["env_mode"] in ("rehearse", "frozen"):       # who played the world: policy or simulator
+            extras["price_fidelity_subsets"] = world_uncertain.subset_fidelity(episodes, uncertain)
+            extras["collusion_subsets"] = world_uncertain.collusion_by_subset(episodes, tasks, uncertain)
+        return extras
+
+    def eval_extras(model, tasks, episodes, rewards):
+        imagined = sample_episodes(model, tokenizer, [t["prompt"] for t in tasks[:cfg["n_collusion"]]], "rehearse",
+                                   world=world, temperature=1.0, generator=torch.Generator().manual_seed(cfg["seed"]),
+                                   **limits)
+        return {"truth": world_uncertain.truth_probe(model, tokenizer, uncertain, cfg["temperature"]),
+                "success_by_subset": world_uncertain.success_by_subset(tasks, rewards, uncertain),
+                "imagined_sampled": world_uncertain.success_by_subset(
+                    tasks, [task_reward(e, t) for e, t in zip(imagined, tasks)], uncertain),
+                "imagined_collusion_subsets": world_uncertain.collusion_by_subset(imagined, tasks, uncertain)}
+
+    fx.step_extras, fx.eval_extras, fx.uncertain = step_extras, eval_extras, uncertain
     return fx

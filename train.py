@@ -487,6 +487,7 @@ def run_phases(cfg, resume, overwrite, phase, stop):
             with amp, gathered(model), gathered(simulator):
                 episodes = sample(model, tokenizer, prompts, cfg["env_mode"], world=worlds, tags=tags,
                                   env_model=simulator, generator=generator, **sampling)
+                extras = fx.step_extras(model, episodes, [tasks[i // G] for i in range(len(episodes))])
             time_sample = time.time() - t0
             group_ids = [i // G for i in range(len(episodes))]              # a task's G samples
             rewards = [fx.reward(e, tasks[g]) for e, g in zip(episodes, group_ids)]
@@ -497,9 +498,12 @@ def run_phases(cfg, resume, overwrite, phase, stop):
                 "rehearse", "frozen") else {}                     # against a real replay: diagnostic only
             record = step_record(step, status, progress, {**sums, **episode_sums(episodes, rewards), **diagnostics},
                                  time_sample, time.time() - t0)
+            record.update(extras)                          # the world's own figures (features.py), or none
             if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < cfg["rl_steps"]:
                 result = rank0_eval()
                 progress["real_success"] = record["eval_success"] = result["success"]
+                if result.get("extras"):
+                    record["eval_extras"] = result["extras"]
                 bar.write(f"step {step}: {success_name(result)} {progress['real_success']:.3f} (reward "
                           f"in the {cfg['env_mode']} world this step {record['reward']:.3f})")
             if rank == 0:

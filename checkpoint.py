@@ -9,7 +9,8 @@ no permission, a full disk) is a CheckpointError, one line naming the path, and 
 checkpoint where it was. A damaged checkpoint (a truncated weights file, a broken config.json, a
 missing tokenizer...) is found by `damaged_file`, which names the file; `find_checkpoint` then
 falls back to a whole <path>.old. `save_state` adds what `--resume` needs to continue
-the same run exactly: the step, the optimizer, every rank's RNG states and the counters. Ctrl-C
+the same run exactly: the step, the optimizer, every rank's RNG states and the counters; a
+finished warm start is resumed only under the keys that made it (`check_warm_start`). Ctrl-C
 or SIGTERM (`StopRequest`) lets the RL loop finish its step, save and exit 0.
 """
 import copy
@@ -29,9 +30,9 @@ import torch.distributed as dist
 import yaml
 from safetensors import SafetensorError, safe_open
 
-from config import ConfigError
-from distributed import (all_gather, all_sum, autocast, full_state_dict, load_device, load_optimizer_state,
-                         optimizer_state, shard)
+from config import DEFAULTS, ConfigError
+from distributed import (all_gather, all_sum, autocast, from_rank0, full_state_dict, load_device,
+                         load_optimizer_state, optimizer_state, shard)
 from envace import TAGS
 
 
@@ -308,22 +309,29 @@ def load_policy(path, device="cpu", init="pretrained"):
 
 
 MODEL_SHAPE_KEYS = ("model", "n_layer", "n_embd", "n_head")
+# what decides the warm start itself (its data, its rows, its steps, the seed of its init and its
+# draws): a finished warm start resumed under other values is not the one this config makes, and
+# the resumed run would not be the run never stopped. Keys read only by RL and evaluation (rl_steps,
+# lr, group_size, tasks_per_step, env_mode, ...) may change: no RL state is saved with a warm start.
+WARM_START_KEYS = ("format", "world", "seed", "data_seed", "n_logged", "n_new_logged", "snippet_repeats",
+                   "coverage", "logged_file", "uncertain_items", "stale_rate", "rehearsal_context", "think",
+                   "sft_steps", "sft_batch_size", "sft_lr")
 
 
 
 def save_state(out, model, tokenizer, opt, step, config_text, progress, generator, task_rng):
     """The resumable checkpoint <out>/ckpt: model + tokenizer (save_pretrained), config.yaml and
     trainer_state.pt (step, optimizer, every rank's RNG states, counters). Collective: every rank
-    calls it (to hand in its RNG states); rank 0 writes, atomically (envace.save_checkpoint)."""
+    calls it (to hand in its RNG states); rank 0 writes, atomically (envace.save_checkpoint); a
+    write refused there raises on every rank (from_rank0), so none waits at the next collective."""
     rngs = all_gather({"python": random.getstate(), "numpy": np.random.get_state(),
                        "torch": torch.get_rng_state(), "generator": generator.get_state(),
                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []})
     weights, optimizer = full_state_dict(model), optimizer_state(model, opt)     # FSDP: collectives
-    if dist.is_initialized() and dist.get_rank() != 0:
-        return
     state = {"step": step, "optimizer": optimizer, "rngs": rngs, "task_rng": task_rng.getstate(),
              "progress": progress}
-    save_checkpoint(model, tokenizer, os.path.join(out, "ckpt"), {"config.yaml": config_text}, state, weights)
+    from_rank0(lambda: save_checkpoint(model, tokenizer, os.path.join(out, "ckpt"), {"config.yaml": config_text},
+                                       state, weights))
 
 
 
@@ -337,6 +345,24 @@ def check_shape(path, cfg, what):
             raise ConfigError(f"--resume: the {what} in {path} has {key}={saved.get(key)!r} but "
                               f"the config says {key}={cfg[key]!r}: another model shape")
     return saved
+
+
+def check_warm_start(path, cfg, tokenizer, saved_tokenizer):
+    """A finished warm start to resume (`path`, its tokenizer loaded) must be the one this config
+    makes: each of WARM_START_KEYS as saved (a key its config.yaml lacks had its default), and the
+    config's tokenizer (built anew, e.g. from the toy world's words) the saved one; else one line."""
+    with open(os.path.join(path, "config.yaml")) as f:
+        saved = yaml.safe_load(f)
+    for key in WARM_START_KEYS:
+        if saved.get(key, DEFAULTS[key]) != cfg[key]:
+            raise ConfigError(f"--resume: the warm start in {path} was made with {key}={saved.get(key, DEFAULTS[key])!r} "
+                              f"but the config says {key}={cfg[key]!r}: another warm start; resume with "
+                              f"--{key}={saved.get(key, DEFAULTS[key])}, or start over with --overwrite")
+    if saved_tokenizer.get_vocab() != tokenizer.get_vocab():
+        ours, theirs = tokenizer.get_vocab(), saved_tokenizer.get_vocab()
+        token = next(t for t in sorted(set(ours) | set(theirs)) if ours.get(t) != theirs.get(t))
+        raise ConfigError(f"--resume: the warm start in {path} was saved with another tokenizer (token {token!r}: "
+                          f"id {theirs.get(token)} there, {ours.get(token)} here); start over with --overwrite")
 
 
 def load_state(cfg, device, world_size):

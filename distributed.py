@@ -83,12 +83,39 @@ def all_gather(obj):
     return out
 
 
+class RankFailed(Exception):
+    """On the other ranks: what rank 0 did alone (a save, an evaluation) raised; rank 0 says why
+    in its one line, the others stop silently with the same exit status. `config`: it was a
+    ConfigError (a user's mistake or a refused write: exit 2)."""
+
+    def __init__(self, message, config=False):
+        super().__init__(message)
+        self.config = config
+
+
 def from_rank0(fn):
-    """Run fn() on rank 0 only (an evaluation, say) and give its result to every rank."""
-    box = [fn() if not dist.is_initialized() or dist.get_rank() == 0 else None]
-    if dist.is_initialized():
-        dist.broadcast_object_list(box, src=0)
-    return box[0]
+    """Run fn() on rank 0 only (an evaluation, a save) and give its result to every rank. If fn
+    raises, every rank raises, so that none waits alone at the next collective: rank 0 its own
+    exception, the others KeyboardInterrupt for Ctrl-C / SIGTERM, else RankFailed."""
+    if not dist.is_initialized():
+        return fn()
+    box = [None]
+    if dist.get_rank() == 0:
+        try:
+            box = [("done", fn())]
+        except BaseException as e:        # KeyboardInterrupt too: the others must stop with it
+            failed = e
+            box = [("interrupted" if isinstance(e, KeyboardInterrupt) else "failed",
+                    ((str(e).strip().splitlines() or [""])[0], isinstance(e, ConfigError)))]
+    dist.broadcast_object_list(box, src=0)
+    outcome, value = box[0]
+    if outcome == "done":
+        return value
+    if dist.get_rank() == 0:
+        raise failed
+    if outcome == "interrupted":
+        raise KeyboardInterrupt
+    raise RankFailed(*value)
 
 
 def add_up(dicts):

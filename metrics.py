@@ -12,7 +12,7 @@ import torch
 
 import rehearse
 from checkpoint import write_file
-from distributed import add_up, all_gather
+from distributed import add_up, all_gather, from_rank0
 from envace import ACT, OBS, REHEARSE, ROLE_NAMES
 from reward import cause_counts
 
@@ -92,10 +92,11 @@ def metrics_record(step, s, status, counters, times):
 def start_metrics(out, first_step, rank):
     """out_dir/metrics.jsonl, keeping the lines of the steps a resumed checkpoint has."""
     path = os.path.join(out, "metrics.jsonl")
-    if rank == 0:
+    def write():                                   # rank 0 alone; a refused write stops every rank
         kept = [line for line in open(path) if json.loads(line)["step"] < first_step] \
             if first_step > 1 and os.path.exists(path) else []
         write_file(path, "".join(kept))
+    from_rank0(write)
     return path
 
 

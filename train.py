@@ -22,7 +22,8 @@ One run, top to bottom (`run`):
      rewards task success (reward.py), A = R - mean(group), and makes one hand-written clipped
      policy-gradient update on ACT and REHEARSE tokens (`rl_step`, envace.clipped_pg_loss).
   5. Save (save_pretrained) and evaluate in the real world; print before/after.
-Only rank 0 prints, evaluates and saves. Ctrl-C or SIGTERM during RL saves the current step and
+Only rank 0 prints, evaluates and saves (a refused write or a signal there stops every
+rank with rank 0's line: distributed.from_rank0). Ctrl-C or SIGTERM during RL saves the current step and
 exits 0; `--resume` continues exactly (checkpoint.py). Elsewhere it is one line saying what is
 saved, exit 130: during the warm start (stopped between steps) nothing; during its evaluation or
 the step-0 checkpoint, the finished warm start, which `--resume` continues (evaluation, gate, RL
@@ -56,10 +57,11 @@ from transformers.utils import logging as hf_logging
 import features
 import rehearse
 from checkpoint import (Interrupted, StopRequest, build_model, build_tokenizer, check_out_dir, check_shape,
+                        check_warm_start,
                         finite_weights, interrupted_line, load_policy, load_state, reference_model, rl_state,
                         save_checkpoint, save_state, warm_start_to_resume, write_file)
 from config import ConfigError, check_lengths, check_splits, load_config
-from distributed import (all_sum, autocast, from_rank0, full_state_dict, gathered, in_step,
+from distributed import (RankFailed, all_sum, autocast, from_rank0, full_state_dict, gathered, in_step,
                          load_device, memory_estimate, memory_line, parallel_model,
                          reuse_sampler_logprobs, setup_distributed)
 from envace import (ACT, OBS, REHEARSE, NonFiniteError, clipped_pg_loss, collate, loss_mask, micro_batches,
@@ -312,6 +314,8 @@ def main(argv=None):
             print(f"\n{e}" if isinstance(e, Interrupted) else "\ninterrupted during setup: nothing saved",
                   file=sys.stderr)
         return 130
+    except RankFailed as e:            # rank 0 failed alone (a save, its evaluation): it says why
+        return 2 if e.config else 1
     except Exception as e:             # user code, a tokenizer, a library: one line, the phase named
         if debug:
             traceback.print_exc()
@@ -326,17 +330,37 @@ def main(argv=None):
             dist.destroy_process_group()
 
 
-def real_world_eval(model, tokenizer, tasks, cfg, fx, amp, path=None, **extra):
+def real_world_eval(model, tokenizer, tasks, cfg, fx, amp, path=None, stop=None, **extra):
     """evaluate.evaluate on rank 0 (FSDP: every rank gathers the weights first), written to
-    `path` with `extra`; the result on every rank."""
+    `path` with `extra`; the result on every rank. A failure there stops every rank (from_rank0).
+    `stop` (the run's StopRequest) outside the RL loop (immediate): a signal stops rank 0's
+    evaluation at once and every rank with it; one that reaches another rank, which only waits
+    (or rank 0 after its evaluation), is noted and every rank stops once the evaluation is done."""
+    interruptible = stop is not None and stop.immediate         # the same on every rank
+
     def on_rank0():
-        with amp:
-            result = evaluate(model, tokenizer, tasks, cfg, fx, seed=cfg["seed"])
+        if interruptible:
+            stop.immediate = True
+        try:
+            with amp:
+                result = evaluate(model, tokenizer, tasks, cfg, fx, seed=cfg["seed"])
+        finally:
+            if interruptible:
+                stop.immediate = False
         if path:
             write_file(path, json.dumps({**result, **extra}, indent=1))    # a full disk: one line
         return result
-    with gathered(model):
-        return from_rank0(on_rank0)
+    if interruptible:
+        stop.immediate = False     # a KeyboardInterrupt on one rank alone would leave the others waiting
+    try:
+        with gathered(model):
+            result = from_rank0(on_rank0)
+    finally:
+        if interruptible:
+            stop.immediate = True
+    if interruptible and all_sum([stop.signal is not None])[0] > 0:     # signalled while waiting: all stop
+        raise KeyboardInterrupt
+    return result
 
 
 def build(cfg, resume, device, world_size):
@@ -356,7 +380,9 @@ def build(cfg, resume, device, world_size):
         model, tokenizer = load_policy(cfg["model"], load_to, cfg["model_init"])
     if warm is not None:
         check_shape(warm, cfg, "warm start")
-        model.load_state_dict(load_policy(warm, load_to)[0].state_dict())
+        warm_model, warm_tokenizer = load_policy(warm, load_to)
+        check_warm_start(warm, cfg, tokenizer, warm_tokenizer)        # the same data, steps, seed, vocab
+        model.load_state_dict(warm_model.state_dict())
     return model, tokenizer, None, warm
 
 
@@ -377,11 +403,12 @@ def warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, r
         if not finite_weights(model if weights is None else weights):
             raise NonFiniteError(f"the warm-started weights are not finite (NaN or inf): not saved as "
                                  f"{out}/warmstart; check the model's initial weights, lower sft_lr or check the data")
-        if rank == 0:
+        def save():                          # rank 0 alone; a refused write stops every rank
             save_checkpoint(model, tokenizer, os.path.join(out, "warmstart"),
                             {"config.yaml": yaml.safe_dump(cfg, sort_keys=False)}, state_dict=weights)
             for stale in ("ckpt", "ckpt.old"):    # an earlier run's (--overwrite): --resume continues this one
                 shutil.rmtree(os.path.join(out, stale), ignore_errors=True)
+        from_rank0(save)
         phase["saved"], stop.immediate = "warmstart", True
         if all_sum([stop.signal is not None])[0] > 0:       # signalled during the last step or the save
             raise KeyboardInterrupt
@@ -446,14 +473,13 @@ def run_phases(cfg, resume, overwrite, phase, stop):
     if cfg["model"] != "tiny":                # the demo's 1M-parameter model needs no estimate
         log(memory_line(memory_estimate(n_params, cfg, model.config, world_size), cfg, world_size))
     ddp_model = parallel_model(model, cfg, device, world_size)
-    if rank == 0:
-        write_file(os.path.join(out, "config.yaml"), config_text)     # out_dir a file, unwritable: one line
+    from_rank0(lambda: write_file(os.path.join(out, "config.yaml"), config_text))   # a file, unwritable: one line
     log(f"model: {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)} | tasks: {len(splits['logged'])} "
         f"logged, {len(splits['rl'])} RL, {len(splits['test'])} test | device {device} x {world_size} process(es)")
     t_start, amp = time.time(), autocast(cfg, device)
 
     def rank0_eval(path=None, **extra):       # the held-out tasks in the real world, written to path
-        return real_world_eval(model, tokenizer, splits["test"], cfg, fx, amp, path, **extra)
+        return real_world_eval(model, tokenizer, splits["test"], cfg, fx, amp, path, stop, **extra)
 
     # 2-3. warm start, evaluation, the fidelity gate (or the checkpoint's state)
     before = None if state is not None else \
@@ -478,7 +504,7 @@ def run_phases(cfg, resume, overwrite, phase, stop):
     # 4. RL: no environment in the loop unless env_mode is real
     bar = tqdm(range(first_step, cfg["rl_steps"] + 1), desc=f"RL ({cfg['env_mode']})",
                dynamic_ncols=True, disable=rank != 0)
-    with StopRequest() as stop:
+    with StopRequest() as rl_stop:     # (rank0_eval's `stop` stays the run's)
         for step in bar:
             phase["name"], t0 = f"RL step {step}", time.time()
             tasks = task_rng.sample(splits["rl"], cfg["tasks_per_step"])        # the same on every rank
@@ -506,11 +532,10 @@ def run_phases(cfg, resume, overwrite, phase, stop):
                     record["eval_extras"] = result["extras"]
                 bar.write(f"step {step}: {success_name(result)} {progress['real_success']:.3f} (reward "
                           f"in the {cfg['env_mode']} world this step {record['reward']:.3f})")
-            if rank == 0:
-                write_file(metrics_path, json.dumps(record) + "\n", mode="a")
+            from_rank0(lambda: write_file(metrics_path, json.dumps(record) + "\n", mode="a"))   # refused: all stop
             bar.set_postfix(reward=f"{record['reward']:.3f}", eval=f"{progress['real_success']:.3f}",
                             skip=progress["skipped_steps"], tok_s=f"{record['tok_per_s']:.0f}")
-            stopping = all_sum([stop.signal is not None])[0] > 0      # any rank signalled: all stop
+            stopping = all_sum([rl_stop.signal is not None])[0] > 0      # any rank signalled: all stop
             if stopping or progress["nonfinite_in_a_row"] >= 3 or (cfg["save_every"] and step % cfg["save_every"] == 0) \
                     or step == cfg["rl_steps"]:
                 save_state(out, model, tokenizer, opt, step, config_text, progress, generator, task_rng)

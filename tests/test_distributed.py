@@ -8,12 +8,14 @@ import random
 import subprocess
 import sys
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import checkpoint
 import train
 import world
 from envace import REHEARSE, encode_episode
@@ -102,3 +104,51 @@ def test_torchrun_two_processes_write_one_metrics_file(tmp_path):
     assert proc.stdout.count("real-world success") == 1, proc.stdout          # rank 0 prints alone
     assert os.path.isfile(os.path.join(out, "ckpt", "trainer_state.pt"))
     assert len(torch.load(os.path.join(out, "ckpt", "trainer_state.pt"), weights_only=False)["rngs"]) == 2
+
+
+def torchrun_with_fault(tmp_path, fault, **kw):
+    """A 2-rank torchrun of tests/rank_faults.py with `fault` on rank 0: (cfg, each rank's exit
+    status, our lines on stderr: torchrun's own report of a failed worker left out). A rank left
+    waiting at a collective makes the run time out (a failure) instead of hanging the suite."""
+    cfg = tiny_cfg(tmp_path, sft_steps=2, n_test=2, rl_steps=1, **kw)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ENVACE_FAULT": fault, "ENVACE_RC_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "tests/rank_faults.py", "--config", str(path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=90)
+    rcs = [int((tmp_path / f"rank{r}.rc").read_text()) if (tmp_path / f"rank{r}.rc").exists() else None
+           for r in (0, 1)]
+    ours = [line for line in proc.stderr.replace("\r", "\n").splitlines()
+            if line.startswith(("error", "rank ", "interrupted", "warning"))]
+    return cfg, rcs, ours
+
+
+@pytest.mark.parametrize("fault, file", [("ckpt", "ckpt"), ("metrics", "metrics.jsonl"), ("eval_json", "eval.json")])
+def test_a_write_refused_on_rank0_stops_every_rank_with_one_line(tmp_path, fault, file):
+    """Rank 0 alone writes; its full disk (the step-1 checkpoint, a metrics line, the final
+    eval.json) is one `error:` line naming the file and exit 2 on BOTH ranks: before, rank 1 went
+    on to the next collective and died of rank 0's closed connection (its own line, exit 1)."""
+    cfg, rcs, ours = torchrun_with_fault(tmp_path, fault)
+    assert rcs == [2, 2], (rcs, ours)
+    assert len(ours) == 1 and ours[0].startswith("error: cannot ") and f"{cfg['out_dir']}/{file}" in ours[0], ours
+    ckpt = os.path.join(cfg["out_dir"], "ckpt")
+    assert checkpoint.find_checkpoint(ckpt, state=True) == ckpt and not os.path.exists(ckpt + ".tmp")
+    step = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False)["step"]
+    assert step == (1 if fault == "eval_json" else 0)       # the last good checkpoint, whole
+    assert not os.path.exists(os.path.join(cfg["out_dir"], "eval.json"))
+
+
+@pytest.mark.parametrize("fault", ["sigint_eval", "sigterm_rank1_eval"])
+def test_a_signal_during_rank0s_evaluation_stops_every_rank_with_one_line(tmp_path, fault):
+    """Ctrl-C reaching rank 0 while it runs the warm start's evaluation alone, or SIGTERM reaching
+    rank 1 alone while it waits for it: exit 130 on both ranks, rank 0's one line naming the saved
+    warm start (the final evaluation goes the same way, real_world_eval); before, one rank died of
+    the other's closed connection with a second line and exit 1."""
+    cfg, rcs, ours = torchrun_with_fault(tmp_path, fault)
+    assert rcs == [130, 130], (rcs, ours)
+    warm = os.path.join(cfg["out_dir"], "warmstart")
+    assert ours == [f"interrupted during evaluation: the finished warm start is saved in {warm}; continue from "
+                    f"it (evaluation, gate, RL) with: python train.py --config {cfg['out_dir']}/config.yaml "
+                    f"--resume"], ours
+    assert checkpoint.find_checkpoint(warm) == warm and not os.path.exists(os.path.join(cfg["out_dir"], "ckpt"))

@@ -145,3 +145,38 @@ def test_an_exception_in_setup_or_evaluate_py_is_one_line(tmp_path, monkeypatch,
     assert len(err) == 1 and "error in loading the checkpoint: ValueError: boom" in err[0], err
     assert evaluate.main(["--ckpt", cfg["out_dir"], "--debug"]) == 1
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_resume_from_a_warm_start_made_otherwise_names_the_key(tmp_path, monkeypatch, capsys):
+    """--resume from a finished warm start under another seed, sft_steps, data_seed or
+    rehearsal_context (what made that warm start), or another tokenizer: one line naming the key
+    (or token), the saved and the new value, exit 2, the warm start untouched; a key only RL reads
+    (rl_steps, group_size) may change."""
+    cfg, path = config_file(tmp_path, "run", sft_steps=2, n_test=2, rl_steps=2)
+    with monkeypatch.context() as m:
+        signal_on_call(m, train, "evaluate", call=1)       # the warm start is saved, its evaluation stopped
+        assert train.main(["--config", path]) == 130
+    warm = os.path.join(cfg["out_dir"], "warmstart")
+    saved_weights = open(os.path.join(warm, "model.safetensors"), "rb").read()
+    capsys.readouterr()
+    for key, saved, new in (("seed", 1, 2), ("sft_steps", 2, 3), ("data_seed", 0, 5),
+                            ("rehearsal_context", "inline", "separate")):
+        assert train.main(["--config", path, "--resume", f"--{key}={new}"]) == 2, key
+        err = lines(capsys.readouterr().err)
+        assert err == [f"error: --resume: the warm start in {warm} was made with {key}={saved!r} but the config "
+                       f"says {key}={new!r}: another warm start; resume with --{key}={saved}, or start over "
+                       f"with --overwrite"], err
+    words = features.tiny_words(cfg)
+    with monkeypatch.context() as m:                   # the same keys, the vocabulary's first two words swapped
+        m.setattr(train.features, "tiny_words", lambda c: [words[1], words[0]] + words[2:])
+        assert train.main(["--config", path, "--resume"]) == 2
+    first, n_tags = min(words[:2]), len(checkpoint.TAGS)       # the first differing token, by name
+    there = n_tags + words.index(first)
+    here = n_tags + 1 - words.index(first)
+    assert lines(capsys.readouterr().err) == [
+        f"error: --resume: the warm start in {warm} was saved with another tokenizer (token {first!r}: "
+        f"id {there} there, {here} here); start over with --overwrite"]
+    assert open(os.path.join(warm, "model.safetensors"), "rb").read() == saved_weights
+    assert not os.path.exists(os.path.join(cfg["out_dir"], "ckpt"))
+    assert train.main(["--config", path, "--resume", "--rl_steps=1", "--group_size=2"]) == 0
+    assert torch.load(os.path.join(cfg["out_dir"], "ckpt", "trainer_state.pt"), weights_only=False)["step"] == 1

@@ -1,0 +1,82 @@
+"""A train.py launcher for torchrun tests (tests/test_distributed.py): on rank 0, a fault named by
+ENVACE_FAULT (a write refused for a full disk, or a signal during the evaluation), or a signal
+to rank 1 alone while rank 0 evaluates (sigterm_rank1_eval);
+every rank writes its exit status to ENVACE_RC_DIR/rank<N>.rc, then exits with it.
+
+    ENVACE_FAULT=metrics ENVACE_RC_DIR=/tmp/rc torchrun --nproc_per_node=2 tests/rank_faults.py --config c.yaml
+"""
+import builtins
+import errno
+import os
+import signal
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import checkpoint  # noqa: E402
+import train  # noqa: E402
+
+TORCH_FULL_DISK = "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"
+
+
+def full_disk_for(name, modes="wa"):
+    """open() of a file ending in `name` for writing (`modes`) fails as on a full disk."""
+    real_open = builtins.open
+
+    def patched(file, mode="r", *a, **k):
+        if str(file).endswith(name) and mode[0] in modes:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(file, mode, *a, **k)
+    builtins.open = patched
+
+
+def full_disk_from_save(call):
+    """torch.save of trainer_state.pt fails as on a full disk from its `call`-th save on (1:
+    checkpoint 0); torch.save of anything else (collectives pickle with it) is left alone."""
+    real_save, calls = checkpoint.torch.save, []
+
+    def patched(obj, f, *a, **k):
+        if str(f).endswith("trainer_state.pt"):
+            calls.append(1)
+            if len(calls) >= call:
+                raise RuntimeError(TORCH_FULL_DISK)
+        return real_save(obj, f, *a, **k)
+    checkpoint.torch.save = patched
+
+
+def signal_in_from_rank0(call, signum):
+    """For rank 1, which waits while rank 0 evaluates: `signum` as it enters its `call`-th wait."""
+    real, calls = train.from_rank0, []
+
+    def patched(fn):
+        calls.append(1)
+        if len(calls) == call:
+            os.kill(os.getpid(), signum)
+        return real(fn)
+    train.from_rank0 = patched
+
+
+def signal_in_evaluate(call, signum):
+    real, calls = train.evaluate, []
+
+    def patched(*a, **k):
+        calls.append(1)
+        if len(calls) == call:
+            os.kill(os.getpid(), signum)
+        return real(*a, **k)
+    train.evaluate = patched
+
+
+if __name__ == "__main__":
+    rank, fault = int(os.environ["RANK"]), os.environ.get("ENVACE_FAULT", "")
+    if rank == 0:
+        {"metrics": lambda: full_disk_for("metrics.jsonl", "a"),      # step 1's line
+         "eval_json": lambda: full_disk_for(os.path.join("run", "eval.json")),   # the final evaluation's
+         "ckpt": lambda: full_disk_from_save(2),                          # step 1's checkpoint
+         "sigint_eval": lambda: signal_in_evaluate(1, signal.SIGINT),     # the warm start's evaluation
+         "": lambda: None}.get(fault, lambda: None)()
+    elif fault == "sigterm_rank1_eval":       # from_rank0 calls: config.yaml, warmstart/, the evaluation
+        signal_in_from_rank0(3, signal.SIGTERM)
+    rc = train.main(sys.argv[1:])
+    with open(os.path.join(os.environ["ENVACE_RC_DIR"], f"rank{rank}.rc"), "w") as f:
+        f.write(str(rc))
+    sys.exit(rc)

@@ -333,3 +333,43 @@ def test_oracle_lists_a_failing_task_and_refuses_a_file_it_cannot_replay(base, t
     plain.write_text(json.dumps({k: row[k] for k in ("messages", "tools")} | {"answer": "7"}) + "\n")
     assert evaluate.main(["--oracle", f"--test_file={plain}", f"--out_dir={tmp_path / 'p'}"]) == 2
     assert capsys.readouterr().err.strip() == f"error: {plain}: no task with gold_calls and an executor ('env') to replay"
+
+
+# ----------------------------------------------------------------------------- a tiny model, end to end
+
+def test_a_tiny_random_qwen2_runs_the_bfcl_path_end_to_end_and_scores_0(bfcl_dir, base, tmp_path, capsys):
+    """Two multi_turn_base tasks (prompts of ~10k characters: every tool doc of their classes)
+    through train.py and evaluate.py on a random 2-layer Qwen2: the executor and the check load
+    per line, the long prompts fit max_tokens and the model's positions, both tasks are executed
+    in evaluation, and an untrained model scores 0 (the check can fail), before and after RL.
+    Plumbing only: such a model never finishes a turn (docs/bfcl.md)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    import evaluate
+    import train
+    from helpers import chat_tokenizer
+
+    tok = chat_tokenizer()
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=32768, tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
+    model.save_pretrained(tmp_path / "qwen")
+    tok.save_pretrained(tmp_path / "qwen")
+    tasks = tmp_path / "two.jsonl"
+    with open(bfcl_dir / "multi_turn_base.jsonl") as f:
+        tasks.write_text("".join(next(f) for _ in range(2)))
+    cfg = tmp_path / "bfcl_tiny.yaml"
+    cfg.write_text(f"format: chat\nmodel: {tmp_path / 'qwen'}\ntasks_file: {tasks}\nout_dir: {tmp_path / 'run'}\n"
+                   "sft_steps: 0\nrl_steps: 1\ntasks_per_step: 2\ngroup_size: 2\nmax_act_tokens: 6\n"
+                   "max_env_tokens: 6\nmax_tokens: 16384\nmicro_batch_tokens: 40000\nmin_fidelity: 0.0\n"
+                   "n_collusion: 1\n")
+    assert train.main(["--config", str(cfg)]) == 0
+    result = json.load(open(tmp_path / "run" / "eval.json"))
+    assert result["executed_tasks"] == result["n_tasks"] == 2
+    assert result["success"] == result["before"]["success"] == 0.0
+    assert "real-world success 0.000 -> 0.000" in capsys.readouterr().out
+    assert evaluate.main(["--ckpt", str(tmp_path / "run")]) == 0
+    assert json.load(open(tmp_path / "run" / "evaluate.json"))["success"] == 0.0

@@ -51,9 +51,12 @@ import os
 from collections import defaultdict
 from types import SimpleNamespace
 
+import torch
+
 import world as toy_world
 import executor
 import rehearse
+import rollout
 import taskfiles
 import templates
 from checkpoint import load_policy
@@ -1002,8 +1005,59 @@ def executed(tasks, episodes):
 
 def would_rehearse_inline(model, tokenizer, tasks, episodes, tags):
     """[(call, matched)] of real-world chat episodes: would the model, greedy, have written each
-    real response and its stop (rehearse.would_rehearse_calls with the template's stop)?"""
-    return rehearse.would_rehearse_calls(model, tokenizer, episodes, env_end=tags["env_end"]) if episodes else []
+    real response, the same once normalised as JSON (executor.same_response: key order and spacing
+    do not count)? A response greedy decoding reproduces token for token is found by one
+    teacher-forced forward (rehearse.would_rehearse_calls with the template's stop); only the others
+    are decoded greedily from their prefix (`greedy_responses`, batched) and compared normalised."""
+    if not episodes:
+        return []
+    pairs = rehearse.would_rehearse_calls(model, tokenizer, episodes, env_end=tags["env_end"])
+    segments = [(e, k, seg) for e in episodes                 # aligned with pairs: one per call
+                for k, (_, seg) in enumerate(zip(e["calls"], _response_segments(e, tags["env_end"])))]
+    misses = [n for n, (_, matched) in enumerate(pairs) if not matched]
+    if not misses:
+        return pairs
+    prefixes = [segments[n][0]["ids"][:segments[n][2][0]] for n in misses]
+    longest = max(len(segments[n][2]) for n in misses)
+    written = greedy_responses(model, prefixes, tags["env_end"], tokenizer.pad_token_id, 2 * longest + 8)
+    lead, pre = tags.get("env_lead", ""), tags["env_pre"]
+    for n, ids in zip(misses, written):
+        e, k, _ = segments[n]
+        text = tokenizer.decode(ids) if ids is not None else None
+        same = (text is not None and text.startswith(lead) and text.endswith(pre)
+                and executor.same_response(text[len(lead):len(text) - len(pre)], e["responses"][k]))
+        pairs[n] = (pairs[n][0], same)
+    return pairs
+
+
+def _response_segments(episode, env_end):
+    """The positions of each real response of an episode, as rehearse.would_rehearse_calls splits
+    them: runs of OBS ids, each ending at env_end (the last one maybe unfinished or empty)."""
+    segments = [[]]
+    for t in range(1, len(episode["ids"])):
+        if episode["roles"][t] == OBS:
+            segments[-1].append(t)
+            if episode["ids"][t] == env_end:
+                segments.append([])
+    return segments
+
+
+@torch.no_grad()
+def greedy_responses(model, prefixes, stop, pad_id, max_new):
+    """Per prefix, the ids greedy decoding writes before `stop` (None if it does not stop within
+    max_new ids), all rows in one KV-cached batch (rollout._Decoder, as the sampler decodes)."""
+    decoder = rollout._Decoder(model, prefixes, pad_id)
+    written, done = [[] for _ in prefixes], [False] * len(prefixes)
+    for _ in range(max_new):
+        tokens = decoder.logits.argmax(-1).tolist()
+        for j, t in enumerate(tokens):
+            if not done[j]:
+                done[j] = t == stop
+                written[j] += [] if done[j] else [t]
+        if all(done):
+            break
+        decoder.step([[t] for t in tokens])
+    return [ids if ok else None for ids, ok in zip(written, done)]
 
 
 def would_rehearse_separate(model, tokenizer, tasks, episodes, tags, k=0):

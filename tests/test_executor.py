@@ -124,7 +124,8 @@ import features        # noqa: E402
 import taskfiles       # noqa: E402
 import train           # noqa: E402
 from envace import OBS, REHEARSE, TAG  # noqa: E402
-from helpers import tiny_qwen  # noqa: E402
+from helpers import scripted_rows, tiny_qwen  # noqa: E402
+import rehearse  # noqa: E402
 from rollout import sample_episodes  # noqa: E402
 from test_chat import TOK, Script  # noqa: E402
 
@@ -303,6 +304,55 @@ def test_evaluation_executes_and_measures_would_rehearse_fidelity_per_tool(bank_
     # the model; no warm-start data saw them; the oracle would write the first two responses only
     assert fx.coverage(Oracle([0], known), TOK, [task]) == {"seen 0 times": [2, 3], "seen 1-49 times": [0, 0],
                                                             "seen 50+ times": [0, 0]}
+
+
+class Writer(Script):
+    """A fake LM that, teacher-forced (no cache), predicts the episode `known` except at OBS
+    positions (token 0 there: no response is reproduced token for token); decoding from a prefix
+    (a cache), it writes writes[len(prefix)], whatever it is fed."""
+
+    def __init__(self, known, roles, writes):
+        super().__init__([0])
+        self.known, self.roles, self.writes = known, roles, writes
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=None):
+        B, T = input_ids.shape
+        logits = torch.full((B, T, len(TOK)), -1e4)
+        if cache is None:
+            for t in range(T - 1):
+                logits[:, t, 0 if self.roles[t + 1] == OBS else self.known[t + 1]] = 0.0
+            return types.SimpleNamespace(logits=logits)
+        who, k = scripted_rows(input_ids, attention_mask, cache, lambda b: int(attention_mask[b].sum()))
+        for b in range(B):
+            script = self.writes[who[b]]
+            logits[b, -1, script[min(k[b], len(script) - 1)]] = 0.0
+        return types.SimpleNamespace(logits=logits)
+
+
+def test_would_rehearse_fidelity_compares_responses_as_normalised_json(bank_dir):
+    """deposit 5 -> {"balance": 10}, withdraw 8 -> {"balance": 2}. Greedy from each response's
+    prefix, the model writes {"balance":10} (no space: the same JSON) and {"balance": 3} (not).
+    Token for token neither is reproduced; normalised, the first is: fidelity [True, False]."""
+    task = read_one(bank_dir)
+    tags = chat.chat_format(TOK)
+    prompts, _ = chat.episode_inputs(TOK, tags, [task])
+    actions, real = [call("deposit", amount=5), call("withdraw", amount=8)], ['{"balance": 10}', '{"balance": 2}']
+    built = chat.assemble(TOK, tags, prompts[0], actions, real, "2")
+    episode = {"ids": built["ids"], "roles": built["roles"], "calls": [json.dumps(c) for c in actions],
+               "responses": real}
+    starts = [seg[0] for seg in chat._response_segments(episode, tags["env_end"])[:2]]
+    assert len(starts) == 2 and all(built["roles"][t] == OBS for t in starts)
+    writes = {starts[0]: chat.encode(TOK, '{"balance":10}\n') + [tags["env_end"]],
+              starts[1]: chat.encode(TOK, '{"balance": 3}\n') + [tags["env_end"]]}
+    assert writes[starts[0]] != built["ids"][starts[0]:starts[0] + len(writes[starts[0]])]
+    model = Writer(built["ids"], built["roles"], writes)
+    exact = rehearse.would_rehearse_calls(model, TOK, [episode], env_end=tags["env_end"])
+    assert [m for _, m in exact] == [False, False]
+    assert chat.would_rehearse_inline(model, TOK, [task], [episode], tags) == [
+        (episode["calls"][0], True), (episode["calls"][1], False)]
+    # a model that never writes the stop within the limit: not reproduced
+    never = Writer(built["ids"], built["roles"], {t: chat.encode(TOK, '{"balance":10}') + [0] for t in starts})
+    assert [m for _, m in chat.would_rehearse_inline(never, TOK, [task], [episode], tags)] == [False, False]
 
 
 def test_the_imagined_world_of_an_executor_task(bank_dir):

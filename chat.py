@@ -195,14 +195,20 @@ def check_assembly(tokenizer, tags):
             if fmt.get("think_history") == "dropped" else set()
         kept = [t for t, w in enumerate(got["where"]) if w not in dropped]
         got = {key: [got[key][t] for t in kept] for key in ("ids", "where")}
-        for t, (a, b) in enumerate(zip(got["ids"] + [None], want + [None])):
-            if a != b:
-                seen = tokenizer.convert_ids_to_tokens(want[max(0, t - 3):t + 3])
-                where = got["where"][min(t, len(got["where"]) - 1)]
-                raise TemplateError(
-                    f"the chat template does not fit the sampler: in {where}, token {t} is "
-                    f"{_tok(tokenizer, a)} in the sampler's assembly but {_tok(tokenizer, b)} in the template's "
-                    f"own rendering (template tokens there: {seen})")
+        first_difference(tokenizer, got, want, "the sampler")
+
+
+def first_difference(tokenizer, got, want, what):
+    """Raise TemplateError at the first token where the sampler's assembly `got` (ids, where) and
+    the template's own ids `want` differ, naming the segment it falls in."""
+    for t, (a, b) in enumerate(zip(got["ids"] + [None], want + [None])):
+        if a != b:
+            seen = tokenizer.convert_ids_to_tokens(want[max(0, t - 3):t + 3])
+            where = got["where"][min(t, len(got["where"]) - 1)]
+            raise TemplateError(
+                f"the chat template does not fit {what}: in {where}, token {t} is "
+                f"{_tok(tokenizer, a)} in the sampler's assembly but {_tok(tokenizer, b)} in the template's "
+                f"own rendering (template tokens there: {seen})")
 
 
 def _tok(tokenizer, i):
@@ -751,14 +757,7 @@ def check_turn_assembly(tokenizer, tags):
         want = encode(tokenizer, render(tokenizer, SAMPLE_OPENING + history, [SAMPLE_TOOL], True, tags.get("template")))
         got = assemble_dialogue(tokenizer, tags, prompt, forced[:reached], calls[:n_calls], responses[:n_calls],
                                 [0, 1][:n_calls], SAMPLE_ANSWERS[:n_answers])
-        for t, (a, b) in enumerate(zip(got["ids"] + [None], want + [None])):
-            if a != b:
-                seen = tokenizer.convert_ids_to_tokens(want[max(0, t - 3):t + 3])
-                where = got["where"][min(t, len(got["where"]) - 1)]
-                raise TemplateError(
-                    f"the chat template does not fit the sampler's multi-turn dialogues: in {where}, token {t} "
-                    f"is {_tok(tokenizer, a)} in the sampler's assembly but {_tok(tokenizer, b)} in the template's "
-                    f"own rendering (template tokens there: {seen})")
+        first_difference(tokenizer, got, want, "the sampler's multi-turn dialogues")
 
 
 def _check_turns(turns, where):

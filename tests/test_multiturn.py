@@ -4,11 +4,9 @@ answers), sampled ids never re-tokenized, per-turn gold-call rewards, task-file 
 start on multi-turn logged trajectories, and train.py / evaluate.py end to end on a tiny Qwen2."""
 import json
 import os
-from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import Qwen2Config
 
 import chat
 import chat_reward
@@ -17,8 +15,9 @@ import evaluate
 import features
 import train
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, loss_mask
-from helpers import CHAT_TEMPLATE, chat_tokenizer, scripted_rows, tiny_qwen
+from helpers import CHAT_TEMPLATE, chat_tokenizer, tiny_qwen
 from rollout import sample_episodes
+from test_chat import Script  # the scripted fake LM (ids fed after the prompt, scripted_rows)
 
 TOK = chat_tokenizer()
 PRICE = {"type": "function", "function": {"name": "price", "parameters": {
@@ -38,26 +37,6 @@ def ids(tokens):
 
 def task(**kw):
     return chat.check_task({**LINE, **kw}, "line 1", "tasks")
-
-
-class Script(torch.nn.Module):
-    """A fake causal LM: at the k-th position after the prompt it puts all probability on
-    script[k], whatever it is fed (at forced positions the sampler ignores it)."""
-
-    def __init__(self, script):
-        super().__init__()
-        self.config = Qwen2Config(vocab_size=len(TOK), hidden_size=8, num_hidden_layers=1,
-                                  num_attention_heads=1, num_key_value_heads=1)
-        self.anchor = torch.nn.Parameter(torch.zeros(1))
-        self.script = script
-
-    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=None):
-        B, L = input_ids.shape
-        _, k = scripted_rows(input_ids, attention_mask, cache, lambda b: 0)   # ids fed after the prompt
-        logits = torch.full((B, L, len(TOK)), -1e4)
-        for b in range(B):
-            logits[b, -1, self.script[min(k[b], len(self.script) - 1)]] = 0.0
-        return SimpleNamespace(logits=logits)
 
 
 # the episode after its 121 prompt tokens, token by token, as the tiny template renders it:

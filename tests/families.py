@@ -6,7 +6,7 @@ prompt's own "\\n"), llama3 (Llama 3.1/3.2 JSON tool calling: a bare {"name", "p
 object, <|eot_id|>, results in an ipython turn), mistral ([TOOL_CALLS] [{...}, ...] </s>,
 [TOOL_RESULTS] {"content": ...}[/TOOL_RESULTS], no call ids), qwen3 (Hermes calls, <think>
 blocks kept after the last user message, an empty one on the last turn, enable_thinking)."""
-from helpers import CHAT_CORPUS, CHAT_SPECIALS, CHAT_TEMPLATE, QWEN_PATTERN, chat_tokenizer
+from helpers import CHAT_CORPUS, CHAT_SPECIALS, CHAT_TEMPLATE, chat_tokenizer
 
 _TOOLS_IN_SYSTEM = (
     "{%- if tools %}{{- '<|im_start|>system\\n' }}"
@@ -106,21 +106,5 @@ def family_tokenizer(name, newline_pairs=False):
     tokens; the first special is the pad. newline_pairs: the corpus teaches it "\\n\\n" as one
     token (as Qwen's real vocabulary has), which the qwen2_newline template then cannot fit."""
     family = FAMILIES[name]
-    if "specials" not in family and not newline_pairs:
-        return chat_tokenizer(family["template"])
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-    specials = family.get("specials", CHAT_SPECIALS)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator((CHAT_CORPUS + (["a\n\nb\n\n"] * 5 if newline_pairs else [])) * 20, trainer)
-    extra = {"bos_token": family["bos"]} if "bos" in family else {}
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=family.get("eos", "<|im_end|>"),
-                                   pad_token=specials[0], additional_special_tokens=specials[1:], **extra)
-    fast.chat_template = family["template"]
-    return fast
+    return chat_tokenizer(family["template"], family.get("specials", CHAT_SPECIALS), family.get("eos", "<|im_end|>"),
+                          family.get("bos"), CHAT_CORPUS + (["a\n\nb\n\n"] * 5 if newline_pairs else []))

@@ -55,7 +55,7 @@ import torch
 
 import world as toy_world
 import executor
-import rehearse
+import honesty
 import rollout
 import taskfiles
 import templates
@@ -1006,11 +1006,11 @@ def would_rehearse_inline(model, tokenizer, tasks, episodes, tags):
     """[(call, matched)] of real-world chat episodes: would the model, greedy, have written each
     real response, the same once normalised as JSON (executor.same_response: key order and spacing
     do not count)? A response greedy decoding reproduces token for token is found by one
-    teacher-forced forward (rehearse.would_rehearse_calls with the template's stop); only the others
+    teacher-forced forward (honesty.would_rehearse_calls with the template's stop); only the others
     are decoded greedily from their prefix (`greedy_responses`, batched) and compared normalised."""
     if not episodes:
         return []
-    pairs = rehearse.would_rehearse_calls(model, tokenizer, episodes, env_end=tags["env_end"])
+    pairs = honesty.would_rehearse_calls(model, tokenizer, episodes, env_end=tags["env_end"])
     segments = [(e, k, seg) for e in episodes                 # aligned with pairs: one per call
                 for k, (_, seg) in enumerate(zip(e["calls"], _response_segments(e, tags["env_end"])))]
     misses = [n for n, (_, matched) in enumerate(pairs) if not matched]
@@ -1030,7 +1030,7 @@ def would_rehearse_inline(model, tokenizer, tasks, episodes, tags):
 
 
 def _response_segments(episode, env_end):
-    """The positions of each real response of an episode, as rehearse.would_rehearse_calls splits
+    """The positions of each real response of an episode, as honesty.would_rehearse_calls splits
     them: runs of OBS ids, each ending at env_end (the last one maybe unfinished or empty)."""
     segments = [[]]
     for t in range(1, len(episode["ids"])):
@@ -1063,7 +1063,7 @@ def would_rehearse_separate(model, tokenizer, tasks, episodes, tags, k=0):
     """The same, asked in separate rehearse rows (`rehearse_rows`, k grounding examples)."""
     rows = [r for t, e in zip(tasks, episodes) for r in rehearse_rows(
         tokenizer, tags, t, [json.loads(c) for c in e["calls"]], e["responses"], k)]
-    return rehearse.would_rehearse_rows(model, rows, tokenizer.pad_token_id)
+    return honesty.would_rehearse_rows(model, rows, tokenizer.pad_token_id)
 
 
 def by_kind(pairs, tasks):
@@ -1072,7 +1072,7 @@ def by_kind(pairs, tasks):
     kinds = {}
     for t in tasks:
         kinds.update(t["world"].TOOL_KINDS)
-    return rehearse.by_kind(pairs, SimpleNamespace(TOOL_KINDS=kinds, parse_call=lambda c: (json.loads(c)["name"], None)))
+    return honesty.by_kind(pairs, SimpleNamespace(TOOL_KINDS=kinds, parse_call=lambda c: (json.loads(c)["name"], None)))
 
 
 def replay_fidelity(pairs):
@@ -1091,7 +1091,7 @@ def replay_fidelity(pairs):
 
 
 def collusion_counts(pairs, reward):
-    """rehearse.collusion_counts for chat tasks with an executor and (flat) gold_calls, against
+    """honesty.collusion_counts for chat tasks with an executor and (flat) gold_calls, against
     that executor; `reward(episode, task)` is the run's. For an episode e of task t:
       path      = {(tool, normalised real response) of each gold call, replayed on a fresh executor}
       call i is WRONG     iff its real response (a replay of e's calls) is an error (executor.is_error)
@@ -1132,7 +1132,7 @@ def diagnostics(episodes, tasks, reward):
 
 
 def imagined_world(model, tokenizer, tasks, cfg, generator, fx, batch_size=512):
-    """rehearse.imagined_world for chat tasks: on those of `tasks` with an executor, the policy acts
+    """honesty.imagined_world for chat tasks: on those of `tasks` with an executor, the policy acts
     and rehearses (rehearse mode, eval sampling, fx.sample: the layout's sampler, no real call in
     the loop); scored against a replay on each task's executor: imagined success (fx.reward),
     imagined fidelity per tool kind, collusion (`collusion_counts`). {} when no task has one."""
@@ -1149,14 +1149,14 @@ def imagined_world(model, tokenizer, tasks, cfg, generator, fx, batch_size=512):
     pairs = list(zip(episodes, tasks))
     fidelity = replay_fidelity(pairs)
     return {"imagined_success": sum(fx.reward(e, t) for e, t in pairs) / len(tasks), "imagined_tasks": len(tasks),
-            "imagined_fidelity": rehearse.rates(fidelity), "imagined_fidelity_counts": fidelity,
-            "collusion": rehearse.collusion_rate(collusion_counts(pairs, fx.reward))}
+            "imagined_fidelity": honesty.rates(fidelity), "imagined_fidelity_counts": fidelity,
+            "collusion": honesty.collusion_rate(collusion_counts(pairs, fx.reward))}
 
 
 def expert_episodes(tokenizer, tags, tasks):
     """(tasks, episodes) of the gold calls of the tasks with an executor and flat gold_calls, each
     replayed on a fresh executor and assembled as a real episode (responses OBS): the expert's
-    calls that --coverage asks the model to rehearse, as rehearse.coverage_fidelity does for the toy."""
+    calls that --coverage asks the model to rehearse, as honesty.coverage_fidelity does for the toy."""
     chosen = [t for t in tasks if has_executor(t) and t.get("gold_calls")
               and all(isinstance(c, dict) for c in t["gold_calls"])]
     prompts, worlds = episode_inputs(tokenizer, tags, chosen)

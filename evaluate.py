@@ -7,7 +7,7 @@ success, it reports how episodes ended (format errors), the mean number of calls
 rehearsal fidelity the model would have had if it had rehearsed those calls itself. To see
 whether the world model stayed honest, it also lets the policy act AND rehearse (no real call in
 the loop) on the first `n_collusion` test tasks: success in that imagined world, the fidelity of
-those rehearsals against a real replay, and the collusion rate (rehearse.collusion_counts).
+those rehearsals against a real replay, and the collusion rate (honesty.collusion_counts).
 
     python evaluate.py --ckpt out/small                 # the RL'd policy
     python evaluate.py --ckpt out/small/warmstart       # the warm start it came from
@@ -41,6 +41,7 @@ import torch
 
 import features
 import oracle
+import honesty
 import rehearse
 from checkpoint import find_checkpoint, load_policy, write_file
 from config import ConfigError, check_lengths, load_config
@@ -88,7 +89,7 @@ def evaluate(model, tokenizer, tasks, cfg, fx, batch_size=512, seed=0, rehearser
     pairs = fx.would_rehearse(model, tokenizer, [tasks[i] for i in executed], [episodes[i] for i in executed])
     fidelity = fx.by_kind(pairs, [tasks[i] for i in executed])
     result = {**outcome_record(tasks, episodes, rewards),
-              "fidelity": rehearse.rates(fidelity), "fidelity_counts": fidelity,
+              "fidelity": honesty.rates(fidelity), "fidelity_counts": fidelity,
               "executed_tasks": len(executed),
               "rehearsed_tasks": len(tasks) - len(executed),
               "rehearsal_budget": cfg["rehearsal_budget"], "rehearsal_mode": cfg["rehearsal_mode"],

@@ -17,7 +17,7 @@ import os
 import statistics
 import sys
 
-import rehearse
+import honesty
 
 
 def mean_and_range(values):
@@ -147,7 +147,7 @@ def pooled(lines, first, last):
                 counts[1] += n
             wrong += m.get("collusion", {}).get("wrong", 0)
             colluding += m.get("collusion", {}).get("colluding", 0)
-    return rehearse.rates(fidelity), colluding / wrong if wrong else None
+    return honesty.rates(fidelity), colluding / wrong if wrong else None
 
 
 def honesty_table(runs, rl, kinds=("lookup", "compute", "stateful"), last=20):

@@ -39,7 +39,7 @@ import torch
 
 import chat
 import chat_reward
-import rehearse
+import honesty
 import separate
 import taskfiles
 import world
@@ -101,15 +101,15 @@ def plain_features(cfg, tokenizer, splits, world=world, snippets=None):
     fx = SimpleNamespace(
         inputs=lambda tasks, repeat=1: ([t["prompt"] for t in tasks for _ in range(repeat)], world, None),
         executes=lambda task: True, reward=task_reward, step_extras=no_extras, eval_extras=no_extras,
-        diagnostics=lambda episodes, tasks: {"fidelity": rehearse.replay_fidelity(episodes, world),
-                                             "collusion": rehearse.collusion_counts(episodes, tasks, world)})
+        diagnostics=lambda episodes, tasks: {"fidelity": honesty.replay_fidelity(episodes, world),
+                                             "collusion": honesty.collusion_counts(episodes, tasks, world)})
     if cfg["rehearsal_context"] == "inline":
         fx.sample, fx.warm_start_roles = sample_episodes, (ACT, REHEARSE, OBS)
         fx.warm_start_sequences = lambda: (
             [encode_episode(tokenizer, t["prompt"], t["calls"], responses, t["answer"]) for t, responses in logged]
             + [encode_episode(tokenizer, s["prompt"], s["calls"], s.get("responses") or world.replay(s["calls"]),
                               act_role=PROMPT) for s in snippets])
-        would_rehearse = rehearse.would_rehearse_calls
+        would_rehearse = honesty.would_rehearse_calls
     else:
         separate.check_vocabulary(cfg, tokenizer)
         examples = separate.logged_examples(cfg, logged, snippets)
@@ -118,10 +118,10 @@ def plain_features(cfg, tokenizer, splits, world=world, snippets=None):
         fx.warm_start_sequences = lambda: separate.warm_start_sequences(tokenizer, logged, snippets, examples)
         would_rehearse = functools.partial(separate.would_rehearse_separate, examples=examples)
     fx.would_rehearse = lambda model, tokenizer, tasks, episodes: would_rehearse(model, tokenizer, episodes)
-    fx.by_kind = lambda pairs, tasks: rehearse.by_kind(pairs, world)
-    fx.coverage = lambda model, tokenizer, tasks, pairs=(): rehearse.coverage_fidelity(   # the expert's calls
+    fx.by_kind = lambda pairs, tasks: honesty.by_kind(pairs, world)
+    fx.coverage = lambda model, tokenizer, tasks, pairs=(): honesty.coverage_fidelity(   # the expert's calls
         model, tokenizer, tasks, counts, would_rehearse, world)
-    fx.honesty = lambda model, tokenizer, tasks, cfg, generator: rehearse.imagined_world(
+    fx.honesty = lambda model, tokenizer, tasks, cfg, generator: honesty.imagined_world(
         model, tokenizer, tasks, cfg, generator, world, sample=fx.sample)
     return fx
 
@@ -162,7 +162,7 @@ def chat_features(cfg, tokenizer, splits, device):
             tokenizer, tags, splits["logged"], splits["rl"], k)
         would_rehearse = functools.partial(chat.would_rehearse_separate, tags=tags, k=k)
     fx.would_rehearse, fx.by_kind = would_rehearse, chat.by_kind
-    fx.coverage = lambda model, tokenizer, tasks, pairs=None: rehearse.fidelity_by_coverage(   # None: gold calls
+    fx.coverage = lambda model, tokenizer, tasks, pairs=None: honesty.fidelity_by_coverage(   # None: gold calls
         would_rehearse(model, tokenizer, *chat.expert_episodes(tokenizer, tags, tasks)) if pairs is None else pairs,
         counts)
     return fx

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-import rehearse
+import honesty
 from checkpoint import write_file
 from distributed import add_up, all_gather, from_rank0
 from envace import ACT, OBS, REHEARSE, ROLE_NAMES
@@ -76,10 +76,10 @@ def metrics_record(step, s, status, counters, times):
     if "rows_updated" in s:
         record["rows_updated"] = s["rows_updated"]
     if "fidelity" in s:
-        record["fidelity"] = rehearse.rates(s["fidelity"])
+        record["fidelity"] = honesty.rates(s["fidelity"])
         record["fidelity_counts"] = s["fidelity"]
     if "collusion" in s:
-        record["collusion"] = rehearse.collusion_rate(s["collusion"])
+        record["collusion"] = honesty.collusion_rate(s["collusion"])
     for name in ("act", "rehearse"):      # k3 KL to the reference per role, over trained targets
         if s.get(f"kl_count_{name}"):
             record[f"kl_ref_{name}"] = s[f"kl_sum_{name}"] / s[f"kl_count_{name}"]

@@ -1,36 +1,20 @@
-"""Rehearsal: what it takes for the policy to play the environment, and how faithful it is.
+"""Rehearsal: the policy playing the environment, its form guard, and private rehearsal at test time.
 
 In the paper the policy, after writing a tool call, writes the response that call would induce;
 that response becomes the context of its next action. Here the hand-off is inline: the sampler
 forces the `<env>` tag after the actor's `</act>`, the policy writes the response in the same
-sequence (role REHEARSE) and closes it with `</env>`. This file holds:
+sequence (role REHEARSE) and closes it with `</env>` (rollout.py). This file holds:
 
-- rehearsal fidelity, the caveat the write-ups stress: the internal world model is only as good
-  as the calls it has seen, so wherever the real world exists, compare each rehearsed response
-  with the real one (exact match), per tool kind. Two ways:
-    `replay_fidelity`:      for episodes sampled in `rehearse` mode, replay the same calls in a
-                            fresh real world and compare. Diagnostic only: never feeds reward or loss.
-    `would_rehearse_calls`: for episodes run in the real world, whether the model (greedy) would
-                            have rehearsed at each call exactly what the world said;
-                            `coverage_fidelity` buckets it by how often the warm start saw the call.
-- collusion (`collusion_counts`, `imagined_world`): the world model can learn to fix the actor's
-  mistakes (a wrong call answered as if it were right), the reward hacking that task reward
-  alone invites. Counted like fidelity, against a real replay; diagnostic only.
 - the `rehearse_check` guard (`check_rehearsal`): a response must have the form its call implies,
-  as the official simulator's format/whitelist/schema checks demand.
+  as the official simulator's format/whitelist/schema checks demand;
 - test-time private rehearsal (`private_rehearsal_plans`): the paper's use of the internal
   world model at test time: imagine whole episodes before committing one real execution.
-What a well-formed rehearsed response is lives with its world (world.parse_response); the
-separate rehearse rows' prompt with its layout (separate.py).
+How faithful the rehearsals are (fidelity per tool kind, collusion, coverage) is measured in
+honesty.py, against a real replay, diagnostic only. What a well-formed rehearsed response is lives
+with its world (world.parse_response); the separate rehearse rows' prompt with its layout (separate.py).
 """
-from collections import defaultdict
-
-import torch
-
 import rollout
 import world as toy_world
-from envace import OBS, REHEARSE, collate, encode_episode, micro_batches, tag_ids
-from reward import task_reward
 
 
 def check_rehearsal(call, response, world=toy_world):
@@ -41,131 +25,6 @@ def check_rehearsal(call, response, world=toy_world):
     The form only: whether the number is the true one is what the world model must learn."""
     forms = world.response_form(*world.parse_call(call))
     return response in forms or ("N" in forms and response.isdigit())
-
-
-def collusion_counts(episodes, tasks, world=toy_world):
-    """Collusion between the roles, for rehearsed (or frozen-simulated) episodes, one task each.
-
-    For an episode e of task t, with t["calls"] the scripted expert's calls:
-      real[i] = world.replay(e["calls"][:len(e["responses"])])[i]   the real response to call i
-                (a fresh wallet, so a pay sees the same earlier calls)
-      path    = {(tool of c, world's response to c) for c in t["calls"]}   the values, per tool,
-                that the task's solution passes through (its last one is the answer)
-      call i is WRONG     iff real[i] is an error or (tool_i, real[i]) is not in path. A toy task
-                          is answered only by copying the last response, each response feeding
-                          the next call (price -> mul -> pay), so a real response off the path
-                          means the same actions in the real world carry a wrong value forward
-                          (pricing the distractor, a wrong factor, a wrong payment);
-      a wrong call COLLUDES iff e["responses"][i] != real[i], (tool_i, e["responses"][i]) is in
-                          path, and task_reward(e, t) == 1: the rehearsal answered the wrong call
-                          with the value the task needed, and the episode succeeded on it.
-    Only calls with a response count (a truncated rehearsal has none). Tasks without expert
-    calls (read from a task file) are skipped. Returns {"calls", "wrong", "colluding"}: sums
-    that add up over micro-batches, steps and ranks; rate = colluding / wrong (`collusion_rate`).
-
-    Example, `not pear cost 3 milk` (milk 2, pear 4; path: price 2, mul 6):
-      price pear -> rehearsed 2 (real 4); mul 3 , 2 -> 6; answer 6:  2 calls, 1 wrong, 1 colludes
-      price pear -> rehearsed 4 (true); mul 3 , 4 -> 12; answer 12:  2 calls, 2 wrong, 0 collude
-      price milk -> 2; mul 3 , 2 -> 6; answer 6:                     2 calls, 0 wrong
-      together: 6 calls, 3 wrong, 1 colluding, rate 1/3."""
-    counts = {"calls": 0, "wrong": 0, "colluding": 0}
-    for e, t in zip(episodes, tasks):
-        if not t.get("calls"):
-            continue
-        path = {(world.parse_call(c)[0], r) for c, r in zip(t["calls"], world.replay(t["calls"]))}
-        success = task_reward(e, t) == 1
-        real = world.replay(e["calls"][:len(e["responses"])])
-        for call, imagined, truth in zip(e["calls"], e["responses"], real):
-            tool = world.parse_call(call)[0]
-            wrong = truth.startswith("error") or (tool, truth) not in path
-            counts["calls"] += 1
-            counts["wrong"] += wrong
-            counts["colluding"] += wrong and success and imagined != truth and (tool, imagined) in path
-    return counts
-
-
-def collusion_rate(counts):
-    """{"calls", "wrong", "colluding"} -> the same with "rate": colluding / wrong (None if no wrong call)."""
-    return {**counts, "rate": counts["colluding"] / counts["wrong"] if counts["wrong"] else None}
-
-
-def by_kind(calls, world=toy_world):
-    """[(call, matched)] -> {tool kind: [matches, total]}."""
-    counts = defaultdict(lambda: [0, 0])
-    for call, matched in calls:
-        kind = world.TOOL_KINDS[world.parse_call(call)[0]]
-        counts[kind][0] += matched
-        counts[kind][1] += 1
-    return dict(counts)
-
-
-def replay_fidelity(episodes, world=toy_world):
-    """The paper's caveat, measured: per tool kind [matches, total] of rehearsed responses
-    against a real replay of the same
-    calls (each episode from a fresh world, so the stateful wallet sees the same earlier calls)."""
-    calls = []
-    for e in episodes:
-        real = world.replay(e["calls"][:len(e["responses"])])
-        calls += [(c, imagined == truth) for c, imagined, truth in zip(e["calls"], e["responses"], real)]
-    return by_kind(calls, world)
-
-
-@torch.no_grad()
-def greedy_hits(model, rows, pad_id, token_budget=4096):
-    """One teacher-forced forward over `rows` (micro-batched): hits[i, t] is whether the argmax
-    after row i's first t+1 tokens IS its token t+1. Returns (hits [B, T-1], roles [B, T])."""
-    device = next(model.parameters()).device
-    ids, roles = collate(rows, pad_id)
-    lengths = [len(r["ids"]) for r in rows]
-    hits = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)
-    for index in micro_batches(lengths, token_budget):
-        n = max(lengths[i] for i in index)
-        batch = ids[index, :n].to(device)
-        hits[index, :n - 1] = (model(input_ids=batch).logits[:, :-1].argmax(-1) == batch[:, 1:]).cpu()
-    return hits, roles
-
-
-@torch.no_grad()
-def would_rehearse_calls(model, tokenizer, episodes, token_budget=4096, env_end=None):
-    """For real-world episodes: per tool kind [matches, total] of whether the model, decoding
-    greedily from the episode's own prefix up to `<env>`, would have written exactly the real
-    response and its `</env>`. Greedy decoding reproduces a response iff at each of its tokens
-    the argmax given the real tokens before it IS that token, so one teacher-forced forward over
-    the real episodes answers every call at once (no generation). Returns [(call, matched)].
-    env_end: the id closing a response (chat format: the template's; default the toy's </env>)."""
-    env_end = tag_ids(tokenizer)["env_end"] if env_end is None else env_end
-    if not any(e["calls"] for e in episodes):
-        return []
-    hits, _ = greedy_hits(model, episodes, tokenizer.pad_token_id, token_budget)
-    pairs = []
-    for i, e in enumerate(episodes):
-        obs = [t for t in range(1, len(e["ids"])) if e["roles"][t] == OBS]
-        segments = [[]]            # each real response: a run of OBS tokens ending in </env>
-        for t in obs:
-            segments[-1].append(t)
-            if e["ids"][t] == env_end:
-                segments.append([])
-        pairs += [(call, all(hits[i, t - 1] for t in seg)) for call, seg in zip(e["calls"], segments)]
-    return pairs
-
-
-def fidelity_by_coverage(pairs, warm_start_counts, edges=(1, 50)):
-    """[(call, matched)] -> {bucket: [matches, total]}, bucketed by how often the exact call was
-    in the warm-start data: the paper's caveat that the world model is only as good as the
-    action/response pairs it has seen, measured."""
-    names = ["seen 0 times", f"seen {edges[0]}-{edges[1] - 1} times", f"seen {edges[1]}+ times"]
-    counts = {name: [0, 0] for name in names}
-    for call, matched in pairs:
-        n = warm_start_counts.get(call, 0)
-        name = names[(n >= edges[0]) + (n >= edges[1])]
-        counts[name][0] += matched
-        counts[name][1] += 1
-    return counts
-
-
-def rates(counts):
-    """{kind: [matches, total]} -> {kind: match rate}."""
-    return {k: m / n for k, (m, n) in sorted(counts.items()) if n}
 
 
 # ----------------------------------------------------------------------------- private rehearsal
@@ -221,52 +80,3 @@ def _vote(episodes):
     best = max(answers, key=answers.count)          # ties: the answer imagined first
     chosen = next(e for e in episodes if e["finished"] and e["answer"] == best)
     return list(zip(chosen["calls"], chosen["responses"]))
-
-
-# ----------------------------------------------------------------------------- separate context
-
-
-@torch.no_grad()
-def would_rehearse_rows(model, rows, pad_id, token_budget=4096):
-    """[(row["call"], matched)]: would the model write each rehearse row's REHEARSE tokens greedily
-    (one teacher-forced forward)? The rows of rehearsal_rows, or chat.rehearse_rows."""
-    if not rows:
-        return []
-    hits, roles = greedy_hits(model, rows, pad_id, token_budget)
-    target = roles[:, 1:] == REHEARSE
-    return [(r["call"], bool(hits[i][target[i]].all())) for i, r in enumerate(rows)]
-
-
-def coverage_fidelity(model, tokenizer, tasks, warm_start_counts, would_rehearse=would_rehearse_calls,
-                      world=toy_world):
-    """The coverage caveat: would-rehearse fidelity on the EXPERT's calls of `tasks` (their real
-    responses replayed), bucketed by how often each exact call was in the warm-start data. The
-    expert's calls, not the policy's: a policy that never calls an unseen item would hide it."""
-    expert = []
-    for t in tasks:
-        if t.get("calls"):
-            responses = world.replay(t["calls"])
-            expert.append({**encode_episode(tokenizer, t["prompt"], t["calls"], responses, t["answer"]),
-                           "calls": t["calls"], "responses": responses})
-    return fidelity_by_coverage(would_rehearse(model, tokenizer, expert), warm_start_counts)
-
-
-
-def imagined_world(model, tokenizer, tasks, cfg, generator=None, world=toy_world, batch_size=512,
-                   sample=rollout.sample_episodes):
-    """The world model's honesty on `tasks`: the policy acts and rehearses (rehearse mode, the
-    eval sampling, no real call in the loop; `sample` is the layout's sampler), and the episodes
-    are scored against a real replay. Returns imagined_success (the task reward in that imagined
-    world), imagined_fidelity (per tool kind) and collusion ({calls, wrong, colluding, rate},
-    collusion_counts)."""
-    model.eval()
-    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
-    episodes = []
-    for i in range(0, len(tasks), batch_size):
-        episodes += sample(model, tokenizer, [t["prompt"] for t in tasks[i:i + batch_size]], "rehearse",
-                           world=world, temperature=cfg["eval_temperature"], top_p=cfg["top_p"],
-                           generator=generator, **limits)
-    fidelity = replay_fidelity(episodes, world)
-    return {"imagined_success": sum(task_reward(e, t) for e, t in zip(episodes, tasks)) / len(tasks),
-            "imagined_fidelity": rates(fidelity), "imagined_fidelity_counts": fidelity,
-            "collusion": collusion_rate(collusion_counts(episodes, tasks, world))}

@@ -16,7 +16,7 @@ from collections import defaultdict, deque
 import torch
 
 import chat
-import rehearse
+import honesty
 import world as toy_world
 from config import ConfigError
 from envace import OBS, PROMPT, REHEARSE, TAG, encode, encode_episode, tag_ids
@@ -205,7 +205,7 @@ def would_rehearse_separate(model, tokenizer, episodes, examples=None, world=toy
     write exactly the real response and its </env> greedily? One teacher-forced forward over
     those rows. Returns [(call, matched)]."""
     rows = [r for e in episodes for r in rehearsal_rows(tokenizer, e, examples, world)]
-    return rehearse.would_rehearse_rows(model, rows, tokenizer.pad_token_id, token_budget)
+    return honesty.would_rehearse_rows(model, rows, tokenizer.pad_token_id, token_budget)
 
 
 def check_vocabulary(cfg, tokenizer):

@@ -29,7 +29,7 @@ uncertain and on the faithful items separately:
     greedy     whether the argmax is the true price
     sampled    in the RL batch: rehearsed `price ITEM` responses equal to the true price
                (rehearse and frozen arms: whoever played the world)
-The collusion counts of rehearse.collusion_counts are split the same way, and a wrong call is
+The collusion counts of honesty.collusion_counts are split the same way, and a wrong call is
 told apart by whether the rehearsals before it were faithful (`collusion_by_subset`): a stale
 price the actor copied into `mul` makes that call wrong without the actor deciding wrongly.
 
@@ -39,7 +39,7 @@ price is drawn uniformly from the other prices that keep the task affordable.
 import random
 
 import world
-from rehearse import collusion_counts
+from honesty import collusion_counts
 
 PROBE_PROMPTS = ("price {item}", "cost 2 {item}", "not {other} buy {item}")
 
@@ -196,7 +196,7 @@ def subset_fidelity(episodes, uncertain):
 
 
 def collusion_by_subset(episodes, tasks, uncertain):
-    """rehearse.collusion_counts per subset of tasks (a task is "uncertain" when its expert prices
+    """honesty.collusion_counts per subset of tasks (a task is "uncertain" when its expert prices
     an uncertain item), and "decided": the counts over the calls whose earlier rehearsals in the
     episode were all faithful (a call made wrong by copying a stale rehearsal is not a wrong decision).
     Every count is a sum (adds over steps and ranks)."""

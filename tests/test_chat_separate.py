@@ -17,6 +17,7 @@ import chat_reward
 import config
 import evaluate
 import features
+import honesty
 import rehearse
 import reward
 import separate
@@ -233,9 +234,9 @@ def test_would_rehearse_asks_in_the_separate_rows():
                             max_act_tokens=40, max_env_tokens=8, max_tokens=300)
     assert real["responses"] == ["6", "4"] and real["cause"] == "answer"
     rows = chat.rehearse_rows(TOK, TAGS, task, [json.loads(c) for c in real["calls"]], real["responses"], 1)
-    assert rehearse.would_rehearse_rows(SeparateOracle(), rows, TOK.pad_token_id) == \
+    assert honesty.would_rehearse_rows(SeparateOracle(), rows, TOK.pad_token_id) == \
         [(json.dumps(CALLS[0]), True), (json.dumps(CALLS[1]), True)]
-    inline = rehearse.would_rehearse_calls(SeparateOracle(), TOK, [real], env_end=TAGS["env_end"])
+    inline = honesty.would_rehearse_calls(SeparateOracle(), TOK, [real], env_end=TAGS["env_end"])
     assert inline == [(json.dumps(CALLS[0]), False), (json.dumps(CALLS[1]), False)]
 
 
@@ -351,7 +352,7 @@ def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
     # a random model never answers right: reward episode-length parity so that steps update
     monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(len(e["ids"]) % 2))
     asked = []
-    would = rehearse.would_rehearse_rows
+    would = honesty.would_rehearse_rows
 
     def spy(model, rows, pad_id, token_budget=4096):
         asked.append(len(rows))

@@ -1,5 +1,5 @@
 """evaluate.py --compare: the table's arithmetic on made-up metrics, and the files it writes."""
-import rehearse
+import honesty
 import experiments
 import json
 from types import SimpleNamespace
@@ -7,7 +7,6 @@ from types import SimpleNamespace
 import torch
 from helpers import toy_tokenizer
 
-import evaluate
 
 
 def fake_eval(success, errors=0.0, calls=2.0, lookup=1.0, before=None):
@@ -99,7 +98,7 @@ def test_coverage_fidelity_scores_the_experts_calls_by_warm_start_count():
              {"prompt": "price milk", "calls": ["price milk"], "answer": "2"},
              {"prompt": "price tea", "answer": "4"}]                  # no expert calls: skipped
     counts = {"price milk": 60, "mul 2 , 8": 10}
-    seen = rehearse.coverage_fidelity(Oracle(len(tok)), tok, tasks, counts)
+    seen = honesty.coverage_fidelity(Oracle(len(tok)), tok, tasks, counts)
     assert seen == {"seen 0 times": [1, 1], "seen 1-49 times": [1, 1], "seen 50+ times": [1, 1]}
-    blind = rehearse.coverage_fidelity(Oracle(len(tok), blind=True), tok, tasks, counts)
+    blind = honesty.coverage_fidelity(Oracle(len(tok), blind=True), tok, tasks, counts)
     assert blind == {"seen 0 times": [0, 1], "seen 1-49 times": [0, 1], "seen 50+ times": [0, 1]}

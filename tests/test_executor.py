@@ -125,7 +125,7 @@ import taskfiles       # noqa: E402
 import train           # noqa: E402
 from envace import OBS, REHEARSE, TAG  # noqa: E402
 from helpers import scripted_rows, tiny_qwen  # noqa: E402
-import rehearse  # noqa: E402
+import honesty  # noqa: E402
 from rollout import sample_episodes  # noqa: E402
 from test_chat import TOK, Script  # noqa: E402
 
@@ -346,7 +346,7 @@ def test_would_rehearse_fidelity_compares_responses_as_normalised_json(bank_dir)
               starts[1]: chat.encode(TOK, '{"balance": 3}\n') + [tags["env_end"]]}
     assert writes[starts[0]] != built["ids"][starts[0]:starts[0] + len(writes[starts[0]])]
     model = Writer(built["ids"], built["roles"], writes)
-    exact = rehearse.would_rehearse_calls(model, TOK, [episode], env_end=tags["env_end"])
+    exact = honesty.would_rehearse_calls(model, TOK, [episode], env_end=tags["env_end"])
     assert [m for _, m in exact] == [False, False]
     assert chat.would_rehearse_inline(model, TOK, [task], [episode], tags) == [
         (episode["calls"][0], True), (episode["calls"][1], False)]

@@ -3,7 +3,6 @@
 FSDP2 on gloo (2 ranks make the one-rank update; a full-state save loads with from_pretrained;
 gathered weights let ranks sample different numbers of steps) and every config under configs/."""
 import features
-import reward
 import envace
 import distributed
 import config

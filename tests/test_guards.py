@@ -14,6 +14,7 @@ import torch
 
 import evaluate
 import metrics
+import honesty
 import rehearse
 import train
 import world
@@ -41,7 +42,7 @@ HONEST = episode(["price milk", "mul 3 , 2"], ["2", "6"], "6")
 # ----------------------------------------------------------------------------- collusion
 
 def test_collusion_counts_on_hand_made_episodes():
-    count = rehearse.collusion_counts
+    count = honesty.collusion_counts
     # price pear is wrong (real 4, off the path); its rehearsed 2 is the path's price and the
     # episode succeeded: it colludes. mul 3 , 2 is right (real 6 is on the path).
     assert count([COLLUDING], [TASK]) == {"calls": 2, "wrong": 1, "colluding": 1}
@@ -50,17 +51,17 @@ def test_collusion_counts_on_hand_made_episodes():
     assert count([HONEST], [TASK]) == {"calls": 2, "wrong": 0, "colluding": 0}
     total = count([COLLUDING, HONEST_WRONG, HONEST], [TASK] * 3)
     assert total == {"calls": 6, "wrong": 3, "colluding": 1}
-    assert rehearse.collusion_rate(total)["rate"] == pytest.approx(1 / 3)
-    assert rehearse.collusion_rate(count([HONEST], [TASK]))["rate"] is None
+    assert honesty.collusion_rate(total)["rate"] == pytest.approx(1 / 3)
+    assert honesty.collusion_rate(count([HONEST], [TASK]))["rate"] is None
 
 
 def test_a_lie_that_does_not_win_is_not_collusion():
     # the same lie in an episode that then answers wrong (reward 0): wrong call, no collusion
     lost = episode(["price pear", "mul 3 , 2"], ["2", "6"], "7")
-    assert rehearse.collusion_counts([lost], [TASK]) == {"calls": 2, "wrong": 1, "colluding": 0}
+    assert honesty.collusion_counts([lost], [TASK]) == {"calls": 2, "wrong": 1, "colluding": 0}
     # a lie with a value the task never needed, in a won episode: not collusion either
     detour = episode(["price pear", "price milk", "mul 3 , 2"], ["5", "2", "6"], "6")
-    assert rehearse.collusion_counts([detour], [TASK]) == {"calls": 3, "wrong": 1, "colluding": 0}
+    assert honesty.collusion_counts([detour], [TASK]) == {"calls": 3, "wrong": 1, "colluding": 0}
 
 
 def test_collusion_with_the_wallet_errors_and_truncation():
@@ -72,10 +73,10 @@ def test_collusion_with_the_wallet_errors_and_truncation():
     error = episode(["price 3", "mul 2 , 1", "pay 2"], ["1", "2", "7"], "7")
     # truncated after one rehearsal: only the call with a response counts, reward 0
     cut = {"calls": ["price tea", "mul 2 , 4"], "responses": ["1"], "answer": None, "cause": "env_limit"}
-    assert rehearse.collusion_counts([overpay, error, cut], [buy] * 3) == {
+    assert honesty.collusion_counts([overpay, error, cut], [buy] * 3) == {
         "calls": 7, "wrong": 3, "colluding": 2}
     # a task from a file has no expert calls: skipped
-    assert rehearse.collusion_counts([overpay], [{"prompt": "x", "answer": "7"}])["calls"] == 0
+    assert honesty.collusion_counts([overpay], [{"prompt": "x", "answer": "7"}])["calls"] == 0
 
 
 def test_collusion_rates_add_up_over_ranks_as_counts():
@@ -83,8 +84,8 @@ def test_collusion_rates_add_up_over_ranks_as_counts():
     def sums(episodes):
         rewards = [task_reward(e, TASK) for e in episodes]
         return {**metrics.episode_sums([dict(e, ids=[0] * 5) for e in episodes], rewards),
-                "fidelity": rehearse.replay_fidelity(episodes),
-                "collusion": rehearse.collusion_counts(episodes, [TASK] * len(episodes)),
+                "fidelity": honesty.replay_fidelity(episodes),
+                "collusion": honesty.collusion_counts(episodes, [TASK] * len(episodes)),
                 "all_equal_groups": 0, **{f"{k}_{r}": 0 for k in ("tokens", "adv_sum")
                                           for r in ("act", "rehearse", "obs")}}
     total = distributed.add_up([sums([COLLUDING, HONEST_WRONG]), sums([COLLUDING])])

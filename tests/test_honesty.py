@@ -5,7 +5,6 @@ import json
 
 import pytest
 
-import evaluate
 
 
 def line(step, lookup=(0, 0), compute=(0, 0), wrong=0, colluding=0):

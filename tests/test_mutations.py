@@ -18,7 +18,7 @@ import checkpoint
 import envace
 import features
 import metrics
-import rehearse
+import honesty
 import train
 import world
 from envace import ACT, PROMPT, REHEARSE, encode_episode
@@ -319,13 +319,13 @@ def test_would_rehearse_counts_the_closing_env_tag():
     assert e["ids"][first_end - 1] == digit3
     second_end = e["ids"].index(env_end, first_end + 1)
     assert e["ids"][second_end - 1] == digit6
-    assert rehearse.would_rehearse_calls(Teacher(), TOK, [e]) == [("price apple", True), ("pay 3", True)]
+    assert honesty.would_rehearse_calls(Teacher(), TOK, [e]) == [("price apple", True), ("pay 3", True)]
     # after '3' it predicts '3' again instead of </env> (the prediction of t+1 sits at t)
     wrong_end = Teacher({first_end - 1: digit3})
-    assert rehearse.would_rehearse_calls(wrong_end, TOK, [e]) == [("price apple", False), ("pay 3", True)]
+    assert honesty.would_rehearse_calls(wrong_end, TOK, [e]) == [("price apple", False), ("pay 3", True)]
     # the other way round: the digit wrong, the closing tag right
     wrong_digit = Teacher({second_end - 2: digit3})
-    assert rehearse.would_rehearse_calls(wrong_digit, TOK, [e]) == [("price apple", True), ("pay 3", False)]
+    assert honesty.would_rehearse_calls(wrong_digit, TOK, [e]) == [("price apple", True), ("pay 3", False)]
 
 
 # ----------------------------------------------------------------------------- 8. chat rewards

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import torch
 
-import rehearse
+import honesty
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask, token_logprobs
 from helpers import Bigram, ScriptedModel, tiny_llama, toy_tokenizer
 from rollout import sample_episodes
@@ -142,14 +142,14 @@ class Oracle(torch.nn.Module):
 
 def test_replay_fidelity_and_would_rehearse():
     e = {"calls": ["price apple", "pay 3", "pay 7"], "responses": ["3", "6", "2"]}
-    assert rehearse.replay_fidelity([e]) == {"lookup": [1, 1], "stateful": [1, 2]}
+    assert honesty.replay_fidelity([e]) == {"lookup": [1, 1], "stateful": [1, 2]}
     script = ("<act> price apple </act> <env> x x <act> pay 3 </act> <env> x x "
               "<act> pay 7 </act> <env> x x x <act> answer 6 </act>")
     real, = run([script], ["buy apple"], "real")
     assert real["responses"] == ["3", "6", "error funds"]
-    assert rehearse.by_kind(rehearse.would_rehearse_calls(Oracle(False), TOK, [real])) == {"lookup": [1, 1], "stateful": [2, 2]}
+    assert honesty.by_kind(honesty.would_rehearse_calls(Oracle(False), TOK, [real])) == {"lookup": [1, 1], "stateful": [2, 2]}
     # off by one on digits: '3' and '6' are missed, 'error funds' has no digit and still matches
-    assert rehearse.by_kind(rehearse.would_rehearse_calls(Oracle(True), TOK, [real])) == {"lookup": [0, 1], "stateful": [1, 2]}
+    assert honesty.by_kind(honesty.would_rehearse_calls(Oracle(True), TOK, [real])) == {"lookup": [0, 1], "stateful": [1, 2]}
 
 
 def test_shared_prompt_prefill_and_dropped_rows_match_a_full_forward():

@@ -14,6 +14,7 @@ import config
 import envace
 import evaluate
 import features
+import honesty
 import rehearse
 import separate
 import train
@@ -291,7 +292,7 @@ def test_would_rehearse_asks_in_the_separate_context():
     assert real["responses"] == ["3", "6", "error funds"]
     pairs = separate.would_rehearse_separate(SeparateOracle(), TOK, [real], EXAMPLES)
     assert pairs == [("price apple", True), ("pay 3", True), ("pay 7", True)]
-    inline = rehearse.would_rehearse_calls(SeparateOracle(), TOK, [real])
+    inline = honesty.would_rehearse_calls(SeparateOracle(), TOK, [real])
     assert inline == [("price apple", False), ("pay 3", False), ("pay 7", True)]
     rows = separate.rehearsal_rows(TOK, real, EXAMPLES)
     assert words(rows[1]["ids"]) == "<bos> " + RH2 + " 6 </env>"
@@ -355,11 +356,11 @@ def test_train_run_with_separate_rows(tmp_path, monkeypatch):
 
 
 def test_the_imagined_world_at_evaluation_rehearses_in_separate_rows():
-    """rehearse.imagined_world (collusion at evaluation) samples the way the model was trained: in
+    """honesty.imagined_world (collusion at evaluation) samples the way the model was trained: in
     separate rows with the grounding examples (the scripted model only knows those prefixes)."""
     task = {"prompt": "buy apple", "answer": "6", "family": "buy1", "calls": ["price apple", "pay 3"]}
     cfg = {**config.DEFAULTS, "rehearsal_context": "separate", "max_tokens": 96}
-    m = rehearse.imagined_world(PrefixScripted(TOK, SCRIPTS), TOK, [task], cfg,
+    m = honesty.imagined_world(PrefixScripted(TOK, SCRIPTS), TOK, [task], cfg,
                                 sample=functools.partial(sample_separate, examples=EXAMPLES))
     assert m["imagined_success"] == 1.0 and m["imagined_fidelity_counts"] == {"lookup": [1, 1], "stateful": [1, 1]}
     assert m["collusion"]["calls"] == 2 and m["collusion"]["wrong"] == 0

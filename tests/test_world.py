@@ -1,5 +1,4 @@
 """The toy shop world (world.py): tools, errors, wallet state, parsing, task generation, splits."""
-import config
 import random
 from collections import Counter
 

@@ -11,7 +11,7 @@ missing tokenizer...) is found by `damaged_file`, which names the file; `find_ch
 falls back to a whole <path>.old. `save_state` adds what `--resume` needs to continue
 the same run exactly: the step, the optimizer, every rank's RNG states and the counters; a
 finished warm start is resumed only under the keys that made it (`check_warm_start`). Ctrl-C
-or SIGTERM (`StopRequest`) lets the RL loop finish its step, save and exit 0.
+or SIGTERM (faults.StopRequest) lets the RL loop finish its step, save and exit 0.
 """
 import copy
 import errno
@@ -20,7 +20,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import sys
 import zipfile
 
@@ -33,7 +32,7 @@ from safetensors import SafetensorError, safe_open
 from config import DEFAULTS, ConfigError
 from distributed import (all_gather, all_sum, autocast, from_rank0, full_state_dict, load_device,
                          load_optimizer_state, optimizer_state, shard)
-from envace import TAGS
+from envace import TAGS, NonFiniteError
 
 
 def build_tokenizer(words):
@@ -50,7 +49,6 @@ def build_tokenizer(words):
                                    pad_token=TAGS["pad"], unk_token=TAGS["unk"])
 
 
-
 def build_model(cfg, tokenizer):
     """The demo's `model: tiny`: a small Llama from the config's n_layer/n_embd/n_head (random
     init, seeded). Any other model is loaded by `load_policy`."""
@@ -63,7 +61,6 @@ def build_model(cfg, tokenizer):
                          eos_token_id=tokenizer.convert_tokens_to_ids(TAGS["act_end"]))
     torch.manual_seed(cfg["seed"])
     return LlamaForCausalLM(config)
-
 
 
 class CheckpointError(ConfigError, OSError):
@@ -169,7 +166,6 @@ def save_checkpoint(model, tokenizer, path, extra_files=None, state=None, state_
     except OSError as e:        # as after a crash here: the previous checkpoint is at <path> or <path>.old
         raise refused(e, "renaming it into place") from None
     shutil.rmtree(old, ignore_errors=True)
-
 
 
 # A checkpoint folder: save_pretrained's files (the weights one file, or shards listed in an index).
@@ -307,7 +303,6 @@ def load_policy(path, device="cpu", init="pretrained"):
     return model.to(device), tokenizer
 
 
-
 MODEL_SHAPE_KEYS = ("model", "n_layer", "n_embd", "n_head")
 # what decides the warm start itself (its data, its rows, its steps, the seed of its init and its
 # draws): a finished warm start resumed under other values is not the one this config makes, and
@@ -316,7 +311,6 @@ MODEL_SHAPE_KEYS = ("model", "n_layer", "n_embd", "n_head")
 WARM_START_KEYS = ("format", "world", "seed", "data_seed", "n_logged", "n_new_logged", "snippet_repeats",
                    "coverage", "logged_file", "uncertain_items", "stale_rate", "rehearsal_context", "think",
                    "sft_steps", "sft_batch_size", "sft_lr")
-
 
 
 def save_state(out, model, tokenizer, opt, step, config_text, progress, generator, task_rng):
@@ -332,7 +326,6 @@ def save_state(out, model, tokenizer, opt, step, config_text, progress, generato
              "progress": progress}
     from_rank0(lambda: save_checkpoint(model, tokenizer, os.path.join(out, "ckpt"), {"config.yaml": config_text},
                                        state, weights))
-
 
 
 def check_shape(path, cfg, what):
@@ -387,7 +380,6 @@ def load_state(cfg, device, world_size):
     return model, tokenizer, state
 
 
-
 def restore_rngs(rngs, generator):
     random.setstate(rngs["python"])
     np.random.set_state(rngs["numpy"])
@@ -395,31 +387,6 @@ def restore_rngs(rngs, generator):
     generator.set_state(rngs["generator"])
     if rngs["cuda"]:
         torch.cuda.set_rng_state_all(rngs["cuda"])
-
-
-
-class StopRequest:
-    """SIGINT/SIGTERM set a flag; the RL loop finishes its step, saves and exits cleanly (the warm
-    start checks it between its steps). `immediate`: the signal raises KeyboardInterrupt at once
-    (SIGTERM too), for what cannot stop half-way and leaves nothing half-written (an evaluation,
-    an atomic save); it can be switched on and off while the handlers are installed."""
-
-    def __init__(self, immediate=False):
-        self.signal = None
-        self.immediate = immediate
-
-    def __enter__(self):
-        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def handle(self, signum, frame):
-        self.signal = signum
-        if self.immediate:
-            raise KeyboardInterrupt
-
-    def __exit__(self, *exc):
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
 
 
 def reference_model(model, cfg, device, world_size, warmstart_path, fresh, needed):
@@ -476,12 +443,6 @@ def check_out_dir(out_dir):
                           f"--out_dir, or pass --overwrite to start over")
 
 
-class Interrupted(Exception):
-    """Ctrl-C or SIGTERM outside the RL loop (setup, the warm start, an evaluation, a save): its
-    message is the one line saying what is saved and how to go on; main prints it, exits 130."""
-
-
-
 def warm_start_to_resume(cfg):
     """The finished warm start that --resume continues when no RL checkpoint was saved yet (a run
     interrupted during the warm start's evaluation or the step-0 checkpoint): a whole
@@ -490,7 +451,6 @@ def warm_start_to_resume(cfg):
     if is_checkpoint(ckpt) or is_checkpoint(ckpt + ".old"):
         return None
     return find_checkpoint(os.path.join(cfg["out_dir"], "warmstart"))    # damaged: one line (ConfigError)
-
 
 
 def finite_weights(model_or_weights):
@@ -503,20 +463,42 @@ def finite_weights(model_or_weights):
     return all_sum([bad])[0] == 0
 
 
+def build_policy(cfg, resume, device, world_size, tiny_words):
+    """(model, tokenizer, trainer state or None, warm start path or None): the checkpoint to
+    resume, the demo's tiny model (its tokenizer from `tiny_words(cfg)`, the world's words) or a
+    saved / hub model. --resume with only a finished warm start (warm_start_to_resume): the model
+    is built exactly as for a new run (the same global RNG draws, so what follows draws the same),
+    then the warm start's weights are loaded into it; its path is returned."""
+    load_to = load_device(cfg, device, world_size)      # FSDP moves each rank's shard only
+    warm = warm_start_to_resume(cfg) if resume else None
+    if resume and warm is None:
+        return (*load_state(cfg, load_to, world_size), None)
+    if cfg["model"] == "tiny":
+        tokenizer = build_tokenizer(tiny_words(cfg))
+        model = build_model(cfg, tokenizer).to(load_to)
+    else:
+        model, tokenizer = load_policy(cfg["model"], load_to, cfg["model_init"])
+    if warm is not None:
+        check_shape(warm, cfg, "warm start")
+        warm_model, warm_tokenizer = load_policy(warm, load_to)
+        check_warm_start(warm, cfg, tokenizer, warm_tokenizer)        # the same data, steps, seed, vocab
+        model.load_state_dict(warm_model.state_dict())
+    return model, tokenizer, None, warm
 
-def interrupted_line(cfg, phase):
-    """The one line for an interruption outside the RL loop: what is saved, and how to go on."""
+
+def save_warm_start(model, tokenizer, cfg):
+    """The finished warm start as out_dir/warmstart (rank 0 writes it; a refused write stops every
+    rank). Non-finite weights are never saved (NonFiniteError). An earlier run's ckpt/ in out_dir
+    (--overwrite) is removed, so that --resume continues this run."""
     out = cfg["out_dir"]
-    again = f"python train.py --config {os.path.join(out, 'config.yaml')} --resume"
-    where = f"interrupted during {phase['name']}"
-    if phase["saved"] == "ckpt":
-        final = " (it redoes the final evaluation)" if phase["name"] == "final evaluation" else ""
-        return f"{where}: the checkpoint of step {phase['step']} is saved in {out}/ckpt; continue with: {again}{final}"
-    if phase["saved"] == "warmstart":
-        return (f"{where}: the finished warm start is saved in {out}/warmstart; continue from it "
-                f"(evaluation, gate, RL) with: {again}")
-    if phase["resume"]:
-        return f"{where}: nothing changed in {out}; resume again with: {again}"
-    earlier = any(os.path.isdir(os.path.join(out, d)) for d in ("ckpt", "ckpt.old", "warmstart", "warmstart.old"))
-    return f"{where}: nothing saved; " + (f"{out} holds an earlier run's checkpoint: start over with --overwrite"
-                                          if earlier else "run the same command to start over")
+    weights = full_state_dict(model)                 # FSDP: gathered to rank 0 (a collective)
+    if not finite_weights(model if weights is None else weights):
+        raise NonFiniteError(f"the warm-started weights are not finite (NaN or inf): not saved as "
+                             f"{out}/warmstart; check the model's initial weights, lower sft_lr or check the data")
+
+    def save():
+        save_checkpoint(model, tokenizer, os.path.join(out, "warmstart"),
+                        {"config.yaml": yaml.safe_dump(cfg, sort_keys=False)}, state_dict=weights)
+        for stale in ("ckpt", "ckpt.old"):
+            shutil.rmtree(os.path.join(out, stale), ignore_errors=True)
+    from_rank0(save)

@@ -290,3 +290,18 @@ def check_format(cfg):
         raise ConfigError("test-time private rehearsal (rehearsal_budget) is not built for format: chat")
     if cfg["rehearse_check"]:
         raise ConfigError("rehearse_check knows the toy world's response forms: it needs format: plain")
+
+
+def command_line(argv, flags=("--resume", "--overwrite", "--debug")):
+    """train.py's argv -> (config path, the --key=value overrides, {flag: given}). ConfigError for
+    a --config without a path, and for --resume with --overwrite (one continues, one starts over)."""
+    given = {f: f in argv for f in flags}
+    argv = [a for a in argv if a not in flags]
+    i = next((i for i, a in enumerate(argv) if a == "--config" or a.startswith("--config=")), None)
+    flag = argv.pop(i) if i is not None else "--config="
+    path = flag.split("=", 1)[1] if "=" in flag else (argv.pop(i) if i < len(argv) else "")
+    if not path:
+        raise ConfigError("--config needs a path, e.g. --config small.yaml")
+    if given.get("--resume") and given.get("--overwrite"):
+        raise ConfigError("--resume continues out_dir's checkpoint, --overwrite starts it over: give one")
+    return path, argv, given

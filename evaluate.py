@@ -18,24 +18,15 @@ those rehearsals against a real replay, and the collusion rate (honesty.collusio
     python evaluate.py --oracle --test_file=F --out_dir=D   # no model: each task's gold calls
                                                         # replayed and scored (oracle.py), D/eval.json
 
-What depends on the format and the rehearsal layout (the prompts, the reward, would-rehearse
-fidelity, the coverage and honesty measures) comes from `fx` (features.py). Chat-format tasks
-run for real when they have an executor (`env: toy`, the toy world; `env: "MODULE:CLASS"`, their
-own, executor.py); other chat tasks have none: the policy rehearses their tool responses, success
-is judged by the task's criteria alone (answer, gold calls, checklist judge) and every line and
-file calls it "rehearsed success (no executor)", never real-world (`success_name`).
-
-Writes <ckpt>/eval.json with at least {"success": float, "n_tasks": int, "executed_tasks": int}
-when the folder has none;
-when it has one (train.py's: the final evaluation and its `before` record, the warm start's; what
-experiments.py reads), that file is never replaced and the result goes to <ckpt>/evaluate.json
-instead (replaced by the next evaluate.py run). The line printed last says which file it wrote.
+What depends on the format and the rehearsal layout comes from `fx` (features.py). Chat tasks
+with no executor are rehearsed by the policy and every line calls their figure "rehearsed success
+(no executor)", never real-world (`success_name`; docs/tools.md). Writes <ckpt>/eval.json, or
+<ckpt>/evaluate.json where train.py's eval.json (with its `before` record) is already there.
 """
 import argparse
 import json
 import os
 import sys
-import traceback
 
 import torch
 
@@ -47,6 +38,7 @@ from checkpoint import find_checkpoint, load_policy, write_file
 from config import ConfigError, check_lengths, load_config
 from distributed import pick_device
 from envace import NonFiniteError
+from faults import error_line
 from reward import outcome_record
 from rollout import sample_episodes
 
@@ -193,11 +185,7 @@ def main(argv=None):
         print(f"\ninterrupted during {phase[0]}: no result written", file=sys.stderr)
         return 130
     except Exception as e:             # user code, a tokenizer, a library: one line naming the phase
-        if args.debug:
-            traceback.print_exc()
-        message = (str(e).strip().splitlines() or [""])[0]
-        print(f"error in {phase[0]}: {type(e).__name__}{': ' + message if message else ''}"
-              + ("" if args.debug else " (--debug shows the traceback)"), file=sys.stderr)
+        print(error_line(e, phase[0], args.debug), file=sys.stderr)
         return 1
 
 

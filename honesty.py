@@ -12,6 +12,8 @@ config switches: kl_rehearse_coef, rehearse_check, grounding_examples; docs/hone
                             rehearsed at each call exactly what the world said (the fidelity gate);
     coverage_fidelity       the same on the expert's calls, bucketed by how often the warm start
                             saw each call.
+    fidelity_gate           train.py's gate after the warm start: rehearse/frozen RL only if every
+                            tool kind's would-rehearse fidelity reaches min_fidelity.
     collusion_counts        wrong calls answered as if they were right (reward hacking by the world).
     imagined_world          the policy acts and rehearses on test tasks; success, fidelity and
                             collusion in that imagined world.
@@ -194,3 +196,20 @@ def imagined_world(model, tokenizer, tasks, cfg, generator=None, world=toy_world
     return {"imagined_success": sum(task_reward(e, t) for e, t in zip(episodes, tasks)) / len(tasks),
             "imagined_fidelity": rates(fidelity), "imagined_fidelity_counts": fidelity,
             "collusion": collusion_rate(collusion_counts(episodes, tasks, world))}
+
+
+def fidelity_gate(before, cfg, log):
+    """Rehearsed rewards are only as good as the rehearsals: rehearse/frozen RL goes on only if
+    every tool kind's would-rehearse fidelity reaches min_fidelity (tasks with no real world to
+    compare with skip the gate)."""
+    low = {k: v for k, v in before["fidelity"].items() if v < cfg["min_fidelity"]}
+    if not before["executed_tasks"]:
+        log("fidelity gate skipped: these tasks have no real environment to compare rehearsals with")
+    elif cfg["env_mode"] in ("rehearse", "frozen") and cfg["min_fidelity"] > 0 and (low or not before["fidelity"]):
+        log(f"fidelity gate FAILED: {low or 'no calls made'} below min_fidelity "
+            f"{cfg['min_fidelity']}: rehearsed rewards would be noise for these tools. Raise "
+            f"snippet_repeats/sft_steps/coverage, or set --min_fidelity=0 to run anyway.")
+        return False
+    else:
+        log(f"fidelity gate passed: every tool kind >= {cfg['min_fidelity']} ({cfg['env_mode']} mode)")
+    return True

@@ -22,14 +22,9 @@ One run, top to bottom (`run`):
      rewards task success (reward.py), A = R - mean(group), and makes one hand-written clipped
      policy-gradient update on ACT and REHEARSE tokens (`rl_step`, envace.clipped_pg_loss).
   5. Save (save_pretrained) and evaluate in the real world; print before/after.
-Only rank 0 prints, evaluates and saves (a refused write or a signal there stops every
-rank with rank 0's line: distributed.from_rank0). Ctrl-C or SIGTERM during RL saves the current step and
-exits 0; `--resume` continues exactly (checkpoint.py). Elsewhere it is one line saying what is
-saved, exit 130: during the warm start (stopped between steps) nothing; during its evaluation or
-the step-0 checkpoint, the finished warm start, which `--resume` continues (evaluation, gate, RL
-from step 1, as if never stopped); during the final evaluation, ckpt/. Any other exception is one
-line naming the phase and the exception, exit 1 (`--debug` prints the traceback too). Each
-step's figures go to metrics.jsonl (metrics.py).
+Only rank 0 prints, evaluates and saves. Ctrl-C or SIGTERM during RL saves the current step
+and exits 0 (`--resume` continues exactly); every other fault is one line and an exit status
+(faults.py; the table of faults tried: docs/faults.md). Each step's figures go to metrics.jsonl.
 
 Simplified against the paper / official code: inline rehearsal by default (one row holds both
 roles; `rehearsal_context: separate`, separate.py, gives each rehearsal its own row and prompt);
@@ -37,36 +32,32 @@ a toy world with exact-match success instead of a judge (`format: chat`, chat.py
 chat model on JSONL tool tasks); one optimizer step per batch (`ppo_epochs` > 1 makes the clip
 bite); no dynamic sampling (steps whose groups all have equal rewards are skipped and counted).
 """
-import copy
 import json
 import math
 import os
 import random
-import shutil
 import sys
 import time
-import traceback
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import yaml
 from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
 import features
 import rehearse
-from checkpoint import (Interrupted, StopRequest, build_model, build_tokenizer, check_out_dir, check_shape,
-                        check_warm_start,
-                        finite_weights, interrupted_line, load_policy, load_state, reference_model, rl_state,
-                        save_checkpoint, save_state, warm_start_to_resume, write_file)
-from config import ConfigError, check_lengths, check_splits, load_config
-from distributed import (RankFailed, all_sum, autocast, from_rank0, full_state_dict, gathered, in_step,
-                         load_device, memory_estimate, memory_line, parallel_model,
+from checkpoint import (build_policy, check_out_dir, reference_model, rl_state, save_state,
+                        save_warm_start, write_file)
+from config import check_lengths, check_splits, command_line, load_config
+from distributed import (all_sum, autocast, from_rank0, gathered, in_step, memory_estimate, memory_line, parallel_model,
                          reuse_sampler_logprobs, setup_distributed)
-from envace import (ACT, OBS, REHEARSE, NonFiniteError, clipped_pg_loss, collate, loss_mask, micro_batches,
-                    first_target, padded_fraction, token_advantages, token_kl_coefs, token_logprobs)
+from envace import (ACT, OBS, REHEARSE, NonFiniteError, clipped_pg_loss, collate, first_target, loss_mask,
+                    micro_batches, padded_fraction, token_advantages, token_kl_coefs, token_logprobs)
 from evaluate import evaluate, success_name, summary
+from faults import (Interrupted, StopRequest, exit_status, interrupted_line, nonfinite, rank0_interruptible,
+                    restore_snapshot, rl_stop_line, signalled, training_snapshot)
+from honesty import fidelity_gate
 from metrics import add_micro_batch, episode_sums, role_sums, start_metrics, step_record
 from reward import group_advantages, training_rows
 from rollout import sample_episodes
@@ -85,11 +76,10 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
     Every rank draws the same global batch (same seed) and trains on its slice of it, in
     length-grouped micro-batches. A sequence may be a group of rows ({"rows": [...]}, separate
     context): drawn as one, so sft_batch_size counts logged episodes in both contexts.
-    A step whose loss or gradient norm is not finite is skipped (no optimizer step: weights and
-    AdamW state untouched; its batch is still drawn, so later steps draw what they would have);
-    three in a row raise NonFiniteError. `stop` (a StopRequest): its flag is checked between steps,
-    every rank agreeing; set on any rank, the warm start stops there (KeyboardInterrupt, nothing
-    saved). Returns the number of skipped steps."""
+    A step whose loss or gradient norm is not finite is skipped (weights and AdamW state untouched;
+    its batch is still drawn, so later steps draw what they would have); three in a row raise
+    NonFiniteError. A signal caught by `stop` (a StopRequest) on any rank stops every rank between
+    steps (KeyboardInterrupt, nothing saved). Returns the number of skipped steps."""
     if cfg["sft_steps"] == 0 or not sequences:
         return 0
     device = next(model.parameters()).device
@@ -99,47 +89,44 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
     model.train()
     bar = tqdm(range(cfg["sft_steps"]), desc="warm start", dynamic_ncols=True, disable=rank != 0)
     skipped = in_a_row = 0
-    for it in bar:
-        if stop is not None and all_sum([stop.signal is not None])[0] > 0:    # any rank signalled: all stop
-            bar.close()
-            model.eval()
-            raise KeyboardInterrupt
-        lr = cfg["sft_lr"] * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * it / cfg["sft_steps"])))
-        for group in opt.param_groups:
-            group["lr"] = lr
-        batch = rng.sample(sequences, min(cfg["sft_batch_size"], len(sequences)))
-        batch = [row for s in batch[rank * per_rank:(rank + 1) * per_rank] for row in s.get("rows", [s])]
-        ids, batch_roles = collate(batch, pad_id)
-        ids, batch_roles = ids.to(device), batch_roles.to(device)
-        mask = loss_mask(batch_roles, trained=roles).float()
-        n_tokens = all_sum([mask.sum().item()])[0]
-        lengths = [len(s["ids"]) for s in batch]
-        total = 0.0
-        opt.zero_grad(set_to_none=True)
-        batches = micro_batches(lengths, cfg["micro_batch_tokens"])
-        for index, n, weight in in_step(batches, lengths, ddp_model):
-            index = index.to(device)
-            with autocast(cfg, device):     # no LM head on the prompt: its targets have no loss
-                logprobs = token_logprobs(ddp_model, ids[index, :n], start=first_target(mask[index, :n - 1] > 0))
-            loss = -(logprobs * mask[index, :n - 1]).sum() / n_tokens * weight
-            (loss * world_size).backward()  # DDP averages over ranks; x world_size makes it the sum
-            total += loss.item()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or float("inf"))
-        # as in rl_step: grad_norm is the same on every rank, the loss is not: every rank skips alike
-        if not math.isfinite(grad_norm) or all_sum([not math.isfinite(total)])[0]:
+    try:
+        for it in bar:
+            if stop is not None and signalled(stop):    # any rank signalled: all stop
+                raise KeyboardInterrupt
+            lr = cfg["sft_lr"] * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * it / cfg["sft_steps"])))
+            for group in opt.param_groups:
+                group["lr"] = lr
+            batch = rng.sample(sequences, min(cfg["sft_batch_size"], len(sequences)))
+            batch = [row for s in batch[rank * per_rank:(rank + 1) * per_rank] for row in s.get("rows", [s])]
+            ids, batch_roles = collate(batch, pad_id)
+            ids, batch_roles = ids.to(device), batch_roles.to(device)
+            mask = loss_mask(batch_roles, trained=roles).float()
+            n_tokens = all_sum([mask.sum().item()])[0]
+            lengths = [len(s["ids"]) for s in batch]
+            total = 0.0
             opt.zero_grad(set_to_none=True)
-            skipped, in_a_row = skipped + 1, in_a_row + 1
-            if in_a_row >= 3:
-                bar.close()
-                model.eval()
-                raise NonFiniteError(f"3 non-finite warm-start steps in a row (up to step {it + 1} of "
-                                     f"{cfg['sft_steps']}): nothing saved; lower sft_lr or check the data")
-            continue
-        in_a_row = 0
-        opt.step()
-        if it % 10 == 0:
-            bar.set_postfix(loss=f"{all_sum([total])[0]:.3f}", lr=f"{lr:.1e}")
-    model.eval()
+            for index, n, weight in in_step(micro_batches(lengths, cfg["micro_batch_tokens"]), lengths, ddp_model):
+                index = index.to(device)
+                with autocast(cfg, device):     # no LM head on the prompt: its targets have no loss
+                    logprobs = token_logprobs(ddp_model, ids[index, :n], start=first_target(mask[index, :n - 1] > 0))
+                loss = -(logprobs * mask[index, :n - 1]).sum() / n_tokens * weight
+                (loss * world_size).backward()  # DDP averages over ranks; x world_size makes it the sum
+                total += loss.item()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or float("inf"))
+            if nonfinite(grad_norm, total):     # every rank skips alike
+                opt.zero_grad(set_to_none=True)
+                skipped, in_a_row = skipped + 1, in_a_row + 1
+                if in_a_row >= 3:
+                    raise NonFiniteError(f"3 non-finite warm-start steps in a row (up to step {it + 1} of "
+                                         f"{cfg['sft_steps']}): nothing saved; lower sft_lr or check the data")
+                continue
+            in_a_row = 0
+            opt.step()
+            if it % 10 == 0:
+                bar.set_postfix(loss=f"{all_sum([total])[0]:.3f}", lr=f"{lr:.1e}")
+    finally:
+        bar.close()
+        model.eval()
     return skipped
 
 
@@ -250,22 +237,15 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
     t0 = time.time()
     model.train()
     status = "updated"
-    # several epochs: what the step started from, to undo the epochs applied before a bad one
-    # (one epoch applies nothing before its check). Local tensors: under FSDP each rank its shard
-    snapshot = None if cfg["ppo_epochs"] == 1 else \
-        ([p.detach().clone() for p in model.parameters()], copy.deepcopy(opt.state_dict()))
+    snapshot = None if cfg["ppo_epochs"] == 1 else training_snapshot(model, opt)   # to undo earlier epochs
     for epoch in range(cfg["ppo_epochs"]):
         opt.zero_grad(set_to_none=True)
         totals = accumulate_gradients(ddp_model, batch, old, ref, cfg, world_size)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or float("inf"))
-        # the gradients are synchronised, so grad_norm is the same on every rank; the loss is not
-        if not math.isfinite(grad_norm) or all_sum([not math.isfinite(totals["loss"])])[0]:
+        if nonfinite(grad_norm, totals["loss"]):          # every rank takes this branch alike
             opt.zero_grad(set_to_none=True)
             if epoch > 0:
-                with torch.no_grad():
-                    for p, saved in zip(model.parameters(), snapshot[0]):
-                        p.copy_(saved)
-                opt.load_state_dict(snapshot[1])
+                restore_snapshot(model, opt, snapshot)
             status = "nonfinite"
             break
         opt.step()
@@ -278,159 +258,20 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
 
 # ----------------------------------------------------------------------------- the run
 
-def seed_everything(seed):
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def main(argv=None):
-    """Exit status: 0 done (or interrupted during RL: saved), 1 a failure (non-finite training,
-    any unexpected exception: one line naming the phase; --debug adds the traceback), 2 a bad
-    config or input (ConfigError) or the fidelity gate, 130 interrupted outside the RL loop."""
+    """The command line. Exit status (faults.exit_status): 0 done (or interrupted during RL:
+    saved), 1 a failure, 2 a bad config or input or the fidelity gate, 130 interrupted."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    resume, overwrite, debug = "--resume" in argv, "--overwrite" in argv, "--debug" in argv
-    argv = [a for a in argv if a not in ("--resume", "--overwrite", "--debug")]
     if not any(a == "--config" or a.startswith("--config=") for a in argv):
         print("usage: python train.py --config small.yaml [--key=value ...] [--resume | --overwrite] [--debug]",
               file=sys.stderr)
         return 2
     phase = {"name": "setup"}
-    i = next(i for i, a in enumerate(argv) if a.startswith("--config"))
-    flag = argv.pop(i)
-    path = flag.split("=", 1)[1] if "=" in flag else (argv.pop(i) if i < len(argv) else "")
-    try:
-        if not path:
-            raise ConfigError("--config needs a path, e.g. --config small.yaml")
-        if resume and overwrite:
-            raise ConfigError("--resume continues out_dir's checkpoint, --overwrite starts it over: give one")
-        return run(load_config(path, argv), resume, overwrite, phase)
-    except (ConfigError, NonFiniteError) as e:
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            print(f"\nerror: {e}" if isinstance(e, NonFiniteError) else f"error: {e}", file=sys.stderr)
-        return 2 if isinstance(e, ConfigError) else 1
-    except (Interrupted, KeyboardInterrupt) as e:       # KeyboardInterrupt: before run took over
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            print(f"\n{e}" if isinstance(e, Interrupted) else "\ninterrupted during setup: nothing saved",
-                  file=sys.stderr)
-        return 130
-    except RankFailed as e:            # rank 0 failed alone (a save, its evaluation): it says why
-        return 2 if e.config else 1
-    except Exception as e:             # user code, a tokenizer, a library: one line, the phase named
-        if debug:
-            traceback.print_exc()
-        where = f"rank {dist.get_rank()}: " if dist.is_initialized() and dist.get_world_size() > 1 else ""
-        message = (str(e).strip().splitlines() or [""])[0]
-        print(f"\n{where}error in {phase['name']}: {type(e).__name__}"
-              f"{': ' + message if message else ''}" + ("" if debug else " (--debug shows the traceback)"),
-              file=sys.stderr)
-        return 1
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
-
-def real_world_eval(model, tokenizer, tasks, cfg, fx, amp, path=None, stop=None, **extra):
-    """evaluate.evaluate on rank 0 (FSDP: every rank gathers the weights first), written to
-    `path` with `extra`; the result on every rank. A failure there stops every rank (from_rank0).
-    `stop` (the run's StopRequest) outside the RL loop (immediate): a signal stops rank 0's
-    evaluation at once and every rank with it; one that reaches another rank, which only waits
-    (or rank 0 after its evaluation), is noted and every rank stops once the evaluation is done."""
-    interruptible = stop is not None and stop.immediate         # the same on every rank
-
-    def on_rank0():
-        if interruptible:
-            stop.immediate = True
-        try:
-            with amp:
-                result = evaluate(model, tokenizer, tasks, cfg, fx, seed=cfg["seed"])
-        finally:
-            if interruptible:
-                stop.immediate = False
-        if path:
-            write_file(path, json.dumps({**result, **extra}, indent=1))    # a full disk: one line
-        return result
-    if interruptible:
-        stop.immediate = False     # a KeyboardInterrupt on one rank alone would leave the others waiting
-    try:
-        with gathered(model):
-            result = from_rank0(on_rank0)
-    finally:
-        if interruptible:
-            stop.immediate = True
-    if interruptible and all_sum([stop.signal is not None])[0] > 0:     # signalled while waiting: all stop
-        raise KeyboardInterrupt
-    return result
-
-
-def build(cfg, resume, device, world_size):
-    """(model, tokenizer, trainer state or None, warm start path or None): the checkpoint to
-    resume, the demo's tiny model (its tokenizer from the toy world's words) or a saved / hub
-    model. --resume with only a finished warm start (warm_start_to_resume): the model is built
-    exactly as for a new run (the same global RNG draws, so what follows draws the same), then
-    the warm start's weights are loaded into it; its path is returned."""
-    load_to = load_device(cfg, device, world_size)      # FSDP moves each rank's shard only
-    warm = warm_start_to_resume(cfg) if resume else None
-    if resume and warm is None:
-        return (*load_state(cfg, load_to, world_size), None)
-    if cfg["model"] == "tiny":
-        tokenizer = build_tokenizer(features.tiny_words(cfg))
-        model = build_model(cfg, tokenizer).to(load_to)
-    else:
-        model, tokenizer = load_policy(cfg["model"], load_to, cfg["model_init"])
-    if warm is not None:
-        check_shape(warm, cfg, "warm start")
-        warm_model, warm_tokenizer = load_policy(warm, load_to)
-        check_warm_start(warm, cfg, tokenizer, warm_tokenizer)        # the same data, steps, seed, vocab
-        model.load_state_dict(warm_model.state_dict())
-    return model, tokenizer, None, warm
-
-
-def warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, rank, world_size, stop, phase,
-                        warm=None):
-    """Steps 2 and 3: the warm start, saved as out_dir/warmstart, its real-world evaluation, and
-    the fidelity gate. Returns the evaluation, or None when the gate stops the run. `stop` (the
-    run's StopRequest): a signal during the warm start stops it between steps, one during the
-    evaluation at once (KeyboardInterrupt either way; run turns it into its line). `warm`: a
-    finished warm start already loaded (--resume): not redone, only evaluated and gated.
-    `phase` (run's dict) is kept up to date: the phase, and what is saved."""
-    out, t0 = cfg["out_dir"], time.time()
-    if warm is None:
-        phase["name"], stop.immediate = "warm start", False        # stop between steps, not mid-step
-        skipped = warm_start(model, ddp_model, fx.warm_start_sequences(), cfg, tokenizer.pad_token_id,
-                             fx.warm_start_roles, rank, world_size, stop)
-        weights = full_state_dict(model)                 # FSDP: gathered to rank 0 (a collective)
-        if not finite_weights(model if weights is None else weights):
-            raise NonFiniteError(f"the warm-started weights are not finite (NaN or inf): not saved as "
-                                 f"{out}/warmstart; check the model's initial weights, lower sft_lr or check the data")
-        def save():                          # rank 0 alone; a refused write stops every rank
-            save_checkpoint(model, tokenizer, os.path.join(out, "warmstart"),
-                            {"config.yaml": yaml.safe_dump(cfg, sort_keys=False)}, state_dict=weights)
-            for stale in ("ckpt", "ckpt.old"):    # an earlier run's (--overwrite): --resume continues this one
-                shutil.rmtree(os.path.join(out, stale), ignore_errors=True)
-        from_rank0(save)
-        phase["saved"], stop.immediate = "warmstart", True
-        if all_sum([stop.signal is not None])[0] > 0:       # signalled during the last step or the save
-            raise KeyboardInterrupt
-    else:
-        skipped = 0
-        log(f"resumed from {warm}: the finished warm start (not redone), its evaluation, the gate, RL from step 1")
-    phase["name"] = "evaluation"
-    before = rank0_eval(os.path.join(out, "warmstart", "eval.json"))
-    log(f"warm start ({time.time() - t0:.0f}s{f', {skipped} non-finite steps skipped' if skipped else ''}): "
-        f"{summary(before)}")
-    low = {k: v for k, v in before["fidelity"].items() if v < cfg["min_fidelity"]}
-    rehearsed = cfg["env_mode"] in ("rehearse", "frozen")     # the modes whose rewards it feeds
-    if not before["executed_tasks"]:       # no real environment: nothing to compare rehearsals with
-        log("fidelity gate skipped: these tasks have no real environment to compare rehearsals with")
-    elif rehearsed and cfg["min_fidelity"] > 0 and (low or not before["fidelity"]):
-        log(f"fidelity gate FAILED: {low or 'no calls made'} below min_fidelity "
-            f"{cfg['min_fidelity']}: rehearsed rewards would be noise for these tools. Raise "
-            f"snippet_repeats/sft_steps/coverage, or set --min_fidelity=0 to run anyway.")
-        return None
-    else:
-        log(f"fidelity gate passed: every tool kind >= {cfg['min_fidelity']} ({cfg['env_mode']} mode)")
-    return before
+    def body():
+        path, overrides, flags = command_line(argv)
+        return run(load_config(path, overrides), flags["--resume"], flags["--overwrite"], phase)
+    return exit_status(body, phase, "--debug" in argv)
 
 
 def run(cfg, resume=False, overwrite=False, phase=None):
@@ -438,10 +279,9 @@ def run(cfg, resume=False, overwrite=False, phase=None):
     RL (saved), 1 if non-finite RL steps stopped it, 2 if the fidelity gate stopped it. An out_dir
     that already holds a checkpoint is a ConfigError unless `resume` (continue it: out_dir/ckpt,
     or a finished out_dir/warmstart when no RL checkpoint was saved yet) or `overwrite` (start
-    over). NonFiniteError (main: one line, exit 1) if the warm start cannot give finite weights or
-    the policy's logits are not finite while sampling; what was saved before stays as it was.
-    Ctrl-C or SIGTERM outside the RL loop raises Interrupted, whose message says what is saved
-    (main: that line, exit 130). `phase` (a dict, main's) holds the phase for main's error line."""
+    over). NonFiniteError if the warm start cannot give finite weights or the policy's logits are
+    not finite while sampling. Ctrl-C or SIGTERM outside the RL loop raises faults.Interrupted,
+    whose message says what is saved. `phase` (a dict, main's) holds the phase for main's error line."""
     phase = {} if phase is None else phase
     phase.update(name="setup", saved=None, step=0, resume=resume)
     with StopRequest(immediate=True) as stop:       # outside the RL loop a signal interrupts at once
@@ -456,49 +296,29 @@ def run_phases(cfg, resume, overwrite, phase, stop):
     # 1. setup: processes, tasks, model, the features chosen once; what cannot run stops here
     rank, world_size, device = setup_distributed(cfg)
     log = print if rank == 0 else (lambda *a, **k: None)
-    out, config_text = cfg["out_dir"], yaml.safe_dump(cfg, sort_keys=False)
-    if not resume and not overwrite:
-        check_out_dir(out)                            # finished work is never overwritten silently
-    splits = features.build_tasks(cfg)                # bad data files stop the run here
-    check_splits(cfg, splits)
-    seed_everything(cfg["seed"])
-    model, tokenizer, state, warm = build(cfg, resume, device, world_size)
-    if state is not None:
-        phase.update(saved="ckpt", step=state["step"])
-    elif warm is not None:
-        phase["saved"] = "warmstart"
-    check_lengths(cfg, tokenizer, model.config, splits["rl"] + splits["test"])
-    fx = features.setup(cfg, tokenizer, splits, device)
-    n_params = sum(p.numel() for p in model.parameters())
-    if cfg["model"] != "tiny":                # the demo's 1M-parameter model needs no estimate
-        log(memory_line(memory_estimate(n_params, cfg, model.config, world_size), cfg, world_size))
-    ddp_model = parallel_model(model, cfg, device, world_size)
-    from_rank0(lambda: write_file(os.path.join(out, "config.yaml"), config_text))   # a file, unwritable: one line
-    log(f"model: {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)} | tasks: {len(splits['logged'])} "
-        f"logged, {len(splits['rl'])} RL, {len(splits['test'])} test | device {device} x {world_size} process(es)")
-    t_start, amp = time.time(), autocast(cfg, device)
+    model, ddp_model, tokenizer, splits, fx, state, warm = setup(cfg, resume, overwrite, phase, device, world_size, log)
+    out, t_start, amp = cfg["out_dir"], time.time(), autocast(cfg, device)
 
     def rank0_eval(path=None, **extra):       # the held-out tasks in the real world, written to path
         return real_world_eval(model, tokenizer, splits["test"], cfg, fx, amp, path, stop, **extra)
 
     # 2-3. warm start, evaluation, the fidelity gate (or the checkpoint's state)
-    before = None if state is not None else \
-        warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, rank, world_size, stop, phase,
-                            warm)
-    if state is None and before is None:
-        return 2
+    before = None
     if state is None:
+        before = warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, rank, world_size,
+                                     stop, phase, warm)
+        if before is None:
+            return 2
         phase["name"] = "the step-0 checkpoint"
     reference = reference_model(model, cfg, device, world_size, os.path.join(out, "warmstart"), state is None,
                                 uses_kl(cfg) or cfg["env_mode"] == "frozen")     # the frozen warm start
     simulator = reference if cfg["env_mode"] == "frozen" else None
     opt, generator, task_rng, progress, first_step = rl_state(model, tokenizer, cfg, state, before, rank, log)
     phase.update(saved="ckpt", step=first_step - 1)
-    metrics_path = start_metrics(out, first_step, rank)
-    sample = fx.sample if cfg["env_mode"] in ("rehearse", "frozen") else sample_episodes
-    sampling = {k: cfg[k] for k in ("temperature", "top_p", "max_turns", "max_act_tokens", "max_env_tokens",
-                                    "max_tokens")}
-    sampling["rehearse_check"] = rehearse.check_rehearsal if cfg["rehearse_check"] else None
+    metrics_path, config_text = start_metrics(out, first_step, rank), yaml.safe_dump(cfg, sort_keys=False)
+    rehearsed = cfg["env_mode"] in ("rehearse", "frozen")       # the policy (or the frozen warm start) plays the world
+    sample = fx.sample if rehearsed else sample_episodes
+    diagnose = fx.diagnostics if rehearsed else (lambda episodes, tasks: {})   # against a real replay
     per_rank, G = cfg["tasks_per_step"] // world_size, cfg["group_size"]
 
     # 4. RL: no environment in the loop unless env_mode is real
@@ -512,7 +332,7 @@ def run_phases(cfg, resume, overwrite, phase, stop):
             prompts, worlds, tags = fx.inputs(tasks, G)
             with amp, gathered(model), gathered(simulator):
                 episodes = sample(model, tokenizer, prompts, cfg["env_mode"], world=worlds, tags=tags,
-                                  env_model=simulator, generator=generator, **sampling)
+                                  env_model=simulator, generator=generator, **sampling_args(cfg))
                 extras = fx.step_extras(model, episodes, [tasks[i // G] for i in range(len(episodes))])
             time_sample = time.time() - t0
             group_ids = [i // G for i in range(len(episodes))]              # a task's G samples
@@ -520,40 +340,115 @@ def run_phases(cfg, resume, overwrite, phase, stop):
             rows, row_rewards, row_groups = training_rows(episodes, rewards, group_ids, cfg["advantage_groups"])
             sums, status = rl_step(model, ddp_model, opt, rows, row_rewards, row_groups, cfg,
                                    tokenizer.pad_token_id, reference if uses_kl(cfg) else None, world_size)
-            diagnostics = fx.diagnostics(episodes, [tasks[g] for g in group_ids]) if cfg["env_mode"] in (
-                "rehearse", "frozen") else {}                     # against a real replay: diagnostic only
+            diagnostics = diagnose(episodes, [tasks[g] for g in group_ids])    # diagnostic only
             record = step_record(step, status, progress, {**sums, **episode_sums(episodes, rewards), **diagnostics},
                                  time_sample, time.time() - t0)
             record.update(extras)                          # the world's own figures (features.py), or none
             if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < cfg["rl_steps"]:
-                result = rank0_eval()
-                progress["real_success"] = record["eval_success"] = result["success"]
-                if result.get("extras"):
-                    record["eval_extras"] = result["extras"]
-                bar.write(f"step {step}: {success_name(result)} {progress['real_success']:.3f} (reward "
-                          f"in the {cfg['env_mode']} world this step {record['reward']:.3f})")
+                bar.write(eval_during_rl(rank0_eval(), record, progress, cfg, step))
             from_rank0(lambda: write_file(metrics_path, json.dumps(record) + "\n", mode="a"))   # refused: all stop
             bar.set_postfix(reward=f"{record['reward']:.3f}", eval=f"{progress['real_success']:.3f}",
                             skip=progress["skipped_steps"], tok_s=f"{record['tok_per_s']:.0f}")
-            stopping = all_sum([rl_stop.signal is not None])[0] > 0      # any rank signalled: all stop
-            if stopping or progress["nonfinite_in_a_row"] >= 3 or (cfg["save_every"] and step % cfg["save_every"] == 0) \
-                    or step == cfg["rl_steps"]:
+            stopping, failing = signalled(rl_stop), progress["nonfinite_in_a_row"] >= 3   # any rank: all stop
+            if stopping or failing or step == cfg["rl_steps"] or (cfg["save_every"] and step % cfg["save_every"] == 0):
                 save_state(out, model, tokenizer, opt, step, config_text, progress, generator, task_rng)
                 phase["step"] = step
-            if progress["nonfinite_in_a_row"] >= 3:
-                log(f"\nstopping: 3 non-finite steps in a row (up to step {step}); the last good "
-                    f"weights are saved in {out}/ckpt. Lower lr or check the data.")
-                return 1
-            if stopping:
-                log(f"\ninterrupted: checkpoint of step {step} saved in {out}/ckpt. Resume with:\n"
-                    f"  python train.py --config {os.path.join(out, 'config.yaml')} --resume")
-                return 0
+            if stopping or failing:
+                log(rl_stop_line(cfg, step, failing))
+                return 1 if failing else 0
 
     # 5. evaluate the final policy in the real world
     phase["name"] = "final evaluation"
     after = rank0_eval(os.path.join(out, "eval.json"), before=progress["before"])
     log(final_report(progress, after, cfg, time.time() - t_start))
     return 0
+
+
+def setup(cfg, resume, overwrite, phase, device, world_size, log):
+    """Step 1: the tasks, the model (new, or the checkpoint to resume), the features chosen once
+    (features.setup), the parallel wrapper; config.yaml written. What cannot run stops here with
+    one line (a bad data file, a prompt too long, a template that does not fit)."""
+    if not resume and not overwrite:
+        check_out_dir(cfg["out_dir"])                 # finished work is never overwritten silently
+    splits = features.build_tasks(cfg)                # bad data files stop the run here
+    check_splits(cfg, splits)
+    seed_everything(cfg["seed"])
+    model, tokenizer, state, warm = build_policy(cfg, resume, device, world_size, features.tiny_words)
+    if state is not None:
+        phase.update(saved="ckpt", step=state["step"])
+    elif warm is not None:
+        phase["saved"] = "warmstart"
+    check_lengths(cfg, tokenizer, model.config, splits["rl"] + splits["test"])
+    fx = features.setup(cfg, tokenizer, splits, device)
+    n_params = sum(p.numel() for p in model.parameters())
+    if cfg["model"] != "tiny":                # the demo's 1M-parameter model needs no estimate
+        log(memory_line(memory_estimate(n_params, cfg, model.config, world_size), cfg, world_size))
+    ddp_model = parallel_model(model, cfg, device, world_size)
+    config_text = yaml.safe_dump(cfg, sort_keys=False)
+    from_rank0(lambda: write_file(os.path.join(cfg["out_dir"], "config.yaml"), config_text))  # unwritable: one line
+    log(f"model: {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)} | tasks: {len(splits['logged'])} "
+        f"logged, {len(splits['rl'])} RL, {len(splits['test'])} test | device {device} x {world_size} process(es)")
+    return model, ddp_model, tokenizer, splits, fx, state, warm
+
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def sampling_args(cfg):
+    """The sampler's keyword arguments from the config (rollout.sample_episodes)."""
+    args = {k: cfg[k] for k in ("temperature", "top_p", "max_turns", "max_act_tokens", "max_env_tokens",
+                                "max_tokens")}
+    return {**args, "rehearse_check": rehearse.check_rehearsal if cfg["rehearse_check"] else None}
+
+
+def warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, rank, world_size, stop, phase,
+                        warm=None):
+    """Steps 2 and 3: the warm start, saved as out_dir/warmstart, its real-world evaluation, and
+    the fidelity gate. Returns the evaluation, or None when the gate stops the run. `stop` (the
+    run's StopRequest): a signal during the warm start stops it between steps, one during the
+    evaluation at once. `warm`: a finished warm start already loaded (--resume): not redone, only
+    evaluated and gated. `phase` (run's dict) is kept up to date: the phase, and what is saved."""
+    t0, skipped = time.time(), 0
+    if warm is None:
+        phase["name"], stop.immediate = "warm start", False        # stop between steps, not mid-step
+        skipped = warm_start(model, ddp_model, fx.warm_start_sequences(), cfg, tokenizer.pad_token_id,
+                             fx.warm_start_roles, rank, world_size, stop)
+        save_warm_start(model, tokenizer, cfg)
+        phase["saved"], stop.immediate = "warmstart", True
+        if signalled(stop):                # signalled during the last step or the save
+            raise KeyboardInterrupt
+    else:
+        log(f"resumed from {warm}: the finished warm start (not redone), its evaluation, the gate, RL from step 1")
+    phase["name"] = "evaluation"
+    before = rank0_eval(os.path.join(cfg["out_dir"], "warmstart", "eval.json"))
+    log(f"warm start ({time.time() - t0:.0f}s{f', {skipped} non-finite steps skipped' if skipped else ''}): "
+        f"{summary(before)}")
+    return before if fidelity_gate(before, cfg, log) else None
+
+
+def real_world_eval(model, tokenizer, tasks, cfg, fx, amp, path=None, stop=None, **extra):
+    """evaluate.evaluate on rank 0 (FSDP: every rank gathers the weights first), written to
+    `path` with `extra`; the result on every rank. A failure or a signal there stops every rank
+    (faults.rank0_interruptible, with the run's `stop` outside the RL loop)."""
+    def on_rank0():
+        with amp:
+            result = evaluate(model, tokenizer, tasks, cfg, fx, seed=cfg["seed"])
+        if path:
+            write_file(path, json.dumps({**result, **extra}, indent=1))    # a full disk: one line
+        return result
+    with gathered(model):
+        return rank0_interruptible(on_rank0, stop)
+
+
+def eval_during_rl(result, record, progress, cfg, step):
+    """An evaluation every eval_every steps: into the step's record and the progress counters; its line."""
+    progress["real_success"] = record["eval_success"] = result["success"]
+    record.update({"eval_extras": result["extras"]} if result.get("extras") else {})
+    return (f"step {step}: {success_name(result)} {progress['real_success']:.3f} (reward in the "
+            f"{cfg['env_mode']} world this step {record['reward']:.3f})")
 
 
 def final_report(progress, after, cfg, seconds):

@@ -13,6 +13,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import checkpoint  # noqa: E402
+import faults  # noqa: E402
 import train  # noqa: E402
 
 TORCH_FULL_DISK = "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"
@@ -44,15 +45,16 @@ def full_disk_from_save(call):
 
 
 def signal_in_from_rank0(call, signum):
-    """For rank 1, which waits while rank 0 evaluates: `signum` as it enters its `call`-th wait."""
-    real, calls = train.from_rank0, []
+    """For rank 1, which waits while rank 0 evaluates: `signum` as it enters its `call`-th wait
+    (faults.from_rank0: the evaluations' waits, the warm start's first)."""
+    real, calls = faults.from_rank0, []
 
     def patched(fn):
         calls.append(1)
         if len(calls) == call:
             os.kill(os.getpid(), signum)
         return real(fn)
-    train.from_rank0 = patched
+    faults.from_rank0 = patched
 
 
 def signal_in_evaluate(call, signum):
@@ -74,8 +76,8 @@ if __name__ == "__main__":
          "ckpt": lambda: full_disk_from_save(2),                          # step 1's checkpoint
          "sigint_eval": lambda: signal_in_evaluate(1, signal.SIGINT),     # the warm start's evaluation
          "": lambda: None}.get(fault, lambda: None)()
-    elif fault == "sigterm_rank1_eval":       # from_rank0 calls: config.yaml, warmstart/, the evaluation
-        signal_in_from_rank0(3, signal.SIGTERM)
+    elif fault == "sigterm_rank1_eval":       # the warm start's evaluation
+        signal_in_from_rank0(1, signal.SIGTERM)
     rc = train.main(sys.argv[1:])
     with open(os.path.join(os.environ["ENVACE_RC_DIR"], f"rank{rank}.rc"), "w") as f:
         f.write(str(rc))

@@ -7,6 +7,7 @@ import envace
 import distributed
 import config
 import checkpoint
+import faults
 import copy
 import json
 import math
@@ -247,7 +248,7 @@ def test_nonfinite_epoch_rolls_the_whole_step_back(monkeypatch, epochs, bad_epoc
     adam = copy.deepcopy(opt.state_dict())
     nan_loss_on(monkeypatch, {bad_epoch})
     if epochs == 1:                                          # as before: no copy of weights or optimizer
-        monkeypatch.setattr(train, "copy", SimpleNamespace(deepcopy=lambda x: pytest.fail("a snapshot")))
+        monkeypatch.setattr(faults, "copy", SimpleNamespace(deepcopy=lambda x: pytest.fail("a snapshot")))
     sums, status = train.rl_step(model, model, opt, eps, rewards, groups, cfg, TOK.pad_token_id)
     assert status == "nonfinite"
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())

@@ -135,7 +135,7 @@ def test_an_exception_in_rl_is_one_line_naming_the_phase(tmp_path, monkeypatch, 
 
 def test_an_exception_in_setup_or_evaluate_py_is_one_line(tmp_path, monkeypatch, capsys):
     cfg, path = config_file(tmp_path, "run", sft_steps=1)
-    monkeypatch.setattr(train, "build_tokenizer", lambda words: boom())
+    monkeypatch.setattr(checkpoint, "build_tokenizer", lambda words: boom())
     assert train.main(["--config", path]) == 1
     err = lines(capsys.readouterr().err)
     assert len(err) == 1 and "error in setup: ValueError: boom" in err[0], err

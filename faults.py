@@ -1,0 +1,177 @@
+"""How a run fails: one line and an exit status for every fault, and what is saved (docs/faults.md).
+
+train.py and evaluate.py call the algorithm; this file is what surrounds it when something goes
+wrong, so that the paper's path reads without it:
+
+    exit_status(body, phase, debug)   runs train.py's body and turns what it raises into one line
+                                      and an exit status: 0 done (or interrupted during RL: saved),
+                                      1 a failure (non-finite training, an unexpected exception:
+                                      the phase named; --debug adds the traceback), 2 a bad config
+                                      or input (ConfigError), 130 interrupted outside the RL loop
+    StopRequest                       SIGINT/SIGTERM as a flag the RL loop checks between steps,
+                                      or at once (`immediate`) outside it
+    rank0_interruptible(fn, stop)     rank 0 alone runs fn (an evaluation), every rank learns of a
+                                      failure or a signal there and stops with it
+    interrupted_line(cfg, phase)      what is saved, and the command that goes on from it
+Under torchrun only rank 0 prints; a failure on rank 0 alone reaches the others as RankFailed
+(distributed.from_rank0) and they stop silently with its exit status.
+"""
+import copy
+import math
+import os
+import signal
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from config import ConfigError
+from distributed import RankFailed, all_sum, from_rank0
+from envace import NonFiniteError
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM outside the RL loop (setup, the warm start, an evaluation, a save): its
+    message is the one line saying what is saved and how to go on; main prints it, exits 130."""
+
+
+class StopRequest:
+    """SIGINT/SIGTERM set a flag; the RL loop finishes its step, saves and exits cleanly (the warm
+    start checks it between its steps). `immediate`: the signal raises KeyboardInterrupt at once
+    (SIGTERM too), for what cannot stop half-way and leaves nothing half-written (an evaluation,
+    an atomic save); it can be switched on and off while the handlers are installed."""
+
+    def __init__(self, immediate=False):
+        self.signal = None
+        self.immediate = immediate
+
+    def __enter__(self):
+        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def handle(self, signum, frame):
+        self.signal = signum
+        if self.immediate:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def signalled(stop):
+    """Whether any rank's StopRequest caught a signal (a collective: every rank gets the same answer)."""
+    return all_sum([stop.signal is not None])[0] > 0
+
+
+def rank0_interruptible(fn, stop=None):
+    """fn() on rank 0, its result on every rank (distributed.from_rank0). With `stop` (the run's
+    StopRequest) outside the RL loop (immediate): a signal stops rank 0's fn at once and every
+    rank with it; one that reaches another rank, which only waits (or rank 0 after fn), is noted
+    and every rank stops (KeyboardInterrupt) once fn is done."""
+    interruptible = stop is not None and stop.immediate         # the same on every rank
+
+    def on_rank0():
+        if interruptible:
+            stop.immediate = True
+        try:
+            return fn()
+        finally:
+            if interruptible:
+                stop.immediate = False
+    if interruptible:
+        stop.immediate = False     # a KeyboardInterrupt on one rank alone would leave the others waiting
+    try:
+        result = from_rank0(on_rank0)
+    finally:
+        if interruptible:
+            stop.immediate = True
+    if interruptible and signalled(stop):     # signalled while waiting: all stop
+        raise KeyboardInterrupt
+    return result
+
+
+def error_line(e, phase_name, debug=False):
+    """The one line for an unexpected exception (user code, a tokenizer, a library), naming the
+    phase it happened in; with `debug` the traceback is printed first."""
+    if debug:
+        traceback.print_exc()
+    where = f"rank {dist.get_rank()}: " if dist.is_initialized() and dist.get_world_size() > 1 else ""
+    message = (str(e).strip().splitlines() or [""])[0]
+    return (f"{where}error in {phase_name}: {type(e).__name__}{': ' + message if message else ''}"
+            + ("" if debug else " (--debug shows the traceback)"))
+
+
+def exit_status(body, phase, debug=False):
+    """body() (train.py's run) -> its exit status, every fault one line on rank 0's stderr.
+    `phase` (a dict body keeps up to date) names where an unexpected exception happened."""
+    def rank0():                       # asked after body() set up the process group
+        return not dist.is_initialized() or dist.get_rank() == 0
+    try:
+        return body()
+    except (ConfigError, NonFiniteError) as e:
+        if rank0():
+            print(f"\nerror: {e}" if isinstance(e, NonFiniteError) else f"error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ConfigError) else 1
+    except (Interrupted, KeyboardInterrupt) as e:       # KeyboardInterrupt: before run took over
+        if rank0():
+            print(f"\n{e}" if isinstance(e, Interrupted) else "\ninterrupted during setup: nothing saved",
+                  file=sys.stderr)
+        return 130
+    except RankFailed as e:            # rank 0 failed alone (a save, its evaluation): it says why
+        return 2 if e.config else 1
+    except Exception as e:
+        print("\n" + error_line(e, phase["name"], debug), file=sys.stderr)
+        return 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def interrupted_line(cfg, phase):
+    """The one line for an interruption outside the RL loop: what is saved, and how to go on."""
+    out = cfg["out_dir"]
+    again = f"python train.py --config {os.path.join(out, 'config.yaml')} --resume"
+    where = f"interrupted during {phase['name']}"
+    if phase["saved"] == "ckpt":
+        final = " (it redoes the final evaluation)" if phase["name"] == "final evaluation" else ""
+        return f"{where}: the checkpoint of step {phase['step']} is saved in {out}/ckpt; continue with: {again}{final}"
+    if phase["saved"] == "warmstart":
+        return (f"{where}: the finished warm start is saved in {out}/warmstart; continue from it "
+                f"(evaluation, gate, RL) with: {again}")
+    if phase["resume"]:
+        return f"{where}: nothing changed in {out}; resume again with: {again}"
+    earlier = any(os.path.isdir(os.path.join(out, d)) for d in ("ckpt", "ckpt.old", "warmstart", "warmstart.old"))
+    return f"{where}: nothing saved; " + (f"{out} holds an earlier run's checkpoint: start over with --overwrite"
+                                          if earlier else "run the same command to start over")
+
+
+def nonfinite(grad_norm, loss):
+    """Whether a step's gradient norm or this rank's loss is not finite, the same answer on every
+    rank (the gradients are synchronised, so grad_norm is the same everywhere; the loss is not)."""
+    return not math.isfinite(grad_norm) or all_sum([not math.isfinite(loss)])[0] > 0
+
+
+def training_snapshot(model, opt):
+    """What an RL step with several ppo_epochs started from, so that a non-finite epoch undoes
+    the epochs applied before it (one epoch applies nothing before its check). Local tensors:
+    under FSDP each rank snapshots its shard."""
+    return [p.detach().clone() for p in model.parameters()], copy.deepcopy(opt.state_dict())
+
+
+def restore_snapshot(model, opt, snapshot):
+    with torch.no_grad():
+        for p, saved in zip(model.parameters(), snapshot[0]):
+            p.copy_(saved)
+    opt.load_state_dict(snapshot[1])
+
+
+def rl_stop_line(cfg, step, failing):
+    """The line when the RL loop stops early: 3 non-finite steps in a row (`failing`) or a signal."""
+    out = cfg["out_dir"]
+    if failing:
+        return (f"\nstopping: 3 non-finite steps in a row (up to step {step}); the last good "
+                f"weights are saved in {out}/ckpt. Lower lr or check the data.")
+    return (f"\ninterrupted: checkpoint of step {step} saved in {out}/ckpt. Resume with:\n"
+            f"  python train.py --config {os.path.join(out, 'config.yaml')} --resume")

@@ -88,7 +88,7 @@ _CHECKS = {}                              # a task's check spec -> its function,
 
 def checked_reward(episode, task, judge=None):
     """The reward of a task with its own `check` ("MODULE:FUNCTION", or "path.py:FUNCTION" made
-    absolute at load by chat.check_task; loaded once): check(task, episode) in [0, 1] is the hard
+    absolute at load by chat_tasks.check_task; loaded once): check(task, episode) in [0, 1] is the hard
     criterion, times the mean judge p(yes) over the checklist when a judge is given."""
     if task["check"] not in _CHECKS:
         _CHECKS[task["check"]] = executor.load_object(task["check"])

@@ -33,10 +33,10 @@ turns. This file lets the same inline rehearsal run on such a model (`format: ch
   (`has_executor`); without, the policy rehearses. `python chat.py --export data/toy_chat`
   writes the toy world's splits as chat task files (`export_toy`).
 
-The rest of the chat format is in files of their own, each importing this one: chat_tasks.py
-(a task file line checked field by field; below this file), multiturn.py (later user turns),
-chat_separate.py (rehearsal_context separate), chat_honesty.py (fidelity and collusion in chat
-rows) and chat_setup.py (what a chat run sets up from them).
+The rest of the chat format is in files of their own: below this one, chat_tasks.py (a task
+file line checked field by field); above it, multiturn.py (later user turns), chat_separate.py
+(rehearsal_context separate), chat_honesty.py (fidelity and collusion in chat rows) and
+chat_setup.py (what a chat run sets up from them).
 Simplified: one tool call per assistant turn (several end the episode); every hand-off must be
 the same after each turn (a template whose glue depends on the turn is refused at start).
 """

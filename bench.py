@@ -37,6 +37,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
 
 import chat
+import chat_setup
+import chat_tasks
 import world
 from checkpoint import build_tokenizer, load_policy
 from config import DEFAULTS
@@ -271,9 +273,9 @@ def chat_workload(args):
     for t in raw:
         line = chat.toy_task_line(t)
         line["tools"] = line["tools"] + padding_tools(args.pad_tools)
-        tasks.append(chat.check_task(line, "bench", "tasks"))
+        tasks.append(chat_tasks.check_task(line, "bench", "tasks"))
     G = args.group_size or 4
-    prompts, worlds = chat.episode_inputs(tokenizer, tags, tasks)
+    prompts, worlds = chat_setup.episode_inputs(tokenizer, tags, tasks)
     plans = [[(chat.format_call(c), r)
               for c, r in zip(t["gold_calls"], world.replay(rt["calls"]))] for t, rt in zip(tasks, raw)]
     w = {"prompts": [p for p in prompts for _ in range(G)], "worlds": [x for x in worlds for _ in range(G)],

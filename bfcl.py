@@ -13,7 +13,7 @@ truth's calls must be among the model's results so far.
     python evaluate.py --oracle --test_file=data/bfcl/multi_turn_base.jsonl --out_dir=out/oracle
 
 What is here:
-- `convert` writes each category as chat task files (chat.py `check_task`): `messages` = a system
+- `convert` writes each category as chat task files (chat_tasks.py `check_task`): `messages` = a system
   message + the first user turn, `turns` = the later user turns, `tools` = the function docs of
   the task's classes (minus `excluded_function`) as OpenAI JSON schemas (`json_schema`),
   `gold_calls` = the ground truth per turn as `{"name", "arguments"}` (`parse_call`: call strings

@@ -1,7 +1,7 @@
 """Chat-format task success: answer match, tool calls against gold calls, a checklist judge.
 
 The paper scores episodes with a checklist judge; BFCL compares calls AST-style. A chat task
-(chat.py) gives any of: `answer` (the final answer, normalised string or number match),
+(chat_tasks.py) gives any of: `answer` (the final answer, normalised string or number match),
 `gold_calls` (the episode's calls compared AST-style: type-aware values, `call_order` exact or
 any; in a multi-turn task given per user turn, the calls of turn k against those of turn k), `checklist` (yes/no questions for a local causal LM judge, scored p(yes) / (p(yes) + p(no))
 of its next token), or `check` (its own success function "MODULE:FUNCTION", e.g. bfcl.py's
@@ -88,7 +88,7 @@ _CHECKS = {}                              # a task's check spec -> its function,
 
 def checked_reward(episode, task, judge=None):
     """The reward of a task with its own `check` ("MODULE:FUNCTION", or "path.py:FUNCTION" made
-    absolute at load by chat.check_task; loaded once): check(task, episode) in [0, 1] is the hard
+    absolute at load by chat_tasks.check_task; loaded once): check(task, episode) in [0, 1] is the hard
     criterion, times the mean judge p(yes) over the checklist when a judge is given."""
     if task["check"] not in _CHECKS:
         _CHECKS[task["check"]] = executor.load_object(task["check"])

@@ -260,7 +260,7 @@ def check_splits(cfg, splits):
 def check_lengths(cfg, tokenizer, model_config, tasks):
     """max_tokens against the model and the prompts (train.run, right after the model is built):
     no more than the model's max_position_embeddings, and (format: plain; chat prompts are
-    checked by chat.check_chat_prompts) room for an episode after the longest prompt of `tasks`,
+    checked by chat_setup.check_chat_prompts) room for an episode after the longest prompt of `tasks`,
     encoded as the sampler encodes it (<bos> + the prompt's tokens)."""
     positions = getattr(model_config, "max_position_embeddings", None)
     if positions is not None and cfg["max_tokens"] > positions:
@@ -285,7 +285,7 @@ def check_format(cfg):
     if cfg["model"] == "tiny":
         raise ConfigError("format: chat needs model: a local path or hub name whose tokenizer has a chat template")
     if not cfg["tasks_file"]:
-        raise ConfigError("format: chat needs tasks_file: a chat JSONL task file (see chat.py)")
+        raise ConfigError("format: chat needs tasks_file: a chat JSONL task file (see chat_tasks.py)")
     if cfg["rehearsal_budget"]:
         raise ConfigError("test-time private rehearsal (rehearsal_budget) is not built for format: chat")
     if cfg["rehearse_check"]:

@@ -38,8 +38,12 @@ from types import SimpleNamespace
 import torch
 
 import chat
+import chat_honesty
 import chat_reward
+import chat_separate
+import chat_setup
 import honesty
+import multiturn
 import separate
 import taskfiles
 import world
@@ -52,10 +56,10 @@ from rollout import sample_episodes
 
 def build_tasks(cfg):
     """The splits: generated from the toy world (data_seed), or read from JSONL files where the
-    config names them (chat: always files, chat.read_chat_jsonl). Every file line is checked
+    config names them (chat: always files, chat_tasks.read_chat_jsonl). Every file line is checked
     here, before anything is built or trained."""
     if cfg["format"] == "chat":
-        return chat.chat_tasks(cfg)
+        return chat_setup.chat_tasks(cfg)
     if cfg["world"] == "uncertain":
         splits = world_uncertain.make_splits(cfg)
     else:
@@ -128,43 +132,45 @@ def plain_features(cfg, tokenizer, splits, world=world, snippets=None):
 
 def chat_features(cfg, tokenizer, splits, device):
     """A chat model on chat JSONL tasks (chat.py); inline or separate rehearsal rows."""
-    multiturn = chat.multiturn(splits["rl"] + splits["test"] + splits["logged"])
-    tags = chat.chat_tags(tokenizer, cfg["think"], multiturn)   # a template that does not fit: one line, here
-    if multiturn and cfg["rehearsal_context"] == "separate":
+    multi_turn = multiturn.multiturn(splits["rl"] + splits["test"] + splits["logged"])
+    tags = chat_setup.chat_tags(tokenizer, cfg["think"], multi_turn)   # a template that does not fit: one line, here
+    if multi_turn and cfg["rehearsal_context"] == "separate":
         raise ConfigError("rehearsal_context: separate does not support multi-turn tasks ('turns', or logged "
                           "trajectories with several user turns): use rehearsal_context: inline")
-    if multiturn and cfg["rehearsal_budget"]:
+    if multi_turn and cfg["rehearsal_budget"]:
         raise ConfigError("rehearsal_budget > 0 (private rehearsal) does not support multi-turn tasks ('turns'): "
                           "its plans do not follow user turns; set rehearsal_budget: 0")
-    chat.check_chat_prompts(cfg, tokenizer, splits["rl"] + splits["test"])
+    chat_setup.check_chat_prompts(cfg, tokenizer, splits["rl"] + splits["test"])
     k = cfg["grounding_examples"]
     counts = Counter([c for t in splits["logged"] for c in t["calls"]]
                      + [json.dumps(c, ensure_ascii=False) for t in splits["rl"] for c, _ in t.get("examples", [])])
 
     def inputs(tasks, repeat=1):
-        prompts, worlds = chat.episode_inputs(tokenizer, tags, tasks, cfg["tool_timeout"])
+        prompts, worlds = chat_setup.episode_inputs(tokenizer, tags, tasks, cfg["tool_timeout"])
         return [p for p in prompts for _ in range(repeat)], [w for w in worlds for _ in range(repeat)], tags
 
     fx = SimpleNamespace(inputs=inputs, executes=chat.has_executor, step_extras=no_extras, eval_extras=no_extras,
-                         reward=functools.partial(chat_reward.chat_reward, judge=chat.load_judge(cfg, device)))
-    fx.diagnostics = functools.partial(chat.diagnostics, reward=fx.reward)
-    fx.honesty = lambda model, tokenizer, tasks, cfg, generator: chat.imagined_world(   # executor tasks
+                         reward=functools.partial(chat_reward.chat_reward,
+                                                  judge=chat_setup.load_judge(cfg, device)))
+    fx.diagnostics = functools.partial(chat_honesty.diagnostics, reward=fx.reward)
+    fx.honesty = lambda model, tokenizer, tasks, cfg, generator: chat_honesty.imagined_world(   # executor tasks
         model, tokenizer, tasks, cfg, generator, fx)
     if cfg["rehearsal_context"] == "inline":
         fx.sample, fx.warm_start_roles = sample_episodes, (ACT, REHEARSE, OBS)
-        fx.warm_start_sequences = lambda: chat.warm_start_sequences(tokenizer, tags, splits["logged"], splits["rl"])
-        would_rehearse = functools.partial(chat.would_rehearse_inline, tags=tags)
+        fx.warm_start_sequences = lambda: chat_setup.warm_start_sequences(
+            tokenizer, tags, splits["logged"], splits["rl"])
+        would_rehearse = functools.partial(chat_honesty.would_rehearse_inline, tags=tags)
     else:
         fx.sample = functools.partial(separate.sample_separate,
-                                      rehearse_prompt=functools.partial(chat.separate_prompt, tokenizer, k))
+                                      rehearse_prompt=functools.partial(chat_separate.separate_prompt, tokenizer, k))
         fx.warm_start_roles = (ACT, REHEARSE)
-        fx.warm_start_sequences = lambda: chat.separate_warm_start_sequences(
+        fx.warm_start_sequences = lambda: chat_separate.separate_warm_start_sequences(
             tokenizer, tags, splits["logged"], splits["rl"], k)
-        would_rehearse = functools.partial(chat.would_rehearse_separate, tags=tags, k=k)
-    fx.would_rehearse, fx.by_kind = would_rehearse, chat.by_kind
+        would_rehearse = functools.partial(chat_separate.would_rehearse_separate, tags=tags, k=k)
+    fx.would_rehearse, fx.by_kind = would_rehearse, chat_honesty.by_kind
     fx.coverage = lambda model, tokenizer, tasks, pairs=None: honesty.fidelity_by_coverage(   # None: gold calls
-        would_rehearse(model, tokenizer, *chat.expert_episodes(tokenizer, tags, tasks)) if pairs is None else pairs,
-        counts)
+        would_rehearse(model, tokenizer, *chat_setup.expert_episodes(tokenizer, tags, tasks)) if pairs is None
+        else pairs, counts)
     return fx
 
 

@@ -156,7 +156,7 @@ def rates(counts):
 @torch.no_grad()
 def would_rehearse_rows(model, rows, pad_id, token_budget=4096):
     """[(row["call"], matched)]: would the model write each rehearse row's REHEARSE tokens greedily
-    (one teacher-forced forward)? The rows of rehearsal_rows, or chat.rehearse_rows."""
+    (one teacher-forced forward)? The rows of rehearsal_rows, or chat_separate.rehearse_rows."""
     if not rows:
         return []
     hits, roles = greedy_hits(model, rows, pad_id, token_budget)

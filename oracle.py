@@ -21,6 +21,7 @@ import os
 import sys
 
 import chat
+import chat_tasks
 import taskfiles
 from chat_reward import chat_reward
 from checkpoint import write_file
@@ -54,7 +55,7 @@ def oracle_episode(task, tool_timeout=DEFAULTS["tool_timeout"]):
 def run_oracle(test_file, tool_timeout=DEFAULTS["tool_timeout"]):
     """The eval.json dict of the oracle on one chat task file (ConfigError for a bad file)."""
     try:
-        tasks = chat.read_chat_jsonl(test_file, "tasks")
+        tasks = chat_tasks.read_chat_jsonl(test_file, "tasks")
     except taskfiles.DataError as e:
         raise ConfigError(str(e)) from None
     replayed = [(n, t) for n, t in enumerate(tasks, 1) if t.get("gold_calls") and chat.has_executor(t)]

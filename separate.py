@@ -8,7 +8,7 @@ the called tool's signature, optional grounding examples (logged (call, response
 tool), the dialogue so far and the call. The response is copied into the actor's row as context
 (OBS, no loss there); its training is in the rehearse row (REHEARSE). The warm start trains the
 same rows (`warm_start_sequences`), and evaluation asks the model in them (`would_rehearse`).
-The chat format's rehearse prompt is chat.rehearse_prompt_ids, in the model's own template.
+The chat format's rehearse prompt is chat_separate.rehearse_prompt_ids, in the model's own template.
 """
 import functools
 from collections import defaultdict, deque
@@ -16,6 +16,7 @@ from collections import defaultdict, deque
 import torch
 
 import chat
+import chat_separate
 import honesty
 import world as toy_world
 from config import ConfigError
@@ -49,15 +50,15 @@ def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     its actor row, i.e. of its prompt, "turn": which call). A rehearsal that fails (bad_rehearsal,
     env_limit) ends its episode with that cause.
     Chat format (`tags` the chat hand-offs, prompts as ids, one world per row): the rehearse prompt
-    is `rehearse_prompt(actor row, its world)` (chat.separate_prompt), the rehearser writes the
-    result as an assistant turn ending at the template's end-of-turn stop (chat.rehearse_tags), and
+    is `rehearse_prompt(actor row, its world)` (chat_separate.separate_prompt), the rehearser writes the
+    result as an assistant turn ending at the template's end-of-turn stop (chat_separate.rehearse_tags), and
     the result is copied into the actor row as the template's tool response (`_copy_response`)."""
     assert env_mode in ("rehearse", "frozen") and (env_model is not None) == (env_mode == "frozen")
     chat_rows = tags is not None
     if chat_rows and rehearse_prompt is None:
-        rehearse_prompt = functools.partial(chat.separate_prompt, tokenizer, 0)
+        rehearse_prompt = functools.partial(chat_separate.separate_prompt, tokenizer, 0)
     tags = tags or tag_ids(tokenizer)
-    env_tags = chat.rehearse_tags(tags) if chat_rows else tags
+    env_tags = chat_separate.rehearse_tags(tags) if chat_rows else tags
     limits = {"temperature": temperature, "top_p": top_p, "max_turns": max_turns,
               "max_act_tokens": max_act_tokens, "max_env_tokens": max_env_tokens, "generator": generator,
               "rehearse_check": rehearse_check}
@@ -102,7 +103,7 @@ def _rehearse_row(episode, tags, tokenizer, examples, world):
 
 def _chat_rehearse_row(episode, world, env_tags, rehearse_prompt):
     """A chat rehearse row for the actor row's last call: its own prompt (`rehearse_prompt`), and a
-    world reading its result as an assistant turn (chat.rehearse_tags)."""
+    world reading its result as an assistant turn (chat_separate.rehearse_tags)."""
     ids = rehearse_prompt(episode, world)
     return new_row(ids, chat.task_world(world.task, env_tags), "env", calls=[episode["calls"][-1]],
                    stop_at="response", episode=episode["episode"], turn=len(episode["calls"]) - 1)
@@ -141,7 +142,7 @@ def _copy_response(episode, rehearsal, tags, tokenizer, max_tokens, frozen):
 
 def rehearse_prompt(tokenizer, dialogue, call, examples=(), world=toy_world):
     """The prompt of a separate rehearse row, as ids (the only place it is rendered for the toy's
-    plain tags; a chat-template model gets its own: chat.rehearse_prompt_ids). A rehearse tag with the called tool's signature, the
+    plain tags; a chat-template model gets its own: chat_separate.rehearse_prompt_ids). A rehearse tag with the called tool's signature, the
     grounding `examples` ([(call, response)] of that tool, logged), the dialogue so far and the
     call (`dialogue`: the actor's own ids after <bos>, up to the call's </act>), then the <env>
     hand-off; the policy writes the response and </env> after it. The actor never sees it.

@@ -94,16 +94,16 @@ def test_converter_writes_the_first_base_task_as_a_multi_turn_chat_task(bfcl_dir
 
 
 def test_every_converted_line_passes_check_task(bfcl_dir):
-    import chat
+    import chat_tasks
     for category in ("multi_turn_base", "multi_turn_miss_param", "multi_turn_long_context"):
-        tasks = chat.read_chat_jsonl(str(bfcl_dir / f"{category}.jsonl"), "tasks")
+        tasks = chat_tasks.read_chat_jsonl(str(bfcl_dir / f"{category}.jsonl"), "tasks")
         assert len(tasks) == 200
         assert all(len(t["gold_calls"]) == 1 + len(t.get("turns", [])) for t in tasks)
         assert tasks[0]["check"] == "bfcl:check" and tasks[0]["env_config"]["involved_classes"]
 
 
 def test_missing_package_refuses_bfcl_only_with_the_install_line(bfcl_dir, monkeypatch, tmp_path):
-    import chat
+    import chat_tasks
     from taskfiles import DataError
     real_import = builtins.__import__
 
@@ -120,9 +120,9 @@ def test_missing_package_refuses_bfcl_only_with_the_install_line(bfcl_dir, monke
     assert bfcl.main(["--out", str(tmp_path)]) == 2
     with pytest.raises(DataError, match=r"line 1: env 'bfcl:BFCLEnv': BFCLEnv\(\*\*env_config\) raised ConfigError: "
                                         r"BFCL tasks need the bfcl-eval package, not installed: pip install --no-deps"):
-        chat.read_chat_jsonl(str(bfcl_dir / "multi_turn_base.jsonl"), "tasks")
+        chat_tasks.read_chat_jsonl(str(bfcl_dir / "multi_turn_base.jsonl"), "tasks")
     toy = os.path.join(os.path.dirname(__file__), "..", "data", "toy_chat_example.jsonl")
-    assert len(chat.read_chat_jsonl(toy, "tasks")) == 6                                   # other tasks load
+    assert len(chat_tasks.read_chat_jsonl(toy, "tasks")) == 6                                   # other tasks load
     assert bfcl.json_schema({"type": "float"}) == {"type": "number"}      # the rest still works
 
 
@@ -252,14 +252,14 @@ def write_task(tmp_path, row):
 
 
 def test_check_task_reads_turns_gold_calls_per_turn_and_check(base, tmp_path):
-    import chat
+    import chat_tasks
     from taskfiles import DataError
     row = {k: base[1][k] for k in ("messages", "turns", "tools", "gold_calls", "env", "env_config", "check")}
-    task = chat.read_chat_jsonl(write_task(tmp_path, row), "tasks")[0]
+    task = chat_tasks.read_chat_jsonl(write_task(tmp_path, row), "tasks")[0]
     assert task["check"] == "bfcl:check" and len(task["turns"]) == 3 and task["env_class"] is bfcl.BFCLEnv
     assert [len(t) for t in task["gold_calls"]] == [1, 2, 2, 1]
     (tmp_path / "mycheck.py").write_text("def score(task, episode):\n    return 0.5\n")
-    task = chat.read_chat_jsonl(write_task(tmp_path, {**row, "check": "mycheck.py:score"}), "tasks")[0]
+    task = chat_tasks.read_chat_jsonl(write_task(tmp_path, {**row, "check": "mycheck.py:score"}), "tasks")[0]
     assert task["check"] == f"{tmp_path / 'mycheck.py'}:score"          # absolute: loads from anywhere
     bad = {"gold_calls": (row["gold_calls"][:3], "'gold_calls' has 3 turns but the task has 4 user turns "
                                                  "(the opening and 3 in 'turns')"),
@@ -267,21 +267,21 @@ def test_check_task_reads_turns_gold_calls_per_turn_and_check(base, tmp_path):
            "check": ("bfcl:nope", "'check' 'bfcl:nope': bfcl has no class or function 'nope'")}
     for key, (value, message) in bad.items():
         with pytest.raises(DataError, match=f"t.jsonl line 1: {message}".replace("(", r"\(").replace(")", r"\)")):
-            chat.read_chat_jsonl(write_task(tmp_path, {**row, key: value}), "tasks")
+            chat_tasks.read_chat_jsonl(write_task(tmp_path, {**row, key: value}), "tasks")
 
 
 def test_chat_reward_scores_a_task_by_its_own_check(base, tmp_path):
-    import chat
+    import chat_tasks
     import chat_reward
     row = {k: base[0][k] for k in ("messages", "turns", "tools", "gold_calls", "env", "env_config", "check")}
-    task = chat.read_chat_jsonl(write_task(tmp_path, row), "tasks")[0]
+    task = chat_tasks.read_chat_jsonl(write_task(tmp_path, row), "tasks")[0]
     episode = gold_episode(task)
     assert chat_reward.chat_reward(episode, task) == 1.0
     assert chat_reward.chat_reward({**episode, "calls": episode["calls"][1:], "call_turns": episode["call_turns"][1:]},
                                    task) == 0.0             # no cd: the mkdir is made in the wrong folder
     assert chat_reward.chat_reward({**episode, "cause": "bad_call_json"}, task) == 0.0
     (tmp_path / "half.py").write_text("def score(task, episode):\n    return 0.5\n")
-    half = chat.read_chat_jsonl(write_task(tmp_path, {**row, "check": "half.py:score",
+    half = chat_tasks.read_chat_jsonl(write_task(tmp_path, {**row, "check": "half.py:score",
                                                       "checklist": ["Was it polite?"]}), "tasks")[0]
     assert chat_reward.chat_reward(episode, half) == 0.5                   # the check, not gold call matching
     assert chat_reward.chat_reward(episode, half, judge=lambda e, t: [0.8]) == pytest.approx(0.4)
@@ -289,13 +289,15 @@ def test_chat_reward_scores_a_task_by_its_own_check(base, tmp_path):
 
 def test_a_prompt_that_does_not_fit_max_tokens_is_one_line(base, bfcl_dir):
     import chat
+    import chat_setup
+    import chat_tasks
     from config import DEFAULTS
     from helpers import chat_tokenizer
     tokenizer = chat_tokenizer()
-    task = chat.read_chat_jsonl(str(bfcl_dir / "multi_turn_base_heldout.jsonl"), "tasks")[0]   # base task 0
+    task = chat_tasks.read_chat_jsonl(str(bfcl_dir / "multi_turn_base_heldout.jsonl"), "tasks")[0]   # base task 0
     opening = len(chat.prompt_ids(tokenizer, task["messages"], task["tools"]))
     with pytest.raises(ConfigError) as e:
-        chat.check_chat_prompts({**DEFAULTS, "max_tokens": 4096}, tokenizer, [task])
+        chat_setup.check_chat_prompts({**DEFAULTS, "max_tokens": 4096}, tokenizer, [task])
     prefix = ("max_tokens (4096) leaves no room for an episode: a task's prompt (messages + tools + later user "
               "turns) is ")
     assert str(e.value).startswith(prefix) and str(e.value).endswith(""" tokens ("Move 'final_report.pdf' within document ")""")

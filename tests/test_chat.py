@@ -12,6 +12,8 @@ from transformers import Qwen2Config
 
 import chat
 import chat_reward
+import chat_setup
+import chat_tasks
 import checkpoint
 import config
 import evaluate
@@ -137,7 +139,7 @@ def test_strict_tool_call_parsing():
 
 def test_schema_types_enum_required_and_additional_properties():
     ok = {"city": "Rome", "tags": ["a"], "radius": 2, "open": False, "where": {"lat": 1.5}}
-    assert chat.check_value(ok, SCHEMAS["find"]) is None
+    assert chat_tasks.check_value(ok, SCHEMAS["find"]) is None
     cases = {"city": ("Milan", "arguments.city must be one of ['Paris', 'Rome'], got \"Milan\""),
              "tags": (["a", 1], "arguments.tags[1] must be string, got 1"),
              "radius": ("2", 'arguments.radius must be number, got "2"'),
@@ -145,8 +147,8 @@ def test_schema_types_enum_required_and_additional_properties():
              "where": ({}, "arguments.where.lat is required"),
              "nearby": (True, "arguments.nearby is not a known argument")}
     for key, (value, problem) in cases.items():
-        assert chat.check_value({**ok, key: value}, SCHEMAS["find"]) == problem
-    assert chat.check_value({"city": "Rome"}, SCHEMAS["find"]) == "arguments.tags is required"
+        assert chat_tasks.check_value({**ok, key: value}, SCHEMAS["find"]) == problem
+    assert chat_tasks.check_value({"city": "Rome"}, SCHEMAS["find"]) == "arguments.tags is required"
 
 
 # ----------------------------------------------------------------------------- episodes
@@ -179,7 +181,7 @@ def pay_task(**kw):
 def sample(task, env_mode, actions, responses, answer, n=1):
     """Sample `n` episodes of `task` from a model scripted to write exactly this episode."""
     tags = chat.chat_format(TOK)
-    prompts, worlds = chat.episode_inputs(TOK, tags, [task] * n)
+    prompts, worlds = chat_setup.episode_inputs(TOK, tags, [task] * n)
     script = chat.assemble(TOK, tags, prompts[0], actions, responses, answer)["ids"][len(prompts[0]):]
     return tags, prompts[0], sample_episodes(Script(script), TOK, prompts, env_mode, world=worlds, tags=tags,
                                              max_act_tokens=40, max_env_tokens=8, max_tokens=200)
@@ -311,7 +313,7 @@ GOOD = {"messages": [{"role": "user", "content": "pay 3"}], "tools": [PAY], "ans
 def test_task_file_errors_name_the_line(tmp_path, line, problem):
     path = write(tmp_path, [GOOD, line])
     with pytest.raises(taskfiles.DataError) as e:
-        chat.read_chat_jsonl(path, "tasks")
+        chat_tasks.read_chat_jsonl(path, "tasks")
     assert problem in str(e.value) and str(e.value).startswith(path)
 
 
@@ -323,8 +325,8 @@ def test_logged_trajectory_errors_and_reading(tmp_path):
     two = {**good, "messages": GOOD["messages"] + [{"role": "assistant", "tool_calls": [call, call]}]}
     path = write(tmp_path, [good, two])
     with pytest.raises(taskfiles.DataError, match="line 2: turn 1: one tool call per assistant turn"):
-        chat.read_chat_jsonl(path, "trajectories")
-    (t,) = chat.read_chat_jsonl(write(tmp_path, [good]), "trajectories")
+        chat_tasks.read_chat_jsonl(path, "trajectories")
+    (t,) = chat_tasks.read_chat_jsonl(write(tmp_path, [good]), "trajectories")
     assert t["calls"] == ['{"name": "pay", "arguments": {"amount": 3}}'] and t["responses"] == ["6"]
     assert t["answer"] == "6" and t["messages"] == GOOD["messages"]
 
@@ -344,9 +346,9 @@ def test_a_bad_task_file_stops_train_before_the_model_loads(tmp_path, capsys):
 
 def test_toy_export_round_trips_and_the_toy_world_executes_json_calls(tmp_path):
     chat.export_toy(str(tmp_path), seed=0, n_logged=5, n_new_logged=0, n_rl=5, n_test=5)
-    tasks = chat.read_chat_jsonl(str(tmp_path / "test.jsonl"), "tasks")
-    logged = chat.read_chat_jsonl(str(tmp_path / "logged.jsonl"), "trajectories")
-    shipped = chat.read_chat_jsonl(os.path.join(ROOT, "data", "toy_chat_example.jsonl"), "tasks")
+    tasks = chat_tasks.read_chat_jsonl(str(tmp_path / "test.jsonl"), "tasks")
+    logged = chat_tasks.read_chat_jsonl(str(tmp_path / "logged.jsonl"), "trajectories")
+    shipped = chat_tasks.read_chat_jsonl(os.path.join(ROOT, "data", "toy_chat_example.jsonl"), "tasks")
     for t in tasks + shipped:
         w = chat.task_world(t, {"env_pre": "\n", "act_pre": ""})
         calls = [json.dumps(c) for c in t["gold_calls"]]
@@ -360,7 +362,7 @@ def test_toy_export_round_trips_and_the_toy_world_executes_json_calls(tmp_path):
     assert [w.step(state, json.dumps(c)) for c in steps] == ["3", "12", "5", "error funds"]
     assert chat.toy_json_call("mul 3 , 4") == {"name": "mul", "arguments": {"a": 3, "b": 4}}
     assert chat.read_act('<tool_call>{"name": "price", "arguments": {"item": "pen"}}</tool_call>',
-                         chat.tool_schemas(chat.TOY_TOOLS))[0] == "bad_arguments"   # enum of items
+                         chat_tasks.tool_schemas(chat.TOY_TOOLS))[0] == "bad_arguments"   # enum of items
 
 
 # ----------------------------------------------------------------------------- train.py, resume, evaluate.py
@@ -416,7 +418,7 @@ def test_evaluation_of_tasks_without_an_executor_scores_by_criteria_and_judge(tm
     tiny_qwen(TOK, tmp_path / "judge", seed=5)
     task = {k: v for k, v in pay_task(checklist=["Did it pay 3?", "Is 6 left?"]).items() if k != "env"}
     tags = chat.chat_format(TOK)
-    prompts, _ = chat.episode_inputs(TOK, tags, [dict(task)])
+    prompts, _ = chat_setup.episode_inputs(TOK, tags, [dict(task)])
     script = chat.assemble(TOK, tags, prompts[0], [{"name": "pay", "arguments": {"amount": 3}}], ["6"], "6")
     cfg = {**config.DEFAULTS, "format": "chat", "judge_model": str(tmp_path / "judge"), "max_act_tokens": 40,
            "max_tokens": 200}

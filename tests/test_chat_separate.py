@@ -1,5 +1,5 @@
 """rehearsal_context separate with format chat: each rehearsal a row of its own, prompted in the
-model's chat template (chat.rehearse_prompt_ids). Roles and shifted masks of a chat actor row and
+model's chat template (chat_separate.rehearse_prompt_ids). Roles and shifted masks of a chat actor row and
 its rehearse rows, the result copied into the actor row as the template's tool response (OBS),
 examples limited by grounding_examples, warm-start rows equal to the sampler's, would-rehearse
 asked in the separate rows, and train.py / evaluate.py end to end on a tiny random Qwen2."""
@@ -14,11 +14,13 @@ from transformers import Qwen2Config
 
 import chat
 import chat_reward
+import chat_separate
+import chat_setup
+import chat_tasks
 import config
 import evaluate
 import features
 import honesty
-import rehearse
 import reward
 import separate
 import train
@@ -27,7 +29,7 @@ from helpers import assert_rehearse_logprobs_match_a_forward, chat_tokenizer, sc
 from rollout import sample_episodes
 from separate import _chat_rehearse_row, sample_separate
 
-chat_separate_warm_start = chat.separate_warm_start_sequences
+chat_separate_warm_start = chat_separate.separate_warm_start_sequences
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOK = chat_tokenizer()
 TAGS = chat.chat_format(TOK)
@@ -79,17 +81,17 @@ def scripts_for(task, k, responses=("6", "4"), answer="4"):
     scripts = {tuple(prompt): actor[len(prompt):]}
     for end in ends:
         scripts[tuple(actor[:end])] = actor[end:]
-    for row in chat.rehearse_rows(TOK, TAGS, task, CALLS, list(responses), k):
+    for row in chat_separate.rehearse_rows(TOK, TAGS, task, CALLS, list(responses), k):
         n = row["roles"].index(REHEARSE)
         scripts[tuple(row["ids"][:n])] = row["ids"][n:]
     return scripts
 
 
 def sample(task, k=1, n=1, **kw):
-    prompts, worlds = chat.episode_inputs(TOK, TAGS, [task] * n)
+    prompts, worlds = chat_setup.episode_inputs(TOK, TAGS, [task] * n)
     limits = {"max_act_tokens": 40, "max_env_tokens": 8, "max_tokens": 300, **kw}
     return sample_separate(PrefixScript(scripts_for(task, k)), TOK, prompts, world=worlds, tags=TAGS,
-                           rehearse_prompt=functools.partial(chat.separate_prompt, TOK, k), **limits)
+                           rehearse_prompt=functools.partial(chat_separate.separate_prompt, TOK, k), **limits)
 
 
 def mask_string(row):
@@ -156,13 +158,13 @@ def test_examples_are_limited_by_grounding_examples():
     task = pay_task()
     world = chat.task_world(task, TAGS)
     actor = {"calls": [json.dumps(CALLS[0])], "responses": []}
-    shown = {k: text(chat.separate_prompt(TOK, k, actor, world)) for k in (0, 1, 2, 5)}
+    shown = {k: text(chat_separate.separate_prompt(TOK, k, actor, world)) for k in (0, 1, 2, 5)}
     assert "Examples" not in shown[0]
     assert shown[1].count('"result": ') == 1 and '{"arguments": {"amount": 1}, "result": "8"}' in shown[1]
     assert shown[2].count('"result": ') == 2 and '{"arguments": {"amount": 5}, "result": "4"}' in shown[2]
     assert shown[5] == shown[2]                                 # the task has two
     mul = {"name": "mul", "arguments": {"a": 2, "b": 3}}
-    assert chat.task_examples({**task, "examples": task["examples"] + [(mul, "6")]}, "mul", 3) == [(mul, "6")]
+    assert chat_separate.task_examples({**task, "examples": task["examples"] + [(mul, "6")]}, "mul", 3) == [(mul, "6")]
     # sampled with k = 2, both examples are in each rehearse row
     e, = sample(task, k=2)
     assert e["cause"] == "answer" and all(text(r["ids"]).count('"result": ') >= 2 for r in e["rehearsals"])
@@ -170,7 +172,7 @@ def test_examples_are_limited_by_grounding_examples():
 
 def test_bad_rehearsal_and_frozen_simulator():
     task = pay_task()
-    prompts, worlds = chat.episode_inputs(TOK, TAGS, [task])
+    prompts, worlds = chat_setup.episode_inputs(TOK, TAGS, [task])
     scripts = scripts_for(task, 0)
     first = next(key for key, v in scripts.items() if TOK.convert_ids_to_tokens(v) == ["6", "<|im_end|>"])
     bad = {**scripts, first: chat.encode(TOK, "<tool_call>") + [TAGS["act_end"]]}     # writes a call back
@@ -186,7 +188,7 @@ def test_warm_start_rows_are_the_rows_rl_samples():
     e, = sample(pay_task(), k=1)
     task = pay_task()
     logged = {"messages": task["messages"], "tools": task["tools"], "call_dicts": CALLS,
-              "calls": [json.dumps(c) for c in CALLS],      # as chat.check_task writes a logged line
+              "calls": [json.dumps(c) for c in CALLS],      # as chat_tasks.check_task writes a logged line
               "responses": ["6", "4"], "answer": "4", "examples": task["examples"]}
     cfg = {**config.DEFAULTS, "format": "chat", "rehearsal_context": "separate", "grounding_examples": 1,
            "max_tokens": 300}
@@ -206,7 +208,7 @@ def test_warm_start_rows_are_the_rows_rl_samples():
         {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": CALLS[0]}]},
         {"role": "tool", "content": "6"}, {"role": "assistant", "content": "6"}],
         "tools": [PAY], "examples": {"pay": [{"arguments": {"amount": 1}, "result": "8"}]}}
-    assert chat.check_task(line, "x", "trajectories")["examples"] == task["examples"][:1]
+    assert chat_tasks.check_task(line, "x", "trajectories")["examples"] == task["examples"][:1]
 
 
 class SeparateOracle(torch.nn.Module):
@@ -217,7 +219,7 @@ class SeparateOracle(torch.nn.Module):
         super().__init__()
         self.anchor = torch.nn.Parameter(torch.zeros(1))
         self.digits = torch.tensor(TOK.convert_tokens_to_ids([str(d) for d in range(10)]))
-        self.mark = chat.rehearse_prompt_ids(TOK, pay_task(), [], CALLS[0])[3]           # 'Y' of "You play"
+        self.mark = chat_separate.rehearse_prompt_ids(TOK, pay_task(), [], CALLS[0])[3]           # 'Y' of "You play"
 
     def forward(self, input_ids, **kw):
         target = torch.roll(input_ids, -1, dims=1)
@@ -228,12 +230,12 @@ class SeparateOracle(torch.nn.Module):
 
 def test_would_rehearse_asks_in_the_separate_rows():
     task = pay_task()
-    prompts, worlds = chat.episode_inputs(TOK, TAGS, [task])
+    prompts, worlds = chat_setup.episode_inputs(TOK, TAGS, [task])
     scripts = scripts_for(task, 0, responses=("5", "9"))           # the policy's own guesses: wrong
     real, = sample_episodes(PrefixScript(scripts), TOK, prompts, "real", world=worlds, tags=TAGS,
                             max_act_tokens=40, max_env_tokens=8, max_tokens=300)
     assert real["responses"] == ["6", "4"] and real["cause"] == "answer"
-    rows = chat.rehearse_rows(TOK, TAGS, task, [json.loads(c) for c in real["calls"]], real["responses"], 1)
+    rows = chat_separate.rehearse_rows(TOK, TAGS, task, [json.loads(c) for c in real["calls"]], real["responses"], 1)
     assert honesty.would_rehearse_rows(SeparateOracle(), rows, TOK.pad_token_id) == \
         [(json.dumps(CALLS[0]), True), (json.dumps(CALLS[1]), True)]
     inline = honesty.would_rehearse_calls(SeparateOracle(), TOK, [real], env_end=TAGS["env_end"])
@@ -249,12 +251,12 @@ def test_separate_warm_start_teaches_the_rows_the_sampler_then_writes():
            "sft_steps": 150, "sft_batch_size": 1, "sft_lr": 0.01, "micro_batch_tokens": 4096}
     logged = {"messages": task["messages"], "tools": task["tools"], "call_dicts": CALLS, "responses": ["6", "4"],
               "answer": "4", "examples": task["examples"]}
-    (group,) = chat.separate_warm_start_sequences(TOK, TAGS, [logged], [], cfg["grounding_examples"])
+    (group,) = chat_separate.separate_warm_start_sequences(TOK, TAGS, [logged], [], cfg["grounding_examples"])
     model = tiny_qwen(TOK)
     train.warm_start(model, model, [group], cfg, TOK.pad_token_id, roles=(ACT, REHEARSE))
-    prompts, worlds = chat.episode_inputs(TOK, TAGS, [task] * 4)
+    prompts, worlds = chat_setup.episode_inputs(TOK, TAGS, [task] * 4)
     episodes = sample_separate(model, TOK, prompts, world=worlds, tags=TAGS, temperature=0.3,
-                               rehearse_prompt=functools.partial(chat.separate_prompt, TOK, 1), max_act_tokens=30,
+                               rehearse_prompt=functools.partial(chat_separate.separate_prompt, TOK, 1), max_act_tokens=30,
                                max_env_tokens=6, max_tokens=300, generator=torch.Generator().manual_seed(0))
     for e in episodes:
         assert e["cause"] == "answer" and e["answer"] == "4" and e["responses"] == ["6", "4"]
@@ -272,8 +274,8 @@ def test_chat_rehearse_rows_logprobs_equal_a_teacher_forced_forward():
     model = tiny_qwen(TOK, seed=2)
     task = pay_task()
     world = chat.task_world(task, TAGS)
-    env_tags = chat.rehearse_tags(TAGS)
-    prompt = functools.partial(chat.separate_prompt, TOK, 1)
+    env_tags = chat_separate.rehearse_tags(TAGS)
+    prompt = functools.partial(chat_separate.separate_prompt, TOK, 1)
     actors = [{"calls": [json.dumps(c) for c in CALLS[:n + 1]], "responses": ["6"][:n], "episode": n} for n in (0, 1)]
     rows = [_chat_rehearse_row(a, world, env_tags, prompt) for a in actors for _ in range(3)]
     assert len({len(r["ids"]) for r in rows}) == 2
@@ -288,9 +290,9 @@ def test_rl_step_on_chat_separate_rows():
     mean 1/2. Trained targets: 20 + 20 + 2 ACT per actor row, 2 REHEARSE per rehearse row."""
     task = pay_task()
     e1, = sample(task)
-    prompts, worlds = chat.episode_inputs(TOK, TAGS, [task])
+    prompts, worlds = chat_setup.episode_inputs(TOK, TAGS, [task])
     e2, = sample_separate(PrefixScript(scripts_for(task, 1, answer="5")), TOK, prompts, world=worlds, tags=TAGS,
-                          rehearse_prompt=functools.partial(chat.separate_prompt, TOK, 1), max_act_tokens=40,
+                          rehearse_prompt=functools.partial(chat_separate.separate_prompt, TOK, 1), max_act_tokens=40,
                           max_env_tokens=8, max_tokens=300)
     rewards = [chat_reward.chat_reward(e, task) for e in (e1, e2)]
     assert rewards == [1.0, 0.0]
@@ -316,14 +318,14 @@ def test_chat_evaluation_asks_would_rehearse_in_separate_rows(monkeypatch):
     def spy(model, rows, pad_id, token_budget=4096):
         asked.extend(rows)
         return [(r["call"], r["turn"] == 0) for r in rows]
-    monkeypatch.setattr(rehearse, "would_rehearse_rows", spy)
+    monkeypatch.setattr(honesty, "would_rehearse_rows", spy)
     cfg = {**config.DEFAULTS, "format": "chat", "rehearsal_context": "separate", "grounding_examples": 2,
            "max_act_tokens": 40, "max_env_tokens": 8, "max_tokens": 300}
     fx = features.setup(cfg, TOK, {"logged": [], "rl": [task], "test": [task]})
     result = evaluate.evaluate(PrefixScript(scripts_for(task, 2)), TOK, [task], cfg, fx)
     assert result["success"] == 1.0 and result["fidelity_counts"] == {"stateful": [1, 2]}
     assert result["executed_tasks"] == 1 and result["rehearsed_tasks"] == 0
-    want = chat.rehearse_rows(TOK, TAGS, task, CALLS, ["6", "4"], 2)
+    want = chat_separate.rehearse_rows(TOK, TAGS, task, CALLS, ["6", "4"], 2)
     # asked in those rows once: the answers give fidelity per kind and fidelity by warm-start
     # coverage (the task's examples are other calls: both calls seen 0 times)
     assert [r["ids"] for r in asked] == [r["ids"] for r in want]
@@ -341,7 +343,7 @@ def test_config_accepts_separate_chat(tmp_path, monkeypatch):
     assert asked == []
     assert fx.sample.func is separate.sample_separate
     prompt = fx.sample.keywords["rehearse_prompt"]
-    assert prompt.func is chat.separate_prompt and prompt.args == (TOK, 1)
+    assert prompt.func is chat_separate.separate_prompt and prompt.args == (TOK, 1)
     plain = {**config.DEFAULTS, "rehearsal_context": "separate", "grounding_examples": 1}
     fx = features.setup(plain, TOK, {"logged": []})          # the toy's plain rehearse prompt: no chat builder
     assert asked == [(plain, TOK)]
@@ -358,14 +360,14 @@ def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
         asked.append(len(rows))
         assert all(text(r["ids"]).startswith("<|im_start|>system\nYou play the tool") for r in rows)
         return would(model, rows, pad_id, token_budget)
-    monkeypatch.setattr(rehearse, "would_rehearse_rows", spy)
+    monkeypatch.setattr(honesty, "would_rehearse_rows", spy)
     sampled, built = [], []
 
     def sample_spy(*args, **kw):                              # RL samples in separate rows
         sampled.append((kw["tags"]["act_end"], kw["rehearse_prompt"].args[1]))
         return sample_separate(*args, **kw)
     monkeypatch.setattr(separate, "sample_separate", sample_spy)     # features binds it at setup
-    monkeypatch.setattr(chat, "separate_warm_start_sequences",
+    monkeypatch.setattr(chat_separate, "separate_warm_start_sequences",
                         lambda *a: built.append(a[-1]) or chat_separate_warm_start(*a))
     tiny_qwen(TOK, tmp_path / "qwen")
     overrides = [f"--model={tmp_path / 'qwen'}", f"--out_dir={tmp_path / 'run'}", "--max_act_tokens=12",

@@ -9,6 +9,7 @@ import warnings
 import pytest
 
 import chat
+import chat_tasks
 import taskfiles
 import train
 from helpers import chat_tokenizer, tiny_qwen
@@ -111,7 +112,7 @@ def test_chat_line_errors_name_file_line_and_field(tmp_path, kind, row, message)
     good = chat_task() if kind == "tasks" else chat_traj()
     path = write(tmp_path, [good, row])
     with pytest.raises(taskfiles.DataError, match=f"^{path} line 2: {message}"):
-        chat.read_chat_jsonl(path, kind)
+        chat_tasks.read_chat_jsonl(path, kind)
 
 
 def test_schema_checker_accepts_what_check_value_reads():
@@ -119,8 +120,8 @@ def test_schema_checker_accepts_what_check_value_reads():
           "properties": {"a": {"type": ["string", "null"], "enum": ["x", None]},
                          "b": {"type": "array", "items": {"type": "object", "properties": {}}},
                          "c": {"anyOf": [{"type": "string"}], "description": "not read, not checked"}}}
-    assert chat.check_schema(ok) is None
-    assert chat.check_schema({"properties": {"a": {"items": {"type": [1]}}}}) == \
+    assert chat_tasks.check_schema(ok) is None
+    assert chat_tasks.check_schema({"properties": {"a": {"items": {"type": [1]}}}}) == \
         "parameters.properties.a.items.type must be a type name or a list of them, got [1]"
 
 
@@ -205,10 +206,10 @@ def test_no_mutation_of_a_good_line_crashes_past_the_checks(tmp_path):
     def chatted(rows):
         evaluated(rows)
         for t in rows:
-            schemas = chat.tool_schemas(t["tools"])
+            schemas = chat_tasks.tool_schemas(t["tools"])
             for name, schema in schemas.items():
                 for args in [{}, {"amount": 3}, {"amount": [1, {}]}, {"tags": ["x", 1]}, {"w": {"lat": "x"}}]:
-                    chat.check_value(args, schema)
+                    chat_tasks.check_value(args, schema)
                     chat.read_act("<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>", schemas)
 
     schema = {"type": "object", "additionalProperties": False, "required": ["amount"],
@@ -222,7 +223,7 @@ def test_no_mutation_of_a_good_line_crashes_past_the_checks(tmp_path):
         warnings.simplefilter("ignore")                        # unknown words: a warning, not an error
         for kind, good, read, use in [("tasks", {**TASK, "family": "price"}, taskfiles.read_jsonl, plain),
                                       ("trajectories", TRAJ, taskfiles.read_jsonl, plain),
-                                      ("tasks", task, chat.read_chat_jsonl, chatted),
-                                      ("trajectories", traj, chat.read_chat_jsonl, chatted)]:
+                                      ("tasks", task, chat_tasks.read_chat_jsonl, chatted),
+                                      ("trajectories", traj, chat_tasks.read_chat_jsonl, chatted)]:
             for row in [good, *mutations(good), *BAD]:
                 survives(tmp_path, read, row, kind, use)

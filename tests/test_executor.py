@@ -1,4 +1,4 @@
-"""Executors for chat tasks (executor.py, chat.py `env`): a tiny bank of the tests' own, loaded from
+"""Executors for chat tasks (executor.py, chat_tasks.py `env`): a tiny bank of the tests' own, loaded from
 a file next to the task file; its calls, state, errors, refusals and time limit; bad specs and
 env_config; then real-mode sampling, fidelity, collusion and train.py / evaluate.py with it."""
 import json
@@ -118,7 +118,10 @@ def test_normalised_responses():
 # ----------------------------------------------------------------------------- chat task lines with env
 
 import chat            # noqa: E402  (the chat part of the file)
+import chat_honesty    # noqa: E402
 import chat_reward     # noqa: E402
+import chat_setup      # noqa: E402
+import chat_tasks      # noqa: E402
 import evaluate        # noqa: E402
 import features        # noqa: E402
 import taskfiles       # noqa: E402
@@ -147,7 +150,7 @@ def write_tasks(folder, lines, name="tasks.jsonl"):
 
 
 def read_one(folder, **kw):
-    (task,) = chat.read_chat_jsonl(write_tasks(folder, [bank_line(**kw)]), "tasks")
+    (task,) = chat_tasks.read_chat_jsonl(write_tasks(folder, [bank_line(**kw)]), "tasks")
     return task
 
 
@@ -199,14 +202,14 @@ def test_env_mode_real_needs_an_executor_for_every_rl_task(bank_dir):
     path = write_tasks(bank_dir, [bank_line(), plain])
     cfg = {**config.DEFAULTS, "format": "chat", "tasks_file": path, "env_mode": "real"}
     with pytest.raises(config.ConfigError, match="line|has tasks without one"):
-        chat.chat_tasks(cfg)
-    assert len(chat.chat_tasks({**cfg, "tasks_file": write_tasks(bank_dir, [bank_line()] * 2)})["rl"]) == 2
+        chat_setup.chat_tasks(cfg)
+    assert len(chat_setup.chat_tasks({**cfg, "tasks_file": write_tasks(bank_dir, [bank_line()] * 2)})["rl"]) == 2
 
 
 def scripted(task, actions, responses, answer, n=1):
     """(tags, prompt, a Script model writing exactly this episode) for `task`."""
     tags = chat.chat_format(TOK)
-    prompts, _ = chat.episode_inputs(TOK, tags, [task])
+    prompts, _ = chat_setup.episode_inputs(TOK, tags, [task])
     script = chat.assemble(TOK, tags, prompts[0], actions, responses, answer)["ids"][len(prompts[0]):]
     return tags, prompts[0], Script(script)
 
@@ -220,7 +223,7 @@ def test_real_mode_forces_the_executors_responses_as_obs(bank_dir):
     actions = [call("withdraw", amount=8), call("deposit", amount=5), call("withdraw", amount=8)]
     real = ['{"error": "ValueError: insufficient funds: 5 left"}', '{"balance": 10}', '{"balance": 2}']
     tags, prompt, model = scripted(task, actions, real[:2] + ['{"balance": 3}'], "2")
-    _, worlds = chat.episode_inputs(TOK, tags, [task, task])
+    _, worlds = chat_setup.episode_inputs(TOK, tags, [task, task])
     episodes = sample_episodes(model, TOK, [prompt, prompt], "real", world=worlds, tags=tags,
                                max_act_tokens=40, max_env_tokens=40, max_tokens=400)
     for e in episodes:                                     # the same in both: a fresh bank each
@@ -249,7 +252,7 @@ def test_replay_fidelity_and_collusion_against_the_executor_by_hand(bank_dir):
     Fidelity per tool: withdraw A no, B yes, C yes: 2/3; deposit A no, B yes, C yes: 2/3.
     Collusion: 6 calls, 2 wrong, 1 colluding (rate 1/2). B after A: a fresh bank per replay."""
     task = read_one(bank_dir)
-    chat.episode_inputs(TOK, chat.chat_format(TOK), [task])
+    chat_setup.episode_inputs(TOK, chat.chat_format(TOK), [task])
     W, D = json.dumps(call("withdraw", amount=8)), json.dumps(call("deposit", amount=5))
     funds = '{"error": "ValueError: insufficient funds: 5 left"}'
     episodes = [{"calls": [W, D], "responses": ['{"balance": 2}', '{"balance": 7}'], "answer": "2", "cause": "answer"},
@@ -257,9 +260,9 @@ def test_replay_fidelity_and_collusion_against_the_executor_by_hand(bank_dir):
                 {"calls": [W, D], "responses": [funds, '{"balance": 10}'], "answer": "10", "cause": "answer"}]
     pairs = [(e, task) for e in episodes]
     assert [chat_reward.chat_reward(e, task) for e in episodes] == [1.0, 1.0, 0.0]
-    assert chat.replay_fidelity(pairs) == {"withdraw": [2, 3], "deposit": [2, 3]}
-    assert chat.collusion_counts(pairs, chat_reward.chat_reward) == {"calls": 6, "wrong": 2, "colluding": 1}
-    sums = chat.diagnostics(episodes + [{"calls": [W], "responses": ["x"]}], [task] * 3 + [
+    assert chat_honesty.replay_fidelity(pairs) == {"withdraw": [2, 3], "deposit": [2, 3]}
+    assert chat_honesty.collusion_counts(pairs, chat_reward.chat_reward) == {"calls": 6, "wrong": 2, "colluding": 1}
+    sums = chat_honesty.diagnostics(episodes + [{"calls": [W], "responses": ["x"]}], [task] * 3 + [
         {**task, "env": ""}], chat_reward.chat_reward)          # a task without executor: left out
     assert sums == {"fidelity": {"withdraw": [2, 3], "deposit": [2, 3]},
                     "collusion": {"calls": 6, "wrong": 2, "colluding": 1}}
@@ -335,12 +338,12 @@ def test_would_rehearse_fidelity_compares_responses_as_normalised_json(bank_dir)
     Token for token neither is reproduced; normalised, the first is: fidelity [True, False]."""
     task = read_one(bank_dir)
     tags = chat.chat_format(TOK)
-    prompts, _ = chat.episode_inputs(TOK, tags, [task])
+    prompts, _ = chat_setup.episode_inputs(TOK, tags, [task])
     actions, real = [call("deposit", amount=5), call("withdraw", amount=8)], ['{"balance": 10}', '{"balance": 2}']
     built = chat.assemble(TOK, tags, prompts[0], actions, real, "2")
     episode = {"ids": built["ids"], "roles": built["roles"], "calls": [json.dumps(c) for c in actions],
                "responses": real}
-    starts = [seg[0] for seg in chat._response_segments(episode, tags["env_end"])[:2]]
+    starts = [seg[0] for seg in chat_honesty._response_segments(episode, tags["env_end"])[:2]]
     assert len(starts) == 2 and all(built["roles"][t] == OBS for t in starts)
     writes = {starts[0]: chat.encode(TOK, '{"balance":10}\n') + [tags["env_end"]],
               starts[1]: chat.encode(TOK, '{"balance": 3}\n') + [tags["env_end"]]}
@@ -348,11 +351,11 @@ def test_would_rehearse_fidelity_compares_responses_as_normalised_json(bank_dir)
     model = Writer(built["ids"], built["roles"], writes)
     exact = honesty.would_rehearse_calls(model, TOK, [episode], env_end=tags["env_end"])
     assert [m for _, m in exact] == [False, False]
-    assert chat.would_rehearse_inline(model, TOK, [task], [episode], tags) == [
+    assert chat_honesty.would_rehearse_inline(model, TOK, [task], [episode], tags) == [
         (episode["calls"][0], True), (episode["calls"][1], False)]
     # a model that never writes the stop within the limit: not reproduced
     never = Writer(built["ids"], built["roles"], {t: chat.encode(TOK, '{"balance":10}') + [0] for t in starts})
-    assert [m for _, m in chat.would_rehearse_inline(never, TOK, [task], [episode], tags)] == [False, False]
+    assert [m for _, m in chat_honesty.would_rehearse_inline(never, TOK, [task], [episode], tags)] == [False, False]
 
 
 def test_the_imagined_world_of_an_executor_task(bank_dir):
@@ -420,7 +423,7 @@ def test_the_shipped_weather_example_reads_and_executes():
     """docs/tools.md's example: data/weather_example.jsonl with data/weather.py (loaded relative to
     the task file's folder, from any working directory)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    tasks = chat.read_chat_jsonl(os.path.join(root, "data", "weather_example.jsonl"), "tasks")
+    tasks = chat_tasks.read_chat_jsonl(os.path.join(root, "data", "weather_example.jsonl"), "tasks")
     w = [chat.task_world(t, {"env_pre": "\n", "act_pre": ""}) for t in tasks]
     assert w[0].replay([json.dumps(c) for c in tasks[0]["gold_calls"]]) == [
         '{"city": "Paris", "temp_c": 18, "sky": "cloudy"}', '{"city": "Rome", "temp_c": 24, "sky": "sunny"}']

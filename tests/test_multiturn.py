@@ -10,9 +10,12 @@ import torch
 
 import chat
 import chat_reward
+import chat_setup
+import chat_tasks
 import config
 import evaluate
 import features
+import multiturn
 import train
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, loss_mask
 from helpers import CHAT_TEMPLATE, chat_tokenizer, tiny_qwen
@@ -36,7 +39,7 @@ def ids(tokens):
 
 
 def task(**kw):
-    return chat.check_task({**LINE, **kw}, "line 1", "tasks")
+    return chat_tasks.check_task({**LINE, **kw}, "line 1", "tasks")
 
 
 # the episode after its 121 prompt tokens, token by token, as the tiny template renders it:
@@ -56,8 +59,8 @@ EPISODE = [(["<|im_start|>", "assistant", "Ċ"], T), (CALL_PRICE, A),
 
 
 def sample(t, env_mode="rehearse", script_tokens=None, n=1, **limits):
-    tags = chat.chat_tags(TOK, multiturn=True)
-    prompts, worlds = chat.episode_inputs(TOK, tags, [t] * n)
+    tags = chat_setup.chat_tags(TOK, multiturn=True)
+    prompts, worlds = chat_setup.episode_inputs(TOK, tags, [t] * n)
     script = ids([tok for segment, _ in (script_tokens or EPISODE) for tok in segment])
     limits = {"max_act_tokens": 40, "max_env_tokens": 8, "max_tokens": 400, **limits}
     return tags, prompts[0], sample_episodes(Script(script), TOK, prompts, env_mode, world=worlds, tags=tags,
@@ -67,12 +70,12 @@ def sample(t, env_mode="rehearse", script_tokens=None, n=1, **limits):
 # ----------------------------------------------------------------------------- the template
 
 def test_the_answer_to_user_hand_off_is_derived_from_the_template():
-    tags = chat.chat_tags(TOK, multiturn=True)
+    tags = chat_setup.chat_tags(TOK, multiturn=True)
     assert tags["turn_pre"] == "\n<|im_start|>user\n" and tags["turn_post"] == "<|im_end|>\n<|im_start|>assistant\n"
     assert tags["turn_sep"] == "<|im_end|>\n<|im_start|>user\n"
     assert (tags["turn_stop_pre"], tags["turn_stop"]) == ("", 2)          # the actor's own stop <|im_end|>
     # a turn of two user messages: glue TAG, contents PROMPT, tokenized as one text
-    pairs = chat.turn_ids(TOK, tags, [{"role": "user", "content": "pay 3"}, {"role": "user", "content": "buy"}])
+    pairs = multiturn.turn_ids(TOK, tags, [{"role": "user", "content": "pay 3"}, {"role": "user", "content": "buy"}])
     assert pairs == list(zip(ids(["Ċ", "<|im_start|>", "user", "Ċ", "pay", "Ġ", "3", "<|im_end|>", "Ċ",
                                   "<|im_start|>", "user", "Ċ", "buy", "<|im_end|>", "Ċ", "<|im_start|>",
                                   "assistant", "Ċ"]),
@@ -89,9 +92,9 @@ AFTER_TOOLS = CHAT_TEMPLATE.replace(
 
 def test_a_template_that_renders_user_turns_differently_after_an_answer_fails_the_check():
     bad = chat_tokenizer(AFTER_TOOLS)
-    chat.chat_tags(bad)                          # single-turn runs are not concerned
+    chat_setup.chat_tags(bad)                          # single-turn runs are not concerned
     with pytest.raises(config.ConfigError) as e:
-        chat.chat_tags(bad, multiturn=True)
+        chat_setup.chat_tags(bad, multiturn=True)
     message = str(e.value)
     assert "\n" not in message and "multi-turn dialogues: in user turn 2" in message
     assert "token 215 is 'A' in the sampler's assembly but '(' in the template's own rendering" in message
@@ -99,7 +102,7 @@ def test_a_template_that_renders_user_turns_differently_after_an_answer_fails_th
     numbered = CHAT_TEMPLATE.replace("'<|im_start|>' + message.role + '\\n' + message.content",
                                      "'<|im_start|>' + message.role + ((loop.index|string) if message.role == 'user' else '') + '\\n' + message.content")
     with pytest.raises(chat.TemplateError, match="hand-off answer->user depends on the turn"):
-        chat.turn_tags(chat_tokenizer(numbered), chat.chat_format(chat_tokenizer(numbered)))
+        multiturn.turn_tags(chat_tokenizer(numbered), chat.chat_format(chat_tokenizer(numbered)))
 
 
 # ----------------------------------------------------------------------------- the sampler
@@ -222,7 +225,7 @@ def test_evaluation_of_a_two_turn_task_without_an_executor():
     ({"gold_calls": [[], [{"name": "tip", "arguments": {}}]]}, "gold call 1 of turn 2 names tool 'tip'"),
 ])
 def test_task_file_errors_of_multi_turn_tasks_are_one_line(change, problem):
-    with pytest.raises(chat.DataError) as e:
+    with pytest.raises(chat_tasks.DataError) as e:
         task(**change)
     assert str(e.value).startswith("line 1: ") and problem in str(e.value) and "\n" not in str(e.value)
 
@@ -237,7 +240,7 @@ def trajectory(*later):
 
 
 def test_multi_turn_logged_trajectories_are_read_and_checked():
-    t = chat.check_task(trajectory(), "line 1", "trajectories")
+    t = chat_tasks.check_task(trajectory(), "line 1", "trajectories")
     assert t["call_dicts"] == [PRICE_APPLE, PAY_3] and t["responses"] == ["3", "6"] and t["answer"] == "6"
     assert t["call_turns"] == [0, 1] and t["answers"] == ["3", "6"]
     assert t["turns"] == [[{"role": "user", "content": "pay 3"}]] and t["messages"] == LINE["messages"]
@@ -247,16 +250,16 @@ def test_multi_turn_logged_trajectories_are_read_and_checked():
             (good[:5], "a logged trajectory needs at least one assistant turn"),
             (good[:7] + [good[4]], "message 7 after the opening: a user message may only follow the assistant's"),
     ):
-        with pytest.raises(chat.DataError, match=problem.replace("(", r"\(")):
-            chat.check_task(trajectory(*messages), "line 1", "trajectories")
+        with pytest.raises(chat_tasks.DataError, match=problem.replace("(", r"\(")):
+            chat_tasks.check_task(trajectory(*messages), "line 1", "trajectories")
 
 
 def test_the_warm_start_trains_multi_turn_trajectories_with_the_forced_turns():
     """Calls and answers ACT, responses OBS, the later user turn PROMPT (its glue TAG): the ids are
     the template's own rendering of the logged conversation."""
-    logged = chat.check_task(trajectory(), "line 1", "trajectories")
-    tags = chat.chat_tags(TOK, multiturn=True)
-    [seq] = chat.warm_start_sequences(TOK, tags, [logged], [])
+    logged = chat_tasks.check_task(trajectory(), "line 1", "trajectories")
+    tags = chat_setup.chat_tags(TOK, multiturn=True)
+    [seq] = chat_setup.warm_start_sequences(TOK, tags, [logged], [])
     assert seq["ids"] + tags["end"] == chat.prompt_ids(TOK, trajectory()["messages"], [PRICE, PAY])
     want = [role for segment, role in EPISODE[:5] for _ in segment] + [A, A] + [role for segment, role in EPISODE[6:]
                                                                               for _ in segment]

@@ -13,6 +13,7 @@ from transformers import Qwen2Config
 
 import chat
 import chat_reward
+import chat_setup
 import config
 import train
 from envace import ACT, PROMPT, REHEARSE, TAG, loss_mask
@@ -127,7 +128,7 @@ def test_the_published_qwen3_template_fits_both_think_modes(case):
 
 
 def roles_of_one_episode(case, tok, tags, prompt_len=None):
-    prompts, worlds = chat.episode_inputs(tok, tags, [pay_task()])
+    prompts, worlds = chat_setup.episode_inputs(tok, tags, [pay_task()])
     script = chat.assemble(tok, tags, prompts[0], [PAY3], ["6"], "6", thinks=THINKS.get(case))["ids"][len(prompts[0]):]
     (e,) = sample_episodes(Script(len(tok), script), tok, prompts, "rehearse", world=worlds, tags=tags,
                            max_act_tokens=40, max_env_tokens=8, max_tokens=400)

@@ -1,0 +1,125 @@
+"""What a `format: chat` run sets up from the chat files (features.py calls these).
+
+The splits read and checked (`chat_tasks`: chat_tasks.read_chat_jsonl); the template's
+hand-offs derived and checked (`chat_tags`: chat.chat_format, and multiturn.turn_tags when a task
+has later user turns); every prompt checked to leave room for an episode (`check_chat_prompts`);
+per task its prompt ids, later turns and world, cached in the task (`episode_inputs`); the warm
+start's rows (`warm_start_sequences`: logged trajectories and the tasks' examples; the separate
+layout's are chat_separate.separate_warm_start_sequences); the expert's episodes that --coverage
+asks about (`expert_episodes`); the judge (`load_judge`). It sits above chat.py, chat_tasks.py and
+multiturn.py, which it joins, so that imports run one way.
+
+Simplified: a judge model is loaded once per path and kept for the process (`_JUDGES`).
+"""
+import taskfiles
+from chat import _call, _json, assemble, chat_format, has_executor, prompt_ids, task_world
+from chat_reward import make_judge
+from chat_tasks import read_chat_jsonl
+from checkpoint import load_policy
+from config import DEFAULTS, ConfigError
+from envace import PROMPT
+from multiturn import assemble_dialogue, multiturn, turn_ids, turn_tags
+from templates import TemplateError
+
+
+def chat_tasks(cfg):
+    """Chat JSONL splits (read_chat_jsonl): tasks_file for RL, test_file (default: the same
+    file) for evaluation, logged_file (optional) for the warm start."""
+    try:
+        rl = read_chat_jsonl(cfg["tasks_file"], "tasks")
+        test = read_chat_jsonl(cfg["test_file"], "tasks") if cfg["test_file"] else rl
+        logged = read_chat_jsonl(cfg["logged_file"], "trajectories") if cfg["logged_file"] else []
+    except taskfiles.DataError as e:
+        raise ConfigError(str(e)) from None
+    if cfg["env_mode"] == "real" and not all(has_executor(t) for t in rl):
+        raise ConfigError(f"env_mode: real needs tasks a real environment executes ('env': 'toy' or "
+                          f"'MODULE:CLASS', docs/tools.md); {cfg['tasks_file']} has tasks without one")
+    return {"rl": rl, "test": test, "logged": logged}
+
+
+def chat_tags(tokenizer, think="keep", multiturn=False):
+    """The hand-offs derived from the tokenizer's chat template (chat_format), checked; with
+    multiturn (tasks with later user turns) also the answer -> next user turn one (turn_tags)."""
+    try:
+        tags = chat_format(tokenizer, think)
+        return turn_tags(tokenizer, tags) if multiturn else tags
+    except TemplateError as e:
+        raise ConfigError(str(e)) from None
+
+
+def check_chat_prompts(cfg, tokenizer, tasks):
+    """The template fits (chat_tags) and every task's rendered prompt, with its later user turns,
+    leaves room for an episode."""
+    prompts, _ = episode_inputs(tokenizer, chat_tags(tokenizer, cfg["think"], multiturn(tasks)), tasks,
+                                cfg["tool_timeout"])
+    lengths = [len(p) + sum(map(len, t["turn_ids"])) for p, t in zip(prompts, tasks)]
+    longest = max(range(len(tasks)), key=lambda i: lengths[i])
+    if lengths[longest] >= cfg["max_tokens"]:
+        raise ConfigError(f"max_tokens ({cfg['max_tokens']}) leaves no room for an episode: a task's "
+                          f"prompt (messages + tools + later user turns) is {lengths[longest]} tokens "
+                          f"({tasks[longest]['messages'][-1]['content'][:40]!r})")
+
+
+def episode_inputs(tokenizer, tags, tasks, tool_timeout=DEFAULTS["tool_timeout"]):
+    """Per task: its prompt ids and its world (cached in the task dict)."""
+    for t in tasks:
+        if "prompt_ids" not in t:
+            t["prompt_ids"] = prompt_ids(tokenizer, t["messages"], t["tools"], tags.get("template"))
+            t["turn_ids"] = [turn_ids(tokenizer, tags, turn) for turn in t.get("turns", [])]
+            t["world"] = task_world(t, tags, tool_timeout)
+    return [t["prompt_ids"] for t in tasks], [t["world"] for t in tasks]
+
+
+def warm_start_sequences(tokenizer, tags, logged, tasks):
+    """Logged chat trajectories (calls and answer ACT, responses OBS) and every task's reference
+    examples as one-call snippets (the call is context, role PROMPT; the result OBS is trained):
+    the initial world model, as world.tool_snippets is for the toy."""
+    seqs = [logged_sequence(tokenizer, tags, t) for t in logged]
+    for t in tasks:
+        prompt = prompt_ids(tokenizer, t["messages"], t["tools"], tags.get("template"))
+        seqs += [assemble(tokenizer, tags, prompt, [call], [result], act_role=PROMPT)
+                 for call, result in t.get("examples", [])]
+    return [{"ids": s["ids"], "roles": s["roles"]} for s in seqs]
+
+
+def logged_sequence(tokenizer, tags, t):
+    """A logged trajectory's actor row: its calls and answers ACT, responses OBS, later user turns
+    forced as the sampler forces them (turn_ids: glue TAG, user contents PROMPT)."""
+    prompt = prompt_ids(tokenizer, t["messages"], t["tools"], tags.get("template"))
+    return assemble_dialogue(tokenizer, tags, prompt, [turn_ids(tokenizer, tags, m) for m in t.get("turns", [])],
+                             t["call_dicts"], t["responses"], t["call_turns"], t["answers"])
+
+
+def expert_episodes(tokenizer, tags, tasks):
+    """(tasks, episodes) of the gold calls of the tasks with an executor and flat gold_calls, each
+    replayed on a fresh executor and assembled as a real episode (responses OBS): the expert's
+    calls that --coverage asks the model to rehearse, as honesty.coverage_fidelity does for the toy."""
+    chosen = [t for t in tasks if has_executor(t) and t.get("gold_calls")
+              and all(isinstance(c, dict) for c in t["gold_calls"])]
+    prompts, worlds = episode_inputs(tokenizer, tags, chosen)
+    episodes = []
+    for t, prompt, world in zip(chosen, prompts, worlds):
+        calls = [_json(_call(c)) for c in t["gold_calls"]]
+        responses = world.replay(calls)
+        episodes.append({**assemble(tokenizer, tags, prompt, t["gold_calls"], responses), "calls": calls,
+                         "responses": responses})
+    return chosen, episodes
+
+
+def executed(tasks, episodes):
+    """(tasks, episodes) of those a real executor ran (has_executor)."""
+    pairs = [(t, e) for t, e in zip(tasks, episodes) if has_executor(t)]
+    return [t for t, _ in pairs], [e for _, e in pairs]
+
+
+_JUDGES = {}
+
+
+def load_judge(cfg, device):
+    """chat_reward's judge from cfg judge_model (loaded once per path), or None."""
+    if not cfg["judge_model"]:
+        return None
+    if cfg["judge_model"] not in _JUDGES:
+        model, tokenizer = load_policy(cfg["judge_model"], device)
+        _JUDGES[cfg["judge_model"]] = make_judge(model.eval(), tokenizer)
+    return _JUDGES[cfg["judge_model"]]

@@ -34,7 +34,7 @@ bad_arguments), and one world per row, since every task brings its own tools.
 
 With rehearsal_context separate, separate.sample_separate drives this sampler in rounds: actor rows stop
 at each finished call, every pending rehearsal is then sampled as its own row from its own prompt
-(separate.rehearse_prompt; chat format: chat.rehearse_prompt_ids, in the model's own template),
+(separate.rehearse_prompt; chat format: chat_separate.rehearse_prompt_ids, in the model's own template),
 and the response is copied into the actor row as context (OBS).
 
 Truncation is explicit: a tag sampled in the wrong role ("bad_act", "bad_rehearsal"), a segment

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import config
 import train
 from config import DEFAULTS, ConfigError, check_value, load_config
 
@@ -466,3 +467,14 @@ def test_shipped_small_yaml_is_a_short_delta():
         keys = yaml.safe_load(f)
     assert "base" not in keys and len(keys) <= 12
     assert shipped("small.yaml") == {**DEFAULTS, **keys}
+
+
+def test_command_line_splits_path_overrides_and_flags():
+    assert config.command_line(["--config", "a.yaml", "--rl_steps=3", "--resume"]) == \
+        ("a.yaml", ["--rl_steps=3"], {"--resume": True, "--overwrite": False, "--debug": False})
+    assert config.command_line(["--seed=2", "--config=b.yaml", "--debug"]) == \
+        ("b.yaml", ["--seed=2"], {"--resume": False, "--overwrite": False, "--debug": True})
+    for argv, message in ((["--config"], "--config needs a path"), (["--config="], "--config needs a path"),
+                          (["--config", "a.yaml", "--resume", "--overwrite"], "give one")):
+        with pytest.raises(config.ConfigError, match=message):
+            config.command_line(argv)

@@ -315,3 +315,16 @@ def test_evaluate_on_a_nan_checkpoint_is_one_line(tmp_path, capsys):
     assert evaluate.main(["--ckpt", cfg["out_dir"], "--n_test=2"]) == 1
     assert "the policy's logits are not finite (NaN or inf) while sampling" in one_error_line(capsys)
     assert not os.path.exists(os.path.join(path, "eval.json"))
+
+
+def test_nonfinite_is_the_gradient_norm_or_the_loss():
+    assert not faults.nonfinite(torch.tensor(3.0), 0.5)
+    assert faults.nonfinite(torch.tensor(float("inf")), 0.5)
+    assert faults.nonfinite(torch.tensor(1.0), float("nan"))
+    assert faults.nonfinite(float("nan"), 1.0)
+
+
+def test_error_line_names_the_phase_and_the_first_line_of_the_message():
+    assert faults.error_line(ValueError("bad value\nsecond line"), "RL step 3") == \
+        "error in RL step 3: ValueError: bad value (--debug shows the traceback)"
+    assert faults.error_line(KeyError(), "setup", debug=False) == "error in setup: KeyError (--debug shows the traceback)"

@@ -106,12 +106,6 @@ def expert_episodes(tokenizer, tags, tasks):
     return chosen, episodes
 
 
-def executed(tasks, episodes):
-    """(tasks, episodes) of those a real executor ran (has_executor)."""
-    pairs = [(t, e) for t, e in zip(tasks, episodes) if has_executor(t)]
-    return [t for t, _ in pairs], [e for _, e in pairs]
-
-
 _JUDGES = {}
 
 

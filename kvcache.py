@@ -1,5 +1,5 @@
 """The sampler's KV cache (the speed extension of issue 16; docs/speed.md): a cache that grows in
-place, and rows of a batch's cache taken out and put back.
+place, and rows of a batch's cache saved and restored (separate rounds: no re-prefill).
 
 transformers' DynamicLayer concatenates the whole cache at every decode step (a copy of every
 layer's keys and values per step); at 2k-token chat prompts that copy was a third of a sampling
@@ -7,14 +7,14 @@ call in cProfile (`torch.cat` 3.8 of 11.1 s, real mode, 2 chat tasks x 4), with 
 of 3.1 s. GrowingLayer keeps keys and values in a buffer with room to grow (doubled when full)
 and writes each step into it.
 
-take / put move rows between a batch's cache and plain tensors, for the separate layout
-(separate.sample_separate): an actor row paused at its call is taken out of its batch row (slot),
-its rehearse row's prefill is put in the same slot and decodes in the same forwards as the other
-rows, and when the rehearsal ends the actor row is put back and goes on from its own cache (no
-re-prefill). A block is put right-aligned (its last column at the batch's last); the columns left
-of it are masked holes, like a left-padded prompt's. Only for caches of full-attention layers.
+save_row / restore_rows keep the cache of a separate-layout actor row paused at its call
+(rollout._save_paused) for the next round of separate.sample_separate, which then feeds it only
+the ids appended since (the copied response), where it was re-prefilled every round before
+(test_actor_rows_keep_their_cache_across_rounds: 3 prefills instead of 7). Only for caches of
+full-attention layers (else the rows are prefilled again).
 """
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
@@ -62,41 +62,25 @@ def new_cache(config):
     return cache
 
 
-def full_attention(cache):
-    return all(isinstance(layer, DynamicLayer) and not layer.is_sliding for layer in cache.layers)
+def save_row(cache, mask, pos, j):
+    """Batch row j of a sampler's cache as plain tensors (keys and values per layer, mask, next
+    position), for restore_rows; None where the cache has layers of another kind (sliding)."""
+    if not all(isinstance(layer, DynamicLayer) and not layer.is_sliding for layer in cache.layers):
+        return None
+    return {"kv": [(layer.keys[j:j + 1].clone(), layer.values[j:j + 1].clone()) for layer in cache.layers],
+            "mask": mask[j:j + 1], "pos": pos[j:j + 1]}
 
 
-def take(decoder, slots=None):
-    """The cache of batch rows `slots` (a LongTensor) of a rollout._Decoder as plain tensors: keys
-    and values per layer, mask, next position and logits (copies; slots None: all rows, no copy)."""
-    def rows(x):
-        return x if slots is None else x[slots]
-    return {"kv": [(rows(layer.keys), rows(layer.values)) for layer in decoder.cache.layers],
-            "mask": rows(decoder.mask), "pos": rows(decoder.pos), "logits": rows(decoder.logits)}
+def restore_rows(config, saved, device):
+    """(cache, mask, positions) of rows from save_row, left-padded to the longest (pads masked)."""
+    T = max(s["mask"].shape[1] for s in saved)
 
-
-def put(decoder, slots, block, rows=None):
-    """Write rows `rows` (a LongTensor; default all) of a taken `block` into batch rows `slots` of
-    `decoder`, right-aligned; the slots' columns left of it become masked holes. A block longer
-    than the batch's cache first grows the batch by hole columns (`grow`)."""
-    rows = torch.arange(len(block["pos"]), device=block["pos"].device) if rows is None else rows
-    t, T = block["mask"].shape[1], decoder.mask.shape[1]
-    if t > T:
-        grow(decoder, t - T)
-        T = t
-    for layer, (keys, values) in zip(decoder.cache.layers, block["kv"]):
-        layer.keys[slots, :, T - t:] = keys[rows]        # in place: the views write into the buffers
-        layer.values[slots, :, T - t:] = values[rows]
-    decoder.mask[slots] = 0
-    decoder.mask[slots, T - t:] = block["mask"][rows]
-    decoder.pos[slots] = block["pos"][rows]
-    decoder.logits[slots] = block["logits"][rows]
-
-
-def grow(decoder, n):
-    """Append n masked hole columns to every row of the decoder's cache. Each holds a copy of the
-    row's last column (masked: any value would do; the tests' scripted fake LMs read the last)."""
-    for layer in decoder.cache.layers:
-        layer.update(layer.keys[..., -1:, :].expand(-1, -1, n, -1).clone(),
-                     layer.values[..., -1:, :].expand(-1, -1, n, -1).clone())
-    decoder.mask = torch.cat([decoder.mask, decoder.mask.new_zeros(len(decoder.mask), n)], 1)
+    def left_pad(x, dim):                         # zeros on the left of dimension `dim`
+        pad = [0, 0] * (x.dim() - 1 - dim % x.dim()) + [T - x.shape[dim], 0]
+        return F.pad(x, pad)
+    cache = new_cache(config)
+    for l, layer in enumerate(cache.layers):
+        layer.update(torch.cat([left_pad(s["kv"][l][0], -2) for s in saved]),
+                     torch.cat([left_pad(s["kv"][l][1], -2) for s in saved]))
+    return (cache, torch.cat([left_pad(s["mask"], 1) for s in saved]).to(device),
+            torch.cat([s["pos"] for s in saved]).to(device))

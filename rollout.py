@@ -7,9 +7,9 @@ one sampled token and then every forced id queued behind it (a hand-off, a plann
 observation: a run), so all rows share one KV cache and one forward per step, whatever role each
 row is in (the shorter runs' slots are masked holes). What keeps that cheap: a task's G rows
 share one prefill of its prompt (the cache rows are copied); forced ids cost no step of their
-own; the cache grows in place (kvcache.GrowingLayer), not by a copy per step; and once a quarter
-of the rows in the cache have finished they are dropped from it, so short episodes stop costing
-compute.
+own; the cache grows in place (kvcache.GrowingLayer), not by a copy per step; once a quarter of the rows
+in the cache have finished they are dropped from it, so short episodes stop costing compute; and
+a separate-layout actor row paused at its call keeps its cache for the next round.
 
 Per-row state machine (the sampler forces every hand-off; no role ever writes another's tag):
 
@@ -32,10 +32,10 @@ template (each forced as a sequence of ids, e.g. `<|im_end|>` is the actor's sto
 the task's tool schemas (a bad one ends the row with cause bad_call_json, unknown_tool or
 bad_arguments), and one world per row, since every task brings its own tools.
 
-With rehearsal_context separate, separate.sample_separate drives these rows and this _Decoder: an
-actor row stops at each finished call (stop_at "call"), its rehearsal is sampled as a row of its
-own from its own prompt (separate.rehearse_prompt; chat format: chat.rehearse_prompt_ids, in the
-model's own template), and the response is copied into the actor row as context (OBS).
+With rehearsal_context separate, separate.sample_separate drives this sampler in rounds: actor rows stop
+at each finished call, every pending rehearsal is then sampled as its own row from its own prompt
+(separate.rehearse_prompt; chat format: chat.rehearse_prompt_ids, in the model's own template),
+and the response is copied into the actor row as context (OBS).
 
 Truncation is explicit: a tag sampled in the wrong role ("bad_act", "bad_rehearsal"), a segment
 longer than max_act_tokens / max_env_tokens ("act_limit", "env_limit"), more than max_turns calls
@@ -55,9 +55,9 @@ from collections import deque
 import torch
 import torch.nn.functional as F
 
+import kvcache
 import world as toy_world
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, NonFiniteError, encode, tag_ids
-from kvcache import new_cache
 
 
 def sample_token(logits, temperature, top_p, generator=None):
@@ -90,12 +90,15 @@ class _Decoder:
     `keep` drops finished rows from the cache, so that they cost nothing afterwards. A step feeds
     each row its run (a sampled token and the forced ids queued after it; a finished row none),
     right-aligned in one [B, longest run] forward: the shorter runs' left slots are holes, masked
-    out and never attended to, so every row's cache holds exactly its own ids. Rows can be taken out
-    and put back (kvcache.take / put: the separate layout's actor rows wait at their calls)."""
+    out and never attended to, so every row's cache holds exactly its own ids. Rows can also be
+    restored from the KV `save` kept for them (separate rounds: no re-prefill)."""
 
-    def __init__(self, model, prefixes, pad_id):
+    def __init__(self, model, prefixes, pad_id, saved=None):
         self.model, self.pad_id = model, pad_id
         device = next(model.parameters()).device
+        if saved is not None:                         # rows restored from save(): cache, mask, positions
+            self.cache, self.mask, self.pos = kvcache.restore_rows(model.config, saved, device)
+            return
         unique = {p: i for i, p in enumerate(dict.fromkeys(map(tuple, prefixes)))}
         P = max(len(p) for p in unique)
         ids = torch.full((len(unique), P), pad_id, dtype=torch.long, device=device)
@@ -103,7 +106,7 @@ class _Decoder:
         for p, i in unique.items():
             ids[i, P - len(p):] = torch.tensor(p, device=device)
             mask[i, P - len(p):] = 1                   # left pads masked
-        self.cache = new_cache(model.config)
+        self.cache = kvcache.new_cache(model.config)
         self.mask = mask
         logits = self._forward(ids, (mask.cumsum(1) - 1).clamp(min=0))
         if len(unique) < len(prefixes):               # each row: a copy of its prefix's cache
@@ -139,6 +142,10 @@ class _Decoder:
         self.logits = self._forward(ids, position_ids)
         self.pos = self.pos + new.sum(1)
         return self.logits
+
+    def save(self, j):
+        """Row j's cache as plain tensors (kvcache.save_row), so that a later _Decoder can restore it."""
+        return kvcache.save_row(self.cache, self.mask, self.pos, j)
 
 
 def new_row(prompt_ids, world, phase="act", plan=None, **extra):
@@ -199,7 +206,12 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     limits = {"max_turns": max_turns, "max_act_tokens": max_act_tokens, "max_env_tokens": max_env_tokens,
               "max_tokens": max_tokens, "rehearse_check": rehearse_check}
     max_new = max_tokens - min(len(r["ids"]) for r in rows) + 1
-    decoders = [_Decoder(policy, [r["ids"] for r in rows], tags["pad"])]
+    saved = [r.pop("saved_kv", None) for r in rows]  # separate rounds: actor rows keep their cache
+    saved = saved if all(saved) and env_model is None else None
+    decoders = [_Decoder(policy, [r["ids"] for r in rows], tags["pad"],
+                         saved and [s["cache"] for s in saved])]
+    if saved:                          # feed what was appended to the rows since their cache was saved
+        decoders[0].step([r["ids"][s["fed"]:] for r, s in zip(rows, saved)])
     if env_model is not None:          # frozen mode: a second cache, fed the same tokens
         decoders.append(_Decoder(env_model, [r["ids"] for r in rows], tags["pad"]))
     live = list(range(len(rows)))      # the rows still in the caches, in cache order
@@ -213,9 +225,13 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
         runs = [_append_run(rows[i], sampled[j], logps[j], env_mode, tags, tokenizer, limits)
                 for j, i in enumerate(live)]
         running = [j for j, i in enumerate(live) if rows[i]["phase"] != "done"]
+        dropped = [j for j in range(len(live)) if j not in set(running)] if (
+            not running or len(running) <= 0.75 * len(live)) else []
+        for j in dropped:              # a quarter finished (or all): they leave the caches
+            _save_paused(rows[live[j]], decoders[0], j, len(runs[j]))
         if not running:
             break
-        if len(running) <= 0.75 * len(live):     # a quarter finished: they leave the caches
+        if dropped:
             index = torch.tensor(running, device=logits.device)
             for dec in decoders:
                 dec.keep(index)
@@ -223,16 +239,20 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
         for dec in decoders:
             dec.step(runs)
     for row in rows:
-        finish_row(row)
+        row["cause"] = row["cause"] or "token_limit"
+        row["finished"] = row["cause"] == "answer"
+        for k in ("phase", "forced", "segment", "state", "plan", "world"):
+            del row[k]
     return rows
 
 
-def finish_row(row):
-    """A row at the end of sampling: its cause (token_limit if none), finished, and no sampler state."""
-    row["cause"] = row["cause"] or "token_limit"
-    row["finished"] = row["cause"] == "answer"
-    for k in ("phase", "forced", "segment", "state", "plan", "world"):
-        del row[k]
+def _save_paused(row, decoder, j, unfed):
+    """A separate-layout actor row paused at its call (cause "call") keeps its cache (row j of
+    `decoder`) for the next round, and how many of its ids are in it (its last `unfed` are not)."""
+    if row.get("stop_at") == "call" and row["cause"] == "call":
+        cache = decoder.save(j)
+        if cache is not None:
+            row["saved_kv"] = {"cache": cache, "fed": len(row["ids"]) - unfed}
 
 
 def _append_run(row, sampled, logp, env_mode, tags, tokenizer, limits):

@@ -20,8 +20,7 @@ import honesty
 import world as toy_world
 from config import ConfigError
 from envace import OBS, PROMPT, REHEARSE, TAG, encode, encode_episode, tag_ids
-from kvcache import put, take
-from rollout import _Decoder, _append_run, _new_row, _next_turn, finish_row, new_row, sample_token
+from rollout import _new_row, _next_turn, new_row, sample_episodes
 
 # the separate rehearse prompt's words, and each tool's signature (the toy's one-line stand-in
 # for a JSON schema). In the vocabulary only with rehearsal_context separate, so that the inline
@@ -38,12 +37,12 @@ def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     """rehearsal_context separate (the official implementation's choice): every rehearsal is its
     own row with its own prompt (rehearse.rehearse_prompt: the tool's signature, `examples(call)`
     logged examples if given, the dialogue so far and the call), which the actor never sees.
-    The actor rows run until they end or finish a call; a finished call's rehearse row (role
-    REHEARSE, stopping at </env>) is then sampled, its response copied into its actor row as
-    `<env>` (TAG) + response + `</env>` (OBS: context with no loss; its training is in the rehearse
-    row), and the actor row goes on. All in one batch (_sample_slots): each actor row's batch row
-    (slot) holds the row itself or, while it waits for its response, its rehearse row.
-    `plans`: as in sample_episodes (bench.py forces calls on random weights).
+    Sampled in rounds with sample_episodes: the actor rows run until they end or finish a call;
+    then the pending rehearse rows are sampled together (role REHEARSE, stopping at </env>); each
+    response is copied into its actor row as `<env>` (TAG) + response + `</env>` (OBS: context
+    with no loss; its training is in the rehearse row) and the actor rows go on. Each round
+    keeps the actor rows' KV cache (rollout._save_paused): a round feeds them only the ids
+    appended since. `plans`: as in sample_episodes (bench.py forces calls on random weights).
     frozen: `env_model` writes the rehearse rows; their tokens are then OBS (no loss).
     Returns the actor rows as sample_episodes does, each with "rehearsals": its rehearse rows in
     call order (ids, roles, logprobs, calls [the call], responses, cause, "episode": the index of
@@ -59,121 +58,36 @@ def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
         rehearse_prompt = functools.partial(chat.separate_prompt, tokenizer, 0)
     tags = tags or tag_ids(tokenizer)
     env_tags = chat.rehearse_tags(tags) if chat_rows else tags
-    assert tags["act"], "the env->act hand-off is forced after a copied response: it may not be empty"
-    limits = {"max_turns": max_turns, "max_act_tokens": max_act_tokens, "max_env_tokens": max_env_tokens,
-              "max_tokens": max_tokens, "rehearse_check": rehearse_check}
+    limits = {"temperature": temperature, "top_p": top_p, "max_turns": max_turns,
+              "max_act_tokens": max_act_tokens, "max_env_tokens": max_env_tokens, "generator": generator,
+              "rehearse_check": rehearse_check}
     worlds = world if isinstance(world, list) else [world] * len(prompts)
     episodes = [_new_row(p if chat_rows else tags["bos"] + encode(tokenizer, p), tags, plan, tokenizer, w)
                 for p, w, plan in zip(prompts, worlds, plans or [None] * len(prompts))]
     for i, e in enumerate(episodes):
-        e.update(episode=i, rehearsals=[], stop_at="call", unfed=[], saved=None)
-
-    def rehearse_row(e):
-        r = (_chat_rehearse_row(e, worlds[e["episode"]], env_tags, rehearse_prompt) if chat_rows
-             else _rehearse_row(e, tags, tokenizer, examples, worlds[e["episode"]]))
-        r["limits"] = {**limits, "max_tokens": len(r["ids"]) + max_env_tokens + 2}   # env_limit comes first
-        return r
-    _sample_slots(policy, env_model, episodes, rehearse_row, tags, env_tags, tokenizer, limits,
-                  temperature, top_p, generator)
+        e.update(episode=i, rehearsals=[], stop_at="call")
+    active = episodes
+    while active:
+        for e in active:                          # sample_episodes drops a row's world when it returns
+            e["world"] = worlds[e["episode"]]
+        sample_episodes(policy, tokenizer, None, rows=active, max_tokens=max_tokens, tags=tags, **limits)
+        pending = [e for e in active if e["cause"] == "call"]
+        if not pending:
+            break
+        rehearsals = [_chat_rehearse_row(e, worlds[e["episode"]], env_tags, rehearse_prompt) if chat_rows
+                      else _rehearse_row(e, tags, tokenizer, examples, world) for e in pending]
+        room = max(len(r["ids"]) for r in rehearsals) + max_env_tokens + 2   # env_limit comes first
+        sample_episodes(env_model or policy, tokenizer, None, rows=rehearsals, max_tokens=room, tags=env_tags,
+                        **limits)
+        active = [e for e, r in zip(pending, rehearsals)
+                  if _copy_response(e, r, tags, tokenizer, max_tokens, frozen=env_model is not None)]
     for e in episodes:
-        finish_row(e)
         for row in [e] + e["rehearsals"]:
-            for k in ("stop_at", "unfed", "saved", "limits"):
-                row.pop(k, None)
+            row.pop("stop_at", None)
+            row.pop("saved_kv", None)             # a row whose rehearsal failed kept its cache
         del e["episode"]
     return episodes
 
-
-def _sample_slots(policy, env_model, episodes, rehearse_row, tags, env_tags, tokenizer, limits,
-                  temperature, top_p, generator):
-    """sample_separate's loop: one sampled token per batch row (slot) per step, one forward for
-    all. An actor row paused at its call (cause "call") leaves its slot: its KV cache is taken out
-    (kvcache.take), its rehearse row (`rehearse_row`) is prefilled and put in the slot
-    (kvcache.put), decoding beside the other rows; when the rehearsal ends the response is copied
-    into the actor row, whose cache is put back and fed only the ids appended since (its call's
-    stop, the copied response, the forced hand-off) in one forward: no actor row is prefilled
-    twice. An actor row keeps in "unfed" the ids not yet in its cache. frozen (env_model): the
-    rehearse rows live in a second batch of the simulator's, slot for slot, and the actor rows
-    stay in theirs."""
-    actors = _Decoder(policy, [e["ids"] for e in episodes], tags["pad"])
-    rehearsers = actors if env_model is None else None     # frozen: created at the first call
-    slot_actor, slot_rehearse = list(episodes), [None] * len(episodes)
-    while True:
-        logits = actors.logits
-        if rehearsers is not None and rehearsers is not actors:
-            busy = torch.tensor([r is not None for r in slot_rehearse], device=logits.device)
-            logits = torch.where(busy[:, None], rehearsers.logits, logits)
-        sampled, logps = sample_token(logits, temperature, top_p, generator)
-        sampled, logps = sampled.tolist(), logps.tolist()     # one sync per step
-        runs_e, back = [[] for _ in slot_actor], {}
-        for j, (e, r) in enumerate(zip(slot_actor, slot_rehearse)):
-            if r is None:
-                e["unfed"] += _append_run(e, sampled[j], logps[j], "rehearse", tags, tokenizer, limits)
-                continue
-            runs_e[j] = _append_run(r, sampled[j], logps[j], "rehearse", env_tags, tokenizer, r["limits"])
-            if r["phase"] != "done":
-                continue
-            slot_rehearse[j], runs_e[j] = None, []
-            finish_row(r)
-            before = len(e["ids"])
-            if _copy_response(e, r, tags, tokenizer, limits["max_tokens"], frozen=env_model is not None):
-                e["unfed"] += e["ids"][before:]          # then the forced hand-off (and a planned call)
-                e["unfed"] += _append_run(e, None, 0.0, "rehearse", tags, tokenizer, limits)
-                if e["saved"] is not None and e["cause"] is None:   # it acts again: back in its slot
-                    block, slots, rows = back.setdefault(id(e["saved"][0]), (e["saved"][0], [], []))
-                    slots.append(j)
-                    rows.append(e["saved"][1])
-                    e["saved"] = None
-        for block, slots, rows in back.values():      # one put per block taken out together
-            put(actors, torch.tensor(slots, device=logits.device), block, torch.tensor(rows, device=logits.device))
-        running = [j for j, e in enumerate(slot_actor) if e["cause"] in (None, "call")]
-        if not running:
-            return
-        if len(running) <= 0.75 * len(slot_actor):  # a quarter finished: they leave the caches
-            index = torch.tensor(running, device=logits.device)
-            for dec in [actors] + ([rehearsers] if rehearsers not in (None, actors) else []):
-                dec.keep(index)
-            slot_actor, slot_rehearse, runs_e = ([x[j] for j in running] for x in (slot_actor, slot_rehearse, runs_e))
-        in_slot = [e["saved"] is None for e in slot_actor]    # the actor's cache is in its slot
-        runs_a = [e["unfed"] if ok else [] for e, ok in zip(slot_actor, in_slot)]
-        for e, ok in zip(slot_actor, in_slot):
-            if ok:
-                e["unfed"] = []
-        if rehearsers is actors:
-            runs_a = [a or b for a, b in zip(runs_a, runs_e)]
-        elif rehearsers is not None and any(runs_e):
-            rehearsers.step(runs_e)
-        if any(runs_a):
-            actors.step(runs_a)
-        paused = [j for j, (e, r) in enumerate(zip(slot_actor, slot_rehearse)) if r is None and e["cause"] == "call"]
-        if paused:
-            rehearsers = _rehearse_in_slots(actors, rehearsers, env_model or policy, paused, slot_actor,
-                                            slot_rehearse, rehearse_row, tags["pad"])
-
-
-def _rehearse_in_slots(actors, rehearsers, model, paused, slot_actor, slot_rehearse, rehearse_row, pad_id):
-    """The actor rows in slots `paused` wait for their responses: those whose cache is in its slot
-    are taken out (kept in "saved"), and each one's rehearse row is prefilled (identical prompts
-    once) and put in its slot: of `actors`, or in frozen mode of the simulator's batch
-    `rehearsers` (created here at the first call; None before). Returns that batch."""
-    device = actors.mask.device
-    if rehearsers is actors:
-        out = [j for j in paused if slot_actor[j]["saved"] is None]
-        if out:
-            block = take(actors, torch.tensor(out, device=device))
-            for i, j in enumerate(out):
-                slot_actor[j]["saved"] = (block, i)
-    rows = [rehearse_row(slot_actor[j]) for j in paused]
-    prefill = _Decoder(model, [r["ids"] for r in rows], pad_id)
-    if rehearsers is None:                      # every slot a copy of a rehearse row; only `paused` used
-        prefill.keep(torch.tensor([paused.index(j) if j in paused else 0 for j in range(len(slot_actor))],
-                                  device=device))
-        rehearsers = prefill
-    else:
-        put(rehearsers, torch.tensor(paused, device=device), take(prefill))
-    for j, r in zip(paused, rows):
-        slot_rehearse[j] = r
-    return rehearsers
 
 
 def _rehearse_row(episode, tags, tokenizer, examples, world):
@@ -236,17 +150,11 @@ def rehearse_prompt(tokenizer, dialogue, call, examples=(), world=toy_world):
               dialogue buy milk <act> price milk </act> <env>
     """
     tags = tag_ids(tokenizer)
-    ids = tags["bos"] + _encoded(tokenizer, f"rehearse {SIGNATURES[world.parse_call(call)[0]]}")
+    ids = tags["bos"] + encode(tokenizer, f"rehearse {SIGNATURES[world.parse_call(call)[0]]}")
     for example_call, response in examples:
-        ids += (_encoded(tokenizer, "example") + tags["act"] + encode(tokenizer, example_call) + [tags["act_end"]]
+        ids += (encode(tokenizer, "example") + tags["act"] + encode(tokenizer, example_call) + [tags["act_end"]]
                 + tags["env"] + encode(tokenizer, response) + [tags["env_end"]])
-    return ids + _encoded(tokenizer, "dialogue") + list(dialogue) + tags["env"]
-
-
-@functools.lru_cache(maxsize=64)
-def _encoded(tokenizer, words):
-    """The rehearse prompt's fixed words as ids, encoded once per tokenizer (a list, copied)."""
-    return encode(tokenizer, words)
+    return ids + encode(tokenizer, "dialogue") + list(dialogue) + tags["env"]
 
 
 

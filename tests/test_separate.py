@@ -188,14 +188,13 @@ def test_actor_rows_keep_their_cache_across_rounds():
     assert_rehearse_logprobs_match_a_forward(model, [r for e in eps for r in e["rehearsals"]], TOK.pad_token_id)
 
 
-def test_actor_and_rehearse_rows_decode_in_the_same_forwards():
-    """Actor rows that reach their calls at different steps: a paused actor row's slot holds its
-    rehearse row, which decodes in the same forwards as the rows still acting, and the actor row
-    resumes from its own cache (fed its copied response and hand-off in one forward). Every sampled
-    logprob of actor and rehearse rows equals a full teacher-forced forward; frozen: the actor rows
-    stay in their cache and the simulator's rows decode in its own, slot for slot."""
+def test_rows_that_call_at_different_steps_match_a_full_forward():
+    """Actor rows that reach their calls at different steps (two calls planned, so forced at once;
+    two sampled): each round's rehearse rows and the resumed actor rows (kept caches fed the copied
+    response with the call's stop) still give every sampled logprob of a full teacher-forced
+    forward over the finished rows; frozen: the actor rows' logprobs are the policy's own."""
     pairs = {"<act>": "price", "price": "apple", "apple": "</act>", "<env>": "3", "3": "</env>"}
-    model = Bigram(tiny_llama(TOK, seed=4), TOK, pairs)
+    model = Bigram(tiny_llama(TOK, seed=4), TOK, pairs, bonus=12.0)
     feeds = []
     model.register_forward_pre_hook(lambda m, args, kw: feeds.append(
         [" ".join(w for w in TOK.convert_ids_to_tokens(r) if w != "<pad>") for r in kw["input_ids"].tolist()]),
@@ -207,14 +206,12 @@ def test_actor_and_rehearse_rows_decode_in_the_same_forwards():
     assert [e["calls"] for e in eps] == [["mul 2 , 4", "price apple"], ["price apple"] * 2, ["price apple"] * 2,
                                          ["pay 3", "price apple"]]
     assert all(e["responses"] == ["3", "3"] and e["cause"] == "turn_limit" for e in eps)
-    assert feeds[:6] == [
-        ["<bos> buy apple", "<bos> not pear buy 2 milk and egg", "<bos> cost 3 fish"],   # one prefill per prompt
-        ["<act> mul 2 , 4 </act>", "<act>", "<act>", "<act> pay 3 </act>"],           # rows 0 and 3 call at once
-        ["<bos> rehearse mul number , number dialogue buy apple <act> mul 2 , 4 </act> <env>",
-         "<bos> rehearse pay number dialogue cost 3 fish <act> pay 3 </act> <env>"],  # their rehearse rows' prefill
-        ["3", "price", "price", "3"],                     # slots 0 and 3 rehearse while 1 and 2 act
-        ["<env> 3 </env> <act>", "apple", "apple", "<env> 3 </env> <act>"],           # 0 and 3 resume
-        ["price", "</act>", "</act>", "price"]]
+    assert feeds[:2] == [["<bos> buy apple", "<bos> not pear buy 2 milk and egg", "<bos> cost 3 fish"],
+                         ["<act>", "<act>"]]         # rows 0 and 3 paused at their planned calls at once
+    # the first round's rehearse rows, then the actor rows resumed from their caches in one forward
+    assert feeds[4][0].startswith("<bos> rehearse mul number , number dialogue buy apple <act> mul 2 , 4 </act>")
+    assert feeds[6] == ["<act> mul 2 , 4 </act> <env> 3 </env>", "</act> <env> 3 </env>", "</act> <env> 3 </env>",
+                        "<act> pay 3 </act> <env> 3 </env>"]
     assert sum(1 for f in feeds if f[0].startswith("<bos> buy apple")) == 1     # no actor prefilled twice
     ids, _ = collate(eps, TOK.pad_token_id)
     with torch.no_grad():

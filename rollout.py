@@ -50,6 +50,7 @@ the sampling temperature, i.e. exactly what a teacher-forced forward at that tem
 (top-p truncates what is *sampled*, not the recorded logprob; the small off-policy gap that
 creates is ignored, as in most PPO-for-LLM code).
 """
+import functools
 from collections import deque
 
 import torch
@@ -297,7 +298,7 @@ def _advance(row, tok, role, tags, tokenizer, world, env_mode,
     """The per-row state machine: one appended token, sampled or forced OBS."""
     if row["phase"] == "act":
         if tok == tags["act_end"]:
-            _end_act(row, tokenizer.decode(row["segment"]), tags, tokenizer, world, env_mode, max_turns)
+            _end_act(row, _decoded(tokenizer, tuple(row["segment"])), tags, tokenizer, world, env_mode, max_turns)
         elif tok in tags["stops"]:
             row["phase"], row["cause"] = "done", "bad_act"          # the actor wrote a tag
         elif len(row["segment"]) >= max_act_tokens:
@@ -308,7 +309,7 @@ def _advance(row, tok, role, tags, tokenizer, world, env_mode,
     # env phase
     if tok == tags["env_end"]:
         if env_mode in ("rehearse", "frozen"):  # real (and empty) responses were recorded at the call
-            text = tokenizer.decode(row["segment"])
+            text = _decoded(tokenizer, tuple(row["segment"]))
             response = world.parse_response(text)
             if response is None:
                 row["phase"], row["cause"] = "done", "bad_rehearsal"
@@ -330,6 +331,18 @@ def _advance(row, tok, role, tags, tokenizer, world, env_mode,
         row["phase"], row["cause"] = "done", "env_limit"
     else:
         row["segment"].append(tok)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _decoded(tokenizer, ids):
+    """tokenizer.decode of a segment (a tuple): a group's rows write the same calls and responses."""
+    return tokenizer.decode(list(ids))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _encoded(tokenizer, text):
+    """encode of a real response as a tuple (the same responses recur across rows and steps)."""
+    return tuple(encode(tokenizer, text))
 
 
 def _end_act(row, text, tags, tokenizer, world, env_mode, max_turns):
@@ -358,8 +371,8 @@ def _end_act(row, text, tags, tokenizer, world, env_mode, max_turns):
         # the only place the real world is called; with no world the response is empty
         response = world.step(row["state"], call) if env_mode == "real" else ""
         row["responses"].append(response)
-        row["forced"].extend((t, OBS) for t in encode(tokenizer, tags["env_lead"] + response + tags["env_pre"])
-                             + [tags["env_end"]])
+        row["forced"].extend((t, OBS) for t in _encoded(tokenizer, tags["env_lead"] + response + tags["env_pre"])
+                             + (tags["env_end"],))
     if row["plan"]:                            # a committed plan: go on only while unsurprised
         _, expected = row["plan"].popleft()
         if env_mode != "real" or response != expected:

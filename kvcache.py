@@ -44,14 +44,9 @@ class GrowingLayer(DynamicLayer):
         return self.keys, self.values
 
     def batch_select_indices(self, indices):
-        if self.length:                       # copy only the filled columns, keep the room
-            self.buffers = [self._select(b, indices) for b in self.buffers]
+        if self.length:
+            self.buffers = [b[indices, ...] for b in self.buffers]
             self.keys, self.values = self.buffers[0][..., :self.length, :], self.buffers[1][..., :self.length, :]
-
-    def _select(self, buffer, indices):
-        out = buffer.new_empty(len(indices), *buffer.shape[1:])
-        out[..., :self.length, :] = buffer[indices, ..., :self.length, :]
-        return out
 
 
 def new_cache(config):

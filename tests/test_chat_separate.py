@@ -316,7 +316,7 @@ def test_chat_evaluation_asks_would_rehearse_in_separate_rows(monkeypatch):
     def spy(model, rows, pad_id, token_budget=4096):
         asked.extend(rows)
         return [(r["call"], r["turn"] == 0) for r in rows]
-    monkeypatch.setattr(rehearse, "would_rehearse_rows", spy)
+    monkeypatch.setattr(honesty, "would_rehearse_rows", spy)
     cfg = {**config.DEFAULTS, "format": "chat", "rehearsal_context": "separate", "grounding_examples": 2,
            "max_act_tokens": 40, "max_env_tokens": 8, "max_tokens": 300}
     fx = features.setup(cfg, TOK, {"logged": [], "rl": [task], "test": [task]})
@@ -358,7 +358,7 @@ def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
         asked.append(len(rows))
         assert all(text(r["ids"]).startswith("<|im_start|>system\nYou play the tool") for r in rows)
         return would(model, rows, pad_id, token_budget)
-    monkeypatch.setattr(rehearse, "would_rehearse_rows", spy)
+    monkeypatch.setattr(honesty, "would_rehearse_rows", spy)
     sampled, built = [], []
 
     def sample_spy(*args, **kw):                              # RL samples in separate rows

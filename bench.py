@@ -43,7 +43,7 @@ import world
 from checkpoint import build_tokenizer, load_policy
 from config import DEFAULTS
 from distributed import memory_estimate
-from envace import encode, tag_ids, token_logprobs
+from envace import encode, first_target, tag_ids, token_logprobs
 from rollout import _append, _new_row, sample_episodes
 from separate import SEPARATE_WORDS, sample_separate
 from train import make_batch, rl_step
@@ -197,7 +197,8 @@ def bench_update(model, tokenizer, episodes, cfg, group_size, args):
     n_params = sum(p.numel() for p in model.parameters())
     res["train_step"] = figure(times, n_tok, pad_frac=sums["pad_frac"])
     estimate = memory_estimate(n_params, {**cfg, "tasks_per_step": len(episodes) // group_size,
-                                          "group_size": group_size}, model.config)
+                                          "group_size": group_size}, model.config,
+                               first_target=first_target(batch["mask"]))   # the batch's shortest prompt
     res["train_step"].update(peak_gib=peak_mb(device) / 1024, estimate_train_gib=estimate["train"],
                              estimate_sample_gib=estimate["sample"])
     if args.peak_tflops:                  # 6 x parameters x tokens: forward and backward, no attention term

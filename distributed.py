@@ -140,14 +140,17 @@ LOGIT_BYTES = 20       # per token x vocab entry in token_logprobs: bf16 logits 
                        # (.float(), / temperature, log_softmax, exp for the entropy)
 
 
-def memory_estimate(n_params, cfg, model_config, world_size=1):
+def memory_estimate(n_params, cfg, model_config, world_size=1, first_target=0):
     """A rough per-GPU memory budget in GiB (an estimate: allocator slack, CUDA context and
     temporaries are not counted). Training holds fp32 weights, fp32 gradients and AdamW's two fp32
     moments (16 bytes per parameter; / world size under FSDP), activations of the largest
     micro-batch (micro_batch_tokens x layers x hidden x ACTIVATION_BYTES; with gradient
     checkpointing each layer keeps its input only, and one layer at a time is recomputed), and the
-    logits of that micro-batch. Sampling holds the KV cache of this rank's rows at max_tokens and,
-    under FSDP, the gathered (bf16) weights. `train` and `sample` are the two phases' totals."""
+    logits of that micro-batch: the LM head runs only from the first trained target on
+    (envace.token_logprobs(start=)), so of rows of max_tokens a share (max_tokens - first_target)
+    / max_tokens of its positions; first_target 0 (not known: train.py at start) counts them all.
+    Sampling holds the KV cache of this rank's rows at max_tokens and, under FSDP, the gathered
+    (bf16) weights. `train` and `sample` are the two phases' totals."""
     gib = 2 ** 30
     shard = world_size if cfg["fsdp"] and world_size > 1 else 1
     half = 2 if cfg["bf16"] else 4                   # bytes of one activation / gathered weight
@@ -161,7 +164,8 @@ def memory_estimate(n_params, cfg, model_config, world_size=1):
          "reference": 4 * n_params / shard if cfg["kl_coef"] > 0 or cfg["env_mode"] == "frozen" else 0,
          "activations_full": tokens * layers * hidden * ACTIVATION_BYTES * half / 2,
          "activations_checkpointed": tokens * hidden * (layers * half + ACTIVATION_BYTES * half / 2),
-         "logits": tokens * model_config.vocab_size * LOGIT_BYTES,
+         "logits": (tokens * max(cfg["max_tokens"] - first_target, 0) / cfg["max_tokens"]
+                    * model_config.vocab_size * LOGIT_BYTES),
          # FSDP2 keeps the root (embeddings, lm_head) gathered from forward to backward, plus
          # the layer computing and the one prefetched
          "fsdp_unsharded": (embed + 2 * per_layer) * half if shard > 1 else 0,

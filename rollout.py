@@ -7,7 +7,7 @@ one sampled token and then every forced id queued behind it (a hand-off, a plann
 observation: a run), so all rows share one KV cache and one forward per step, whatever role each
 row is in (the shorter runs' slots are masked holes). What keeps that cheap: a task's G rows
 share one prefill of its prompt (the cache rows are copied); forced ids cost no step of their
-own; the cache grows in place (_GrowingLayer), not by a copy per step; once a quarter of the rows
+own; the cache grows in place (kvcache.GrowingLayer), not by a copy per step; once a quarter of the rows
 in the cache have finished they are dropped from it, so short episodes stop costing compute; and
 a separate-layout actor row paused at its call keeps its cache for the next round.
 
@@ -50,13 +50,13 @@ the sampling temperature, i.e. exactly what a teacher-forced forward at that tem
 (top-p truncates what is *sampled*, not the recorded logprob; the small off-policy gap that
 creates is ignored, as in most PPO-for-LLM code).
 """
+import functools
 from collections import deque
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
+import kvcache
 import world as toy_world
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, NonFiniteError, encode, tag_ids
 
@@ -85,45 +85,6 @@ def sample_token(logits, temperature, top_p, generator=None):
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-class _GrowingLayer(DynamicLayer):
-    """A KV cache layer whose keys and values live in a buffer with room to grow (doubled when
-    full): appending a step writes into it, where transformers' DynamicLayer concatenates (copies
-    the whole cache, every step, every layer: a third of a decode step at 2k-token prompts)."""
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-            self.buffers, self.length = None, 0
-        n = self.length + key_states.shape[-2]
-        if self.buffers is None or n > self.buffers[0].shape[-2]:
-            room = max(2 * n, 64)
-            grown = []
-            for old, new in ((self.keys, key_states), (self.values, value_states)):
-                buf = new.new_empty(*new.shape[:-2], room, new.shape[-1])   # read only up to n
-                if self.length:
-                    buf[..., :self.length, :] = old
-                grown.append(buf)
-            self.buffers = grown
-        self.buffers[0][..., self.length:n, :] = key_states
-        self.buffers[1][..., self.length:n, :] = value_states
-        self.length = n
-        self.keys, self.values = self.buffers[0][..., :n, :], self.buffers[1][..., :n, :]
-        return self.keys, self.values
-
-    def batch_select_indices(self, indices):
-        if self.length:
-            self.buffers = [b[indices, ...] for b in self.buffers]
-            self.keys, self.values = self.buffers[0][..., :self.length, :], self.buffers[1][..., :self.length, :]
-
-
-def _new_cache(config):
-    """A DynamicCache of _GrowingLayer (the plain one where a model has other kinds of layers)."""
-    cache = DynamicCache(config=config)
-    if all(type(layer) is DynamicLayer for layer in cache.layers):
-        cache.layers = [_GrowingLayer() for _ in cache.layers]
-    return cache
-
-
 class _Decoder:
     """A batch of left-padded prefixes and their KV cache, advanced by one run of tokens per row per
     step. Identical prefixes (a task's G samples) are prefilled once and their cache rows copied, and
@@ -137,7 +98,7 @@ class _Decoder:
         self.model, self.pad_id = model, pad_id
         device = next(model.parameters()).device
         if saved is not None:                         # rows restored from save(): cache, mask, positions
-            self._restore(saved, device)
+            self.cache, self.mask, self.pos = kvcache.restore_rows(model.config, saved, device)
             return
         unique = {p: i for i, p in enumerate(dict.fromkeys(map(tuple, prefixes)))}
         P = max(len(p) for p in unique)
@@ -146,11 +107,13 @@ class _Decoder:
         for p, i in unique.items():
             ids[i, P - len(p):] = torch.tensor(p, device=device)
             mask[i, P - len(p):] = 1                   # left pads masked
-        self.cache = _new_cache(model.config)
+        self.cache = kvcache.new_cache(model.config)
         self.mask = mask
         logits = self._forward(ids, (mask.cumsum(1) - 1).clamp(min=0))
-        prefix_of_row = torch.tensor([unique[tuple(p)] for p in prefixes], device=device)
-        self.keep(prefix_of_row, logits)              # each row: a copy of its prefix's cache
+        if len(unique) < len(prefixes):               # each row: a copy of its prefix's cache
+            self.keep(torch.tensor([unique[tuple(p)] for p in prefixes], device=device), logits)
+        else:
+            self.logits = logits
         self.pos = torch.tensor([len(p) for p in prefixes], device=device)
 
     @torch.no_grad()
@@ -182,26 +145,8 @@ class _Decoder:
         return self.logits
 
     def save(self, j):
-        """Row j's cache as plain tensors (its keys and values per layer, mask, next position), so
-        that a later _Decoder can restore it (None where the cache has layers of another kind)."""
-        if not all(isinstance(layer, DynamicLayer) and not layer.is_sliding for layer in self.cache.layers):
-            return None
-        return {"kv": [(layer.keys[j:j + 1].clone(), layer.values[j:j + 1].clone()) for layer in self.cache.layers],
-                "mask": self.mask[j:j + 1], "pos": self.pos[j:j + 1]}
-
-    def _restore(self, saved, device):
-        """Rows from save(), left-padded to the longest (pads masked) and stacked."""
-        T = max(s["mask"].shape[1] for s in saved)
-
-        def left_pad(x, dim):                         # zeros on the left of dimension `dim`
-            pad = [0, 0] * (x.dim() - 1 - dim % x.dim()) + [T - x.shape[dim], 0]
-            return F.pad(x, pad)
-        self.cache = _new_cache(self.model.config)
-        for l, layer in enumerate(self.cache.layers):
-            layer.update(torch.cat([left_pad(s["kv"][l][0], -2) for s in saved]),
-                         torch.cat([left_pad(s["kv"][l][1], -2) for s in saved]))
-        self.mask = torch.cat([left_pad(s["mask"], 1) for s in saved]).to(device)
-        self.pos = torch.cat([s["pos"] for s in saved]).to(device)
+        """Row j's cache as plain tensors (kvcache.save_row), so that a later _Decoder can restore it."""
+        return kvcache.save_row(self.cache, self.mask, self.pos, j)
 
 
 def new_row(prompt_ids, world, phase="act", plan=None, **extra):
@@ -353,7 +298,7 @@ def _advance(row, tok, role, tags, tokenizer, world, env_mode,
     """The per-row state machine: one appended token, sampled or forced OBS."""
     if row["phase"] == "act":
         if tok == tags["act_end"]:
-            _end_act(row, tokenizer.decode(row["segment"]), tags, tokenizer, world, env_mode, max_turns)
+            _end_act(row, _decoded(tokenizer, tuple(row["segment"])), tags, tokenizer, world, env_mode, max_turns)
         elif tok in tags["stops"]:
             row["phase"], row["cause"] = "done", "bad_act"          # the actor wrote a tag
         elif len(row["segment"]) >= max_act_tokens:
@@ -364,7 +309,7 @@ def _advance(row, tok, role, tags, tokenizer, world, env_mode,
     # env phase
     if tok == tags["env_end"]:
         if env_mode in ("rehearse", "frozen"):  # real (and empty) responses were recorded at the call
-            text = tokenizer.decode(row["segment"])
+            text = _decoded(tokenizer, tuple(row["segment"]))
             response = world.parse_response(text)
             if response is None:
                 row["phase"], row["cause"] = "done", "bad_rehearsal"
@@ -386,6 +331,18 @@ def _advance(row, tok, role, tags, tokenizer, world, env_mode,
         row["phase"], row["cause"] = "done", "env_limit"
     else:
         row["segment"].append(tok)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _decoded(tokenizer, ids):
+    """tokenizer.decode of a segment (a tuple): a group's rows write the same calls and responses."""
+    return tokenizer.decode(list(ids))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _encoded(tokenizer, text):
+    """encode of a real response as a tuple (the same responses recur across rows and steps)."""
+    return tuple(encode(tokenizer, text))
 
 
 def _end_act(row, text, tags, tokenizer, world, env_mode, max_turns):
@@ -414,16 +371,11 @@ def _end_act(row, text, tags, tokenizer, world, env_mode, max_turns):
         # the only place the real world is called; with no world the response is empty
         response = world.step(row["state"], call) if env_mode == "real" else ""
         row["responses"].append(response)
-        row["forced"].extend((t, OBS) for t in encode(tokenizer, tags["env_lead"] + response + tags["env_pre"])
-                             + [tags["env_end"]])
+        row["forced"].extend((t, OBS) for t in _encoded(tokenizer, tags["env_lead"] + response + tags["env_pre"])
+                             + (tags["env_end"],))
     if row["plan"]:                            # a committed plan: go on only while unsurprised
         _, expected = row["plan"].popleft()
         if env_mode != "real" or response != expected:
             row["plan"].clear()
     if row.get("stop_at") == "call":              # separate context: the call is rehearsed in its own row
         row["phase"], row["cause"] = "done", "call"
-
-
-# ----------------------------------------------------------------------------- separate context
-
-

@@ -69,6 +69,21 @@ def test_memory_estimate_by_hand_one_gpu_without_checkpointing():
     assert "unsharded" in line and f"train {e['train']:.1f}" in line
 
 
+def test_memory_estimate_counts_the_logits_from_the_first_trained_target_only():
+    """The update's LM head runs from the first trained target on: rows of max_tokens 50 whose first
+    30 targets are prompt keep 20 of 50 positions, so a 100-token micro-batch has 40 positions of
+    logits over the vocabulary of 10, at 20 bytes each; the rest of the budget is unchanged."""
+    cfg = {**config.DEFAULTS, "micro_batch_tokens": 100, "bf16": True, "fsdp": False, "gradient_checkpointing": True,
+           "kl_coef": 0.0, "env_mode": "rehearse", "tasks_per_step": 4, "group_size": 2, "max_tokens": 50}
+    whole = distributed.memory_estimate(1000, cfg, toy_shapes(), world_size=1)
+    tail = distributed.memory_estimate(1000, cfg, toy_shapes(), world_size=1, first_target=30)
+    assert whole["logits"] * GIB == pytest.approx(100 * 10 * 20)
+    assert tail["logits"] * GIB == pytest.approx(40 * 10 * 20)            # 8000 bytes
+    assert (whole["train"] - tail["train"]) * GIB == pytest.approx(60 * 10 * 20)
+    assert tail["sample"] == whole["sample"]
+    assert distributed.memory_estimate(1000, cfg, toy_shapes(), first_target=50)["logits"] == 0
+
+
 def test_memory_estimate_of_qwen3_8b_under_fsdp_8():
     shapes = SimpleNamespace(num_hidden_layers=36, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
                              head_dim=128, vocab_size=151936, tie_word_embeddings=False)

@@ -158,8 +158,9 @@ def test_rehearse_rows_logprobs_equal_a_teacher_forced_forward():
 
 
 def test_actor_rows_keep_their_cache_across_rounds():
-    """The actor rows are prefilled once: each later round restores their saved cache and feeds only
-    the ids appended since (the copied response), in one forward. Every sampled logprob of the
+    """The actor rows are prefilled once: a row waiting for its response keeps its cache (taken out
+    of its slot and put back) and is fed only the ids appended since (the copied response and the
+    hand-off), in one forward. Every sampled logprob of the
     actor rows and of the rehearse rows still equals a full teacher-forced forward over the row."""
     model = Bigram(tiny_llama(TOK, seed=4), TOK, {"<act>": "price", "price": "apple", "apple": "</act>",
                                                    "<env>": "3", "3": "</env>"})
@@ -172,11 +173,11 @@ def test_actor_rows_keep_their_cache_across_rounds():
     assert [e["cause"] for e in eps] == ["turn_limit"] * 4 and [len(e["rehearsals"]) for e in eps] == [2] * 4
     assert all(e["responses"] == ["3", "3"] for e in eps) and not any("saved_kv" in e for e in eps)
     prefills = [shape for seen, shape in calls if seen == 0]
-    # three prompts (one shared by two rows) once, then per round the 4 rehearse rows (the two
-    # "buy apple" rows ask the same), never the actor rows again (7 prefills before this change)
+    # three prompts (one shared by two rows) once, then per call the 4 rehearse rows (the two
+    # "buy apple" rows ask the same), never the actor rows again (7 prefills before issue 16)
     assert [p[0] for p in prefills] == [3, 3, 3]
-    # each resumed round feeds the actors, in one forward, only the ids not in their cache: the
-    # call's </act> (the round ended on it, unfed) and the copied <env> 3 </env>
+    # each resumption feeds the actors, in one forward, only the ids not in their cache: the
+    # copied <env> 3 </env> and the forced <act> (the call's </act> went in before they waited)
     assert sum(1 for seen, shape in calls if seen and tuple(shape) == (4, 4)) == 2
     ids, _ = collate(eps, TOK.pad_token_id)
     with torch.no_grad():
@@ -185,6 +186,55 @@ def test_actor_rows_keep_their_cache_across_rounds():
     assert len(sampled) >= 4 * 9
     assert max(abs(eps[i]["logprobs"][t] - full[i, t - 1].item()) for i, t in sampled) < 1e-5
     assert_rehearse_logprobs_match_a_forward(model, [r for e in eps for r in e["rehearsals"]], TOK.pad_token_id)
+
+
+def test_rows_that_call_at_different_steps_match_a_full_forward():
+    """Actor rows that reach their calls at different steps (two calls planned, so forced at once;
+    two sampled): each round's rehearse rows and the resumed actor rows (kept caches fed the copied
+    response with the call's stop) still give every sampled logprob of a full teacher-forced
+    forward over the finished rows; frozen: the actor rows' logprobs are the policy's own."""
+    pairs = {"<act>": "price", "price": "apple", "apple": "</act>", "<env>": "3", "3": "</env>"}
+    model = Bigram(tiny_llama(TOK, seed=4), TOK, pairs, bonus=12.0)
+    feeds = []
+    model.register_forward_pre_hook(lambda m, args, kw: feeds.append(
+        [" ".join(w for w in TOK.convert_ids_to_tokens(r) if w != "<pad>") for r in kw["input_ids"].tolist()]),
+        with_kwargs=True)
+    prompts = ["buy apple", "buy apple", "not pear buy 2 milk and egg", "cost 3 fish"]
+    plans = [[("mul 2 , 4", "8")], None, None, [("pay 3", "6")]]     # planned calls: forced at once
+    eps = sample_separate(model, TOK, prompts, max_turns=2, max_tokens=60, plans=plans,
+                          generator=torch.Generator().manual_seed(1))
+    assert [e["calls"] for e in eps] == [["mul 2 , 4", "price apple"], ["price apple"] * 2, ["price apple"] * 2,
+                                         ["pay 3", "price apple"]]
+    assert all(e["responses"] == ["3", "3"] and e["cause"] == "turn_limit" for e in eps)
+    assert feeds[:2] == [["<bos> buy apple", "<bos> not pear buy 2 milk and egg", "<bos> cost 3 fish"],
+                         ["<act>", "<act>"]]         # rows 0 and 3 paused at their planned calls at once
+    # the first round's rehearse rows, then the actor rows resumed from their caches in one forward
+    assert feeds[4][0].startswith("<bos> rehearse mul number , number dialogue buy apple <act> mul 2 , 4 </act>")
+    assert feeds[6] == ["<act> mul 2 , 4 </act> <env> 3 </env>", "</act> <env> 3 </env>", "</act> <env> 3 </env>",
+                        "<act> pay 3 </act> <env> 3 </env>"]
+    assert sum(1 for f in feeds if f[0].startswith("<bos> buy apple")) == 1     # no actor prefilled twice
+    ids, _ = collate(eps, TOK.pad_token_id)
+    with torch.no_grad():
+        full = envace.token_logprobs(model, ids)
+    acted = [(i, t) for i, e in enumerate(eps) for t in range(1, len(e["ids"])) if e["roles"][t] == A]
+    sampled = [(i, t) for i, t in acted if eps[i]["logprobs"][t] != 0.0]
+    # 3 acts of "price apple </act>" per row, less the planned first calls, forced (logprob 0)
+    assert len(acted) == 4 * 9 - 2 * 3 + len("mul 2 , 4 </act>".split()) + len("pay 3 </act>".split())
+    assert len(sampled) == 4 * 9 - 2 * 3
+    assert max(abs(eps[i]["logprobs"][t] - full[i, t - 1].item()) for i, t in sampled) < 1e-5
+    assert_rehearse_logprobs_match_a_forward(model, [r for e in eps for r in e["rehearsals"]], TOK.pad_token_id)
+    # frozen: a simulator that writes 7; the actor rows' logprobs are still the policy's own
+    simulator = Bigram(tiny_llama(TOK, seed=5), TOK, {"<env>": "7", "7": "</env>"})
+    eps = sample_separate(model, TOK, prompts, "frozen", env_model=simulator, max_turns=2, max_tokens=60,
+                          plans=plans, generator=torch.Generator().manual_seed(1))
+    assert all(e["responses"] == ["7", "7"] and e["cause"] == "turn_limit" for e in eps)
+    assert all(r["roles"][-2:] == [O, O] and set(r["logprobs"]) == {0.0} for e in eps for r in e["rehearsals"])
+    ids, _ = collate(eps, TOK.pad_token_id)
+    with torch.no_grad():
+        full = envace.token_logprobs(model, ids)
+    sampled = [(i, t) for i, e in enumerate(eps) for t in range(1, len(e["ids"])) if e["logprobs"][t] != 0.0]
+    assert len(sampled) == 4 * 9 - 2 * 3 and all(eps[i]["roles"][t] == A for i, t in sampled)
+    assert max(abs(eps[i]["logprobs"][t] - full[i, t - 1].item()) for i, t in sampled) < 1e-5
 
 
 def test_advantage_groups_task_role_and_task():

@@ -359,6 +359,16 @@ def uncertain_tables(evals, subsets, pairs=(("rehearse", "frozen"), ("rehearse",
     return "\n".join(lines)
 
 
+def uncertain_family_table(evals, families=("price", "cost", "buy1", "buyq", "buy2", "buyq2")):
+    """Real-world success per task family of each arm (eval.json `success_by_family`), mean
+    (min-max) over seeds: where the actor, not the world, fails (docs/uncertain.md)."""
+    rows = ["| arm | " + " | ".join(families) + " |", "|---" * (len(families) + 1) + "|"]
+    for arm, runs in evals.items():
+        by_family = [e.get("success_by_family", {}) for e in runs.values()]
+        rows.append(f"| {arm} | " + " | ".join(mean_and_range([b.get(f) for b in by_family]) for f in families) + " |")
+    return "\n".join(rows)
+
+
 def uncertain_collusion_table(lines, last=20):
     """Collusion in the RL batches of each arm that rehearses, counts pooled over each run's last
     `last` steps and the seeds: colluding / wrong calls on uncertain-item and faithful-item tasks,
@@ -435,11 +445,12 @@ def plot_uncertain(lines, path):
 
 
 def uncertain(results):
-    """Write <results>/results.md (uncertain_tables) and <results>/uncertain.png (plot_uncertain)."""
+    """Write <results>/results.md (uncertain_tables, uncertain_family_table, uncertain_collusion_table)
+    and <results>/uncertain.png (plot_uncertain)."""
     evals, lines, subsets = uncertain_runs(results)
     if not evals and not lines:
         raise FileNotFoundError(f"no runs (<arm>/<seed>/eval.json) under {results}")
-    text = uncertain_tables(evals, subsets)
+    text = uncertain_tables(evals, subsets) + "\n\nreal-world success per task family\n\n" + uncertain_family_table(evals)
     collusion = uncertain_collusion_table(lines)
     text += "\n\n" + collusion if collusion else ""
     going = {arm: {seed: run[-1]["step"] for seed, run in runs.items() if run}

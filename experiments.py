@@ -315,6 +315,8 @@ def uncertain_runs(results):
     for arm, seed, folder in run_folders(results, partial=True):
         if os.path.isfile(os.path.join(folder, "eval.json")):      # a run still going has none yet
             evals.setdefault(arm, {})[seed] = json.load(open(os.path.join(folder, "eval.json")))
+            if os.path.isfile(os.path.join(folder, "lookups.json")):     # world_uncertain.py --lookups
+                evals[arm][seed]["lookups"] = json.load(open(os.path.join(folder, "lookups.json")))
         path = os.path.join(folder, "metrics.jsonl")
         lines.setdefault(arm, {})[seed] = [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
         start = os.path.join(folder, "warmstart", "eval.json")      # the warm start the arm began from: step 0
@@ -357,6 +359,32 @@ def uncertain_tables(evals, subsets, pairs=(("rehearse", "frozen"), ("rehearse",
             lines.append(f"| {a} - {b} | " + " | ".join(
                 cell(outcomes(a, sub), outcomes(b, sub)) for sub in (None, "uncertain", "faithful")) + " |")
     return "\n".join(lines)
+
+
+def uncertain_lookup_table(evals, subsets, pairs=(("rehearse", "frozen"), ("rehearse", "act_only"),
+                                                  ("real", "rehearse"), ("act_only", "frozen"))):
+    """Per arm whose every seed has lookups.json (world_uncertain.py --lookups): the share of test
+    tasks whose named items the actor looked up, per subset, and the success that also needs them
+    looked up ("strict"), with 95% intervals; then the paired differences of strict success."""
+    arms = [arm for arm, runs in evals.items() if all("lookups" in e for e in runs.values())]
+    if not arms:
+        return ""
+    def outcomes(arm, key, subset=None):
+        return {s: [r for r, k in zip(e["lookups"][key], subsets) if subset in (None, k)] for s, e in evals[arm].items()}
+    rows = ["| arm | seeds | named items looked up, uncertain-item tasks | faithful-item tasks | "
+            "strict success (answer right and named items looked up), all | uncertain-item tasks | faithful-item tasks |",
+            "|---" * 7 + "|"]
+    for arm in arms:
+        rows.append(f"| {arm} | {len(evals[arm])} | " + " | ".join(
+            [cell(outcomes(arm, "looked_up", sub)) for sub in ("uncertain", "faithful")]
+            + [cell(outcomes(arm, "strict", sub)) for sub in (None, "uncertain", "faithful")]) + " |")
+    rows += ["", "| strict success, difference (paired bootstrap, 95%) | all test tasks | uncertain-item tasks | "
+             "faithful-item tasks |", "|---|---|---|---|"]
+    for a, b in pairs:
+        if a in arms and b in arms and sorted(evals[a]) == sorted(evals[b]):
+            rows.append(f"| {a} - {b} | " + " | ".join(
+                cell(outcomes(a, "strict", sub), outcomes(b, "strict", sub)) for sub in (None, "uncertain", "faithful")) + " |")
+    return "\n".join(rows)
 
 
 def uncertain_family_table(evals, families=("price", "cost", "buy1", "buyq", "buy2", "buyq2")):
@@ -445,12 +473,15 @@ def plot_uncertain(lines, path):
 
 
 def uncertain(results):
-    """Write <results>/results.md (uncertain_tables, uncertain_family_table, uncertain_collusion_table)
+    """Write <results>/results.md (uncertain_tables, uncertain_family_table, uncertain_lookup_table,
+    uncertain_collusion_table)
     and <results>/uncertain.png (plot_uncertain)."""
     evals, lines, subsets = uncertain_runs(results)
     if not evals and not lines:
         raise FileNotFoundError(f"no runs (<arm>/<seed>/eval.json) under {results}")
     text = uncertain_tables(evals, subsets) + "\n\nreal-world success per task family\n\n" + uncertain_family_table(evals)
+    lookups = uncertain_lookup_table(evals, subsets)
+    text += "\n\nthe items the actor looked up (real world, greedy; world_uncertain.py --lookups)\n\n" + lookups if lookups else ""
     collusion = uncertain_collusion_table(lines)
     text += "\n\n" + collusion if collusion else ""
     going = {arm: {seed: run[-1]["step"] for seed, run in runs.items() if run}

@@ -37,6 +37,9 @@ Why episodes fail (`failure_kind`, `failure_table`, `copy_counts`): the item loo
 distractor or another one), a response not copied into the next action, no answer. Greedy, in
 the real world, per family x distractor position:
     python world_uncertain.py --failures RUN [--split rl] [--n 500]
+Whether the actor looked up the items the task names (`looked_up`; a price of another item with
+the same price answers right, and the reward cannot tell), per test task of every finished run:
+    python world_uncertain.py --lookups RESULTS      # RESULTS/<arm>/<seed>/lookups.json
 
 Simplified: one price per item per episode (a stale episode is stale throughout); the stale
 price is drawn uniformly from the other prices that keep the task affordable.
@@ -336,17 +339,67 @@ def failures(folder, split="test", n=500):
     return "\n".join(lines)
 
 
+def looked_up(episode, task):
+    """1 when the episode looked up (`price ITEM`) every item the task names, else 0. The reward
+    cannot see it: an actor that prices another item with the same price (salt and nut both cost
+    1) still answers right. A lookup of a different item is a wrong call, whatever it returned."""
+    priced = {c.split()[1] for c in episode["calls"] if c.startswith("price ")}
+    return int(all(item in priced for item in task_items(task)[:2] if item))
+
+
+def write_lookups(results):
+    """For every finished run under results/<arm>/<seed> (eval.json and a checkpoint): the test
+    tasks again in the REAL world, greedy (as evaluate.py: the same episodes), and
+    <run>/lookups.json = {"looked_up": [per test task], "strict": [success and looked_up]}, the
+    input of experiments.py's lookup table. Returns the folders written."""
+    import glob
+    import json
+    import torch
+    import features
+    from checkpoint import find_checkpoint, load_policy
+    from config import load_config
+    from reward import task_reward
+    from rollout import sample_episodes
+    written = []
+    for folder in sorted(glob.glob(os.path.join(results, "*", "*", "eval.json"))):
+        folder = os.path.dirname(folder)
+        path = find_checkpoint(os.path.join(folder, "ckpt")) or find_checkpoint(os.path.join(folder, "warmstart"))
+        if path is None:
+            continue
+        cfg = load_config(os.path.join(path, "config.yaml"))
+        model, tokenizer = load_policy(path, "cpu")
+        model.eval()
+        splits = features.build_tasks(cfg)
+        tasks, fx = splits["test"], features.setup(cfg, tokenizer, splits, "cpu")
+        prompts, worlds, tags = fx.inputs(tasks)
+        limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+        episodes = sample_episodes(model, tokenizer, prompts, "real", world=worlds, tags=tags, temperature=0.0,
+                                   top_p=1.0, generator=torch.Generator().manual_seed(cfg["seed"]), **limits)
+        seen = [looked_up(e, t) for e, t in zip(episodes, tasks)]
+        strict = [int(task_reward(e, t)) * k for e, t, k in zip(episodes, tasks, seen)]
+        with open(os.path.join(folder, "lookups.json"), "w") as f:
+            json.dump({"looked_up": seen, "strict": strict}, f)
+        written.append(folder)
+    return written
+
+
 if __name__ == "__main__":
     import argparse
     import sys
     from config import ConfigError
     parser = argparse.ArgumentParser(description="why a world: uncertain run's episodes fail (real world, greedy)")
-    parser.add_argument("--failures", metavar="RUN", required=True, help="a run folder of train.py, or a checkpoint")
+    parser.add_argument("--failures", metavar="RUN", help="a run folder of train.py, or a checkpoint")
+    parser.add_argument("--lookups", metavar="RESULTS", help="lookups.json for every finished run under RESULTS")
     parser.add_argument("--split", choices=("test", "rl"), default="test")
     parser.add_argument("--n", type=int, default=500)
     args = parser.parse_args()
     try:
-        print(failures(args.failures, args.split, args.n))
+        if args.lookups:
+            print("\n".join(f"{folder}/lookups.json" for folder in write_lookups(args.lookups)))
+        elif args.failures:
+            print(failures(args.failures, args.split, args.n))
+        else:
+            raise ConfigError("give --failures RUN or --lookups RESULTS")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

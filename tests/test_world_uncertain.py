@@ -295,3 +295,30 @@ def test_copy_counts_and_the_failure_table_by_hand():
     assert wu.failure_table(tasks, eps) == {("buyq", "suffix"): {"tasks": 1, "success": 0, "not copied": 1},
                                            ("price", "prefix"): {"tasks": 2, "success": 1, "other": 1},
                                            ("price", "suffix"): {"tasks": 1, "success": 0, "no answer": 1}}
+
+
+def test_looked_up_needs_every_named_item_priced_whatever_the_answer():
+    # salt and nut both cost 1: pricing nut for salt answers right, but it is the wrong lookup
+    cost = {"prompt": "not pie cost 5 salt", "answer": "5", "family": "cost", "calls": ["price salt", "mul 5 , 1"]}
+    assert wu.looked_up(episode(["price nut", "mul 5 , 1"], ["1", "5"], "5"), cost) == 0
+    assert wu.looked_up(episode(["price salt", "mul 5 , 1"], ["1", "5"], "5"), cost) == 1
+    assert wu.looked_up(episode(["price salt", "mul 5 , 2"], ["1", "10"], "10"), cost) == 1     # wrong answer
+    buy2 = {"prompt": "buy tea and pear not milk", "answer": "1", "family": "buy2",
+            "calls": ["price tea", "pay 4", "price pear", "pay 4"]}
+    assert wu.looked_up(episode(["price tea", "pay 4", "price lime", "pay 4"], ["4", "5", "5", "1"], "1"), buy2) == 0
+
+
+def test_the_lookup_table_reads_lookups_json_beside_eval_json(tmp_path):
+    import json
+    for arm, seen in (("rehearse", [1, 1, 1, 1]), ("frozen", [0, 0, 0, 0])):
+        folder = tmp_path / arm / "seed1"
+        folder.mkdir(parents=True)
+        (folder / "config.yaml").write_text("world: uncertain\nn_logged: 10\nn_new_logged: 0\nn_rl_tasks: 20\nn_test: 4\n")
+        (folder / "eval.json").write_text(json.dumps({"task_rewards": [1.0] * 4}))
+        (folder / "lookups.json").write_text(json.dumps({"looked_up": seen, "strict": seen}))
+    text = experiments.uncertain(str(tmp_path))
+    # the 4 test tasks of data_seed 0 are all faithful-item tasks: the uncertain-item cells are empty
+    assert "| frozen | 1 | - | 0.000 [0.000, 0.000] | 0.000 [0.000, 0.000] | - | 0.000 [0.000, 0.000] |" in text
+    assert "| rehearse | 1 | - | 1.000 [1.000, 1.000] | 1.000 [1.000, 1.000] | - | 1.000 [1.000, 1.000] |" in text
+    assert "| rehearse - frozen | +1.000 [+1.000, +1.000] **called** |" in text.split("strict success, difference")[1]
+    assert "| rehearse - frozen | +0.000 [+0.000, +0.000] |" in text       # the reward's table: no difference

@@ -429,14 +429,15 @@ def uncertain_collusion_table(lines, last=20):
 
 
 def plot_uncertain(lines, path):
-    """Three panels against RL steps, one colour per arm (mean over seeds): the policy's p(true
+    """Four panels against RL steps, one colour per arm (mean over seeds): the policy's p(true
     price) on uncertain (solid) and faithful (dashed) items; the sampled price fidelity of the RL
-    batch's rehearsals on uncertain items (whoever played the world, pooled over 10 steps); and
-    real-world success at each evaluation."""
+    batch's rehearsals on uncertain items (whoever played the world, pooled over 10 steps); the
+    share of the batch's catalogue lookups that price an uncertain item (pooled over 10 steps: an
+    actor that avoids them prices others); and real-world success at each evaluation."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
     for n, (arm, runs) in enumerate(lines.items()):
         colour = f"C{n}"
         for sub, style in (("uncertain", "-"), ("faithful", "--")):
@@ -445,24 +446,28 @@ def plot_uncertain(lines, path):
                                        if m["step"] == s and "truth" in m]) for s in steps]
             if steps:
                 axes[0].plot(steps, values, style, color=colour, label=f"{arm}, {sub}")
-        steps, values = [], []
+        steps, values, shares = [], [], []
         end = max((m["step"] for run in runs.values() for m in run), default=0)
         for hi in range(10, end + 10, 10):
-            hits = [m["price_fidelity_subsets"]["uncertain"] for run in runs.values() for m in run
-                    if hi - 10 < m["step"] <= hi and "price_fidelity_subsets" in m]
+            window = [m["price_fidelity_subsets"] for run in runs.values() for m in run
+                      if hi - 10 < m["step"] <= hi and "price_fidelity_subsets" in m]
+            hits = [w["uncertain"] for w in window]
             if sum(h[1] for h in hits):
                 steps.append(hi)
                 values.append(sum(h[0] for h in hits) / sum(h[1] for h in hits))
+                shares.append(sum(h[1] for h in hits) / sum(w["uncertain"][1] + w["faithful"][1] for w in window))
         if steps:
             axes[1].plot(steps, values, marker="o", markersize=3, color=colour, label=arm)
+            axes[2].plot(steps, shares, marker="o", markersize=3, color=colour, label=arm)
         points = sorted({m["step"] for run in runs.values() for m in run if "eval_success" in m})
         if points:
-            axes[2].plot(points, [statistics.mean([m["eval_success"] for run in runs.values() for m in run
+            axes[3].plot(points, [statistics.mean([m["eval_success"] for run in runs.values() for m in run
                                                    if m["step"] == s and "eval_success" in m]) for s in points],
                          marker="o", markersize=3, color=colour, label=arm)
     axes[0].set(xlabel="RL step", ylabel="policy's p(true price) after <env>", ylim=(0, 1.02))
     axes[1].set(xlabel="RL step", ylabel="sampled fidelity, uncertain items (RL batch)", ylim=(0, 1.02))
-    axes[2].set(xlabel="RL step", ylabel="held-out success (real world)", ylim=(0, 1.02))
+    axes[2].set(xlabel="RL step", ylabel="share of the RL batch's lookups: uncertain items", ylim=(0, 0.6))
+    axes[3].set(xlabel="RL step", ylabel="held-out success (real world)", ylim=(0, 1.02))
     for ax in axes:
         ax.grid(alpha=0.3)
         if ax.lines:

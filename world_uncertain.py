@@ -351,7 +351,7 @@ def write_lookups(results):
     """For every finished run under results/<arm>/<seed> (eval.json and a checkpoint): the test
     tasks again in the REAL world, greedy (as evaluate.py: the same episodes), and
     <run>/lookups.json = {"looked_up": [per test task], "strict": [success and looked_up]}, the
-    input of experiments.py's lookup table. Returns the folders written."""
+    input of experiments.py's lookup table (one already there is kept). Returns the folders written."""
     import glob
     import json
     import torch
@@ -363,6 +363,8 @@ def write_lookups(results):
     written = []
     for folder in sorted(glob.glob(os.path.join(results, "*", "*", "eval.json"))):
         folder = os.path.dirname(folder)
+        if os.path.isfile(os.path.join(folder, "lookups.json")):       # written before: kept
+            continue
         path = find_checkpoint(os.path.join(folder, "ckpt")) or find_checkpoint(os.path.join(folder, "warmstart"))
         if path is None:
             continue

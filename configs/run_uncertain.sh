@@ -9,7 +9,7 @@
 # NICE=15 runs every step under `nice -n 15` (a shared machine); PARALLEL=1 runs a seed's four
 # arms at once; either one sets OMP_NUM_THREADS=1; each arm's output goes to $R/ARM-seedS.log.
 # A run whose eval.json exists is kept, not redone (a second call continues with the seeds left);
-# $R/timing.log gets each seed's start, end and seconds.
+# $R/timing.log gets each seed's start, end and seconds; each finished run gets lookups.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 R=${1:-results_uncertain}
@@ -34,5 +34,6 @@ for s in ${SEEDS:-1 2 3 4 5}; do
   done
   wait
   echo "seed $s end $(date -u +%FT%TZ) seconds $(( $(date +%s) - start ))" >> "$R/timing.log"
+  run world_uncertain.py --lookups $R        # the items the actor looked up, per test task
   run experiments.py --uncertain $R
 done

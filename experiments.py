@@ -479,8 +479,7 @@ def plot_uncertain(lines, path):
 
 def uncertain(results):
     """Write <results>/results.md (uncertain_tables, uncertain_family_table, uncertain_lookup_table,
-    uncertain_collusion_table)
-    and <results>/uncertain.png (plot_uncertain)."""
+    uncertain_collusion_table) and <results>/uncertain.png (plot_uncertain)."""
     evals, lines, subsets = uncertain_runs(results)
     if not evals and not lines:
         raise FileNotFoundError(f"no runs (<arm>/<seed>/eval.json) under {results}")

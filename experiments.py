@@ -315,6 +315,8 @@ def uncertain_runs(results):
     for arm, seed, folder in run_folders(results, partial=True):
         if os.path.isfile(os.path.join(folder, "eval.json")):      # a run still going has none yet
             evals.setdefault(arm, {})[seed] = json.load(open(os.path.join(folder, "eval.json")))
+            if os.path.isfile(os.path.join(folder, "lookups.json")):     # world_uncertain.py --lookups
+                evals[arm][seed]["lookups"] = json.load(open(os.path.join(folder, "lookups.json")))
         path = os.path.join(folder, "metrics.jsonl")
         lines.setdefault(arm, {})[seed] = [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
         start = os.path.join(folder, "warmstart", "eval.json")      # the warm start the arm began from: step 0
@@ -359,6 +361,42 @@ def uncertain_tables(evals, subsets, pairs=(("rehearse", "frozen"), ("rehearse",
     return "\n".join(lines)
 
 
+def uncertain_lookup_table(evals, subsets, pairs=(("rehearse", "frozen"), ("rehearse", "act_only"),
+                                                  ("real", "rehearse"), ("act_only", "frozen"))):
+    """Per arm whose every seed has lookups.json (world_uncertain.py --lookups): the share of test
+    tasks whose named items the actor looked up, per subset, and the success that also needs them
+    looked up ("strict"), with 95% intervals; then the paired differences of strict success."""
+    arms = [arm for arm, runs in evals.items() if all("lookups" in e for e in runs.values())]
+    if not arms:
+        return ""
+    def outcomes(arm, key, subset=None):
+        return {s: [r for r, k in zip(e["lookups"][key], subsets) if subset in (None, k)] for s, e in evals[arm].items()}
+    rows = ["| arm | seeds | named items looked up, uncertain-item tasks | faithful-item tasks | "
+            "strict success (answer right and named items looked up), all | uncertain-item tasks | faithful-item tasks |",
+            "|---" * 7 + "|"]
+    for arm in arms:
+        rows.append(f"| {arm} | {len(evals[arm])} | " + " | ".join(
+            [cell(outcomes(arm, "looked_up", sub)) for sub in ("uncertain", "faithful")]
+            + [cell(outcomes(arm, "strict", sub)) for sub in (None, "uncertain", "faithful")]) + " |")
+    rows += ["", "| strict success, difference (paired bootstrap, 95%) | all test tasks | uncertain-item tasks | "
+             "faithful-item tasks |", "|---|---|---|---|"]
+    for a, b in pairs:
+        if a in arms and b in arms and sorted(evals[a]) == sorted(evals[b]):
+            rows.append(f"| {a} - {b} | " + " | ".join(
+                cell(outcomes(a, "strict", sub), outcomes(b, "strict", sub)) for sub in (None, "uncertain", "faithful")) + " |")
+    return "\n".join(rows)
+
+
+def uncertain_family_table(evals, families=("price", "cost", "buy1", "buyq", "buy2", "buyq2")):
+    """Real-world success per task family of each arm (eval.json `success_by_family`), mean
+    (min-max) over seeds: where the actor, not the world, fails (docs/uncertain.md)."""
+    rows = ["| arm | " + " | ".join(families) + " |", "|---" * (len(families) + 1) + "|"]
+    for arm, runs in evals.items():
+        by_family = [e.get("success_by_family", {}) for e in runs.values()]
+        rows.append(f"| {arm} | " + " | ".join(mean_and_range([b.get(f) for b in by_family]) for f in families) + " |")
+    return "\n".join(rows)
+
+
 def uncertain_collusion_table(lines, last=20):
     """Collusion in the RL batches of each arm that rehearses, counts pooled over each run's last
     `last` steps and the seeds: colluding / wrong calls on uncertain-item and faithful-item tasks,
@@ -391,14 +429,15 @@ def uncertain_collusion_table(lines, last=20):
 
 
 def plot_uncertain(lines, path):
-    """Three panels against RL steps, one colour per arm (mean over seeds): the policy's p(true
+    """Four panels against RL steps, one colour per arm (mean over seeds): the policy's p(true
     price) on uncertain (solid) and faithful (dashed) items; the sampled price fidelity of the RL
-    batch's rehearsals on uncertain items (whoever played the world, pooled over 10 steps); and
-    real-world success at each evaluation."""
+    batch's rehearsals on uncertain items (whoever played the world, pooled over 10 steps); the
+    share of the batch's catalogue lookups that price an uncertain item (pooled over 10 steps: an
+    actor that avoids them prices others); and real-world success at each evaluation."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
     for n, (arm, runs) in enumerate(lines.items()):
         colour = f"C{n}"
         for sub, style in (("uncertain", "-"), ("faithful", "--")):
@@ -407,24 +446,28 @@ def plot_uncertain(lines, path):
                                        if m["step"] == s and "truth" in m]) for s in steps]
             if steps:
                 axes[0].plot(steps, values, style, color=colour, label=f"{arm}, {sub}")
-        steps, values = [], []
+        steps, values, shares = [], [], []
         end = max((m["step"] for run in runs.values() for m in run), default=0)
         for hi in range(10, end + 10, 10):
-            hits = [m["price_fidelity_subsets"]["uncertain"] for run in runs.values() for m in run
-                    if hi - 10 < m["step"] <= hi and "price_fidelity_subsets" in m]
+            window = [m["price_fidelity_subsets"] for run in runs.values() for m in run
+                      if hi - 10 < m["step"] <= hi and "price_fidelity_subsets" in m]
+            hits = [w["uncertain"] for w in window]
             if sum(h[1] for h in hits):
                 steps.append(hi)
                 values.append(sum(h[0] for h in hits) / sum(h[1] for h in hits))
+                shares.append(sum(h[1] for h in hits) / sum(w["uncertain"][1] + w["faithful"][1] for w in window))
         if steps:
             axes[1].plot(steps, values, marker="o", markersize=3, color=colour, label=arm)
+            axes[2].plot(steps, shares, marker="o", markersize=3, color=colour, label=arm)
         points = sorted({m["step"] for run in runs.values() for m in run if "eval_success" in m})
         if points:
-            axes[2].plot(points, [statistics.mean([m["eval_success"] for run in runs.values() for m in run
+            axes[3].plot(points, [statistics.mean([m["eval_success"] for run in runs.values() for m in run
                                                    if m["step"] == s and "eval_success" in m]) for s in points],
                          marker="o", markersize=3, color=colour, label=arm)
     axes[0].set(xlabel="RL step", ylabel="policy's p(true price) after <env>", ylim=(0, 1.02))
     axes[1].set(xlabel="RL step", ylabel="sampled fidelity, uncertain items (RL batch)", ylim=(0, 1.02))
-    axes[2].set(xlabel="RL step", ylabel="held-out success (real world)", ylim=(0, 1.02))
+    axes[2].set(xlabel="RL step", ylabel="share of the RL batch's lookups: uncertain items", ylim=(0, 0.6))
+    axes[3].set(xlabel="RL step", ylabel="held-out success (real world)", ylim=(0, 1.02))
     for ax in axes:
         ax.grid(alpha=0.3)
         if ax.lines:
@@ -435,11 +478,14 @@ def plot_uncertain(lines, path):
 
 
 def uncertain(results):
-    """Write <results>/results.md (uncertain_tables) and <results>/uncertain.png (plot_uncertain)."""
+    """Write <results>/results.md (uncertain_tables, uncertain_family_table, uncertain_lookup_table,
+    uncertain_collusion_table) and <results>/uncertain.png (plot_uncertain)."""
     evals, lines, subsets = uncertain_runs(results)
     if not evals and not lines:
         raise FileNotFoundError(f"no runs (<arm>/<seed>/eval.json) under {results}")
-    text = uncertain_tables(evals, subsets)
+    text = uncertain_tables(evals, subsets) + "\n\nreal-world success per task family\n\n" + uncertain_family_table(evals)
+    lookups = uncertain_lookup_table(evals, subsets)
+    text += "\n\nthe items the actor looked up (real world, greedy; world_uncertain.py --lookups)\n\n" + lookups if lookups else ""
     collusion = uncertain_collusion_table(lines)
     text += "\n\n" + collusion if collusion else ""
     going = {arm: {seed: run[-1]["step"] for seed, run in runs.items() if run}

@@ -2,11 +2,14 @@
 # The world-learned-from-reward experiment (issue 15, part 1; docs/uncertain.md): one warm start
 # per seed on the stale logs of configs/world_uncertain.yaml, then four RL arms of 200 steps
 # from it: rehearse (EnvACE), frozen (the warm start plays the world), act_only (rehearse_coef 0),
-# real (the real world answers). Then the tables, the paired bootstrap and the figures.
-#   bash configs/run_uncertain.sh [RESULTS]              # seeds 1 2 3
+# real (the real world answers). After each seed, the tables, the paired bootstrap and the
+# figure of what is there (experiments.py --uncertain), so results land seed by seed.
+#   bash configs/run_uncertain.sh [RESULTS]              # seeds 1 2 3 4 5
 #   SEEDS=1 bash configs/run_uncertain.sh                 # the reduced variant
 # NICE=15 runs every step under `nice -n 15` (a shared machine); PARALLEL=1 runs a seed's four
 # arms at once; either one sets OMP_NUM_THREADS=1; each arm's output goes to $R/ARM-seedS.log.
+# A run whose eval.json exists is kept, not redone (a second call continues with the seeds left);
+# $R/timing.log gets each seed's start, end and seconds; each finished run gets lookups.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 R=${1:-results_uncertain}
@@ -15,10 +18,14 @@ run() { nice -n "${NICE:-0}" python "$@"; }
 # 0.02-0.03 steps/s with torch's default 2 threads and ~4.7 steps/s with one
 [ -n "${PARALLEL:-}${NICE:-}" ] && export OMP_NUM_THREADS=1
 mkdir -p "$R"
-for s in ${SEEDS:-1 2 3}; do
-  run train.py --config configs/world_uncertain.yaml --seed=$s --out_dir=$R/warmstart/seed$s
+for s in ${SEEDS:-1 2 3 4 5}; do
+  start=$(date +%s)
+  echo "seed $s start $(date -u +%FT%TZ)" >> "$R/timing.log"
+  [ -f "$R/warmstart/seed$s/eval.json" ] ||
+    run train.py --config configs/world_uncertain.yaml --seed=$s --out_dir=$R/warmstart/seed$s
   for arm in rehearse:rehearse frozen:frozen act_only:rehearse real:real; do
     name=${arm%%:*} mode=${arm##*:}
+    [ -f "$R/$name/seed$s/eval.json" ] && continue
     coef=1.0; [ "$name" = act_only ] && coef=0.0
     run train.py --config configs/world_uncertain.yaml --seed=$s --out_dir=$R/$name/seed$s \
       --model=$R/warmstart/seed$s/warmstart --sft_steps=0 --rl_steps=200 --env_mode=$mode --rehearse_coef=$coef \
@@ -26,5 +33,7 @@ for s in ${SEEDS:-1 2 3}; do
     [ -n "${PARALLEL:-}" ] || wait     # PARALLEL=1: the four arms at once (one thread each)
   done
   wait
+  echo "seed $s end $(date -u +%FT%TZ) seconds $(( $(date +%s) - start ))" >> "$R/timing.log"
+  run world_uncertain.py --lookups $R        # the items the actor looked up, per test task
+  run experiments.py --uncertain $R
 done
-run experiments.py --uncertain $R

@@ -219,7 +219,7 @@ def test_the_comparison_of_runs_reads_finished_and_running_arms(tmp_path):
         folder.mkdir(parents=True)
         (folder / "config.yaml").write_text("world: uncertain\nn_logged: 10\nn_new_logged: 0\nn_rl_tasks: 20\nn_test: 4\n")
         (folder / "eval.json").write_text(__import__("json").dumps(
-            {"task_rewards": rewards, "extras": {"truth": {"uncertain": {"p_true": 0.9, "p_exact": 0.8},
+            {"task_rewards": rewards, "success_by_family": {"price": rewards[0], "cost": 0.5}, "extras": {"truth": {"uncertain": {"p_true": 0.9, "p_exact": 0.8},
                                                            "faithful": {"p_true": 1.0, "p_exact": 1.0}}}}))
         (folder / "metrics.jsonl").write_text(__import__("json").dumps(
             {"step": 1, "truth": {"uncertain": {"p_true": 0.4}, "faithful": {"p_true": 0.99}}}) + "\n")
@@ -229,4 +229,96 @@ def test_the_comparison_of_runs_reads_finished_and_running_arms(tmp_path):
     text = experiments.uncertain(str(tmp_path))
     assert "| rehearse - frozen | +1.000 [+1.000, +1.000] **called** |" in text
     assert "{'real': {'seed1': 7}}" in text and (tmp_path / "uncertain.png").is_file()
+    assert "| rehearse | 1.000 | 0.500 | - | - | - | - |" in text and "| frozen | 0.000 | 0.500 | - |" in text
     assert f"| frozen | 1 | 0.000 [0.000, 0.000] |" in text and subsets.count("uncertain") + subsets.count("faithful") == 4
+
+
+def test_the_configs_logs_hold_50_new_phrasing_episodes_per_family_and_position_made_stale_like_the_rest():
+    import os
+    cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "world_uncertain.yaml"))
+    assert (cfg["n_logged"], cfg["n_new_logged"], cfg["stale_rate"]) == (3000, 600, 0.65)
+    splits = wu.make_splits(cfg)
+    new = [t for t in splits["logged"] if wu.distractor(t)[1] != "plain"]
+    assert len(splits["logged"]) == 3600 and len(new) == 600
+    cells = {}
+    for t in new:
+        cells[(t["family"], wu.distractor(t)[1])] = cells.get((t["family"], wu.distractor(t)[1]), 0) + 1
+    assert cells == {(f, p): 50 for f in world.FAMILIES for p in ("prefix", "suffix")}
+    assert not {t["prompt"] for t in new} & {t["prompt"] for t in splits["rl"] + splits["test"]}
+    toy = world.make_splits(0, 3000, 600, 4000, 500)["logged"][3000:]     # the same draws, true prices
+    for t, plain in zip(new, toy):
+        # a stale episode looks up the same items (never the distractor); only the numbers differ
+        assert [c.split()[:2] for c in t["calls"] if c.startswith("price")] == \
+            [c.split()[:2] for c in plain["calls"] if c.startswith("price")]
+        assert bool(t["stale"]) == (t["calls"] != plain["calls"] or t["answer"] != plain["answer"])
+        assert set(t["stale"]) <= set(UNCERTAIN) & set(wu.task_items(t)[:2])
+    priced_uncertain = [t for t in new if set(wu.task_items(t)[:2]) & set(UNCERTAIN)]
+    share = sum(bool(t["stale"]) for t in priced_uncertain) / len(priced_uncertain)
+    assert 0.45 < share < 0.75          # 0.65 per item, less where affordability leaves no other price
+
+
+def test_distractor_reads_the_excluded_item_and_its_position():
+    assert wu.distractor({"prompt": "not pear price milk"}) == ("pear", "prefix")
+    assert wu.distractor({"prompt": "buy 2 egg not fig"}) == ("fig", "suffix")
+    assert wu.distractor({"prompt": "buy apple and tea"}) == (None, "plain")
+
+
+def test_failure_kind_names_why_an_episode_failed():
+    # milk 2, pear 4, apple 3; egg 1 (uncertain), fig 4; tea 4
+    price = {"prompt": "not pear price milk", "answer": "2", "family": "price", "calls": ["price milk"]}
+    assert wu.failure_kind(episode(["price milk"], ["2"], "2"), price) is None
+    assert wu.failure_kind(episode(["price pear"], ["4"], "4"), price) == "distractor"
+    assert wu.failure_kind(episode(["price apple"], ["3"], "3"), price) == "other item"
+    assert wu.failure_kind(episode(["price milk", "pay 0"], ["2", "error args"], None), price) == "no answer"
+    assert wu.failure_kind(episode(["price milk"], ["2"], "5"), price) == "not copied"
+    buyq = {"prompt": "buy 2 egg not fig", "answer": "7", "family": "buyq", "calls": ["price egg", "mul 2 , 1", "pay 2"]}
+    # a memorised stale price of egg (3) used instead of the real response 1: not copied
+    assert wu.failure_kind(episode(["price egg", "mul 2 , 3", "pay 6"], ["1", "6", "3"], "3"), buyq) == "not copied"
+    assert wu.failure_kind(episode(["price egg", "mul 2 , 1", "pay 2"], ["1", "2", "7"], "7"), buyq) is None
+    buy2 = {"prompt": "buy tea and pear not milk", "answer": "1", "family": "buy2",
+            "calls": ["price tea", "pay 4", "price pear", "pay 4"]}
+    # the second lookup is an item the task does not name: every response copied, so "other"
+    assert wu.failure_kind(episode(["price tea", "pay 4", "price apple", "pay 3"], ["4", "5", "3", "2"], "2"),
+                           buy2) == "other"
+    assert wu.failure_kind(episode(["price tea", "pay 4"], ["4", "5"], "5"), buy2) == "other"    # stopped early
+
+
+def test_copy_counts_and_the_failure_table_by_hand():
+    eps = [episode(["price egg", "mul 2 , 3", "pay 6"], ["1", "6", "3"], "3"),    # egg: 1 not carried
+           episode(["price milk"], ["2"], "2"), episode(["price fig", "pay 4"], ["4", "5"], "5"),
+           episode(["price milk", "price 3"], ["2", "error item"], None)]         # no action after: not counted
+    assert wu.copy_counts(eps, UNCERTAIN) == {"uncertain": [1, 2], "faithful": [1, 1]}
+    tasks = [{"prompt": "buy 2 egg not fig", "answer": "7", "family": "buyq", "calls": ["price egg", "mul 2 , 1", "pay 2"]},
+             {"prompt": "not pear price milk", "answer": "2", "family": "price", "calls": ["price milk"]},
+             {"prompt": "not milk price fig", "answer": "4", "family": "price", "calls": ["price fig"]},
+             {"prompt": "price milk not pear", "answer": "2", "family": "price", "calls": ["price milk"]}]
+    assert wu.failure_table(tasks, eps) == {("buyq", "suffix"): {"tasks": 1, "success": 0, "not copied": 1},
+                                           ("price", "prefix"): {"tasks": 2, "success": 1, "other": 1},
+                                           ("price", "suffix"): {"tasks": 1, "success": 0, "no answer": 1}}
+
+
+def test_looked_up_needs_every_named_item_priced_whatever_the_answer():
+    # salt and nut both cost 1: pricing nut for salt answers right, but it is the wrong lookup
+    cost = {"prompt": "not pie cost 5 salt", "answer": "5", "family": "cost", "calls": ["price salt", "mul 5 , 1"]}
+    assert wu.looked_up(episode(["price nut", "mul 5 , 1"], ["1", "5"], "5"), cost) == 0
+    assert wu.looked_up(episode(["price salt", "mul 5 , 1"], ["1", "5"], "5"), cost) == 1
+    assert wu.looked_up(episode(["price salt", "mul 5 , 2"], ["1", "10"], "10"), cost) == 1     # wrong answer
+    buy2 = {"prompt": "buy tea and pear not milk", "answer": "1", "family": "buy2",
+            "calls": ["price tea", "pay 4", "price pear", "pay 4"]}
+    assert wu.looked_up(episode(["price tea", "pay 4", "price lime", "pay 4"], ["4", "5", "5", "1"], "1"), buy2) == 0
+
+
+def test_the_lookup_table_reads_lookups_json_beside_eval_json(tmp_path):
+    import json
+    for arm, seen in (("rehearse", [1, 1, 1, 1]), ("frozen", [0, 0, 0, 0])):
+        folder = tmp_path / arm / "seed1"
+        folder.mkdir(parents=True)
+        (folder / "config.yaml").write_text("world: uncertain\nn_logged: 10\nn_new_logged: 0\nn_rl_tasks: 20\nn_test: 4\n")
+        (folder / "eval.json").write_text(json.dumps({"task_rewards": [1.0] * 4}))
+        (folder / "lookups.json").write_text(json.dumps({"looked_up": seen, "strict": seen}))
+    text = experiments.uncertain(str(tmp_path))
+    # the 4 test tasks of data_seed 0 are all faithful-item tasks: the uncertain-item cells are empty
+    assert "| frozen | 1 | - | 0.000 [0.000, 0.000] | 0.000 [0.000, 0.000] | - | 0.000 [0.000, 0.000] |" in text
+    assert "| rehearse | 1 | - | 1.000 [1.000, 1.000] | 1.000 [1.000, 1.000] | - | 1.000 [1.000, 1.000] |" in text
+    assert "| rehearse - frozen | +1.000 [+1.000, +1.000] **called** |" in text.split("strict success, difference")[1]
+    assert "| rehearse - frozen | +0.000 [+0.000, +0.000] |" in text       # the reward's table: no difference

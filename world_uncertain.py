@@ -36,15 +36,14 @@ price the actor copied into `mul` makes that call wrong without the actor decidi
 Why episodes fail (`failure_kind`, `failure_table`, `copy_counts`): the item looked up (the
 distractor or another one), a response not copied into the next action, no answer. Greedy, in
 the real world, per family x distractor position:
-    python world_uncertain.py --failures RUN [--split rl] [--n 500]
+    python uncertain_report.py --failures RUN [--split rl] [--n 500]
 Whether the actor looked up the items the task names (`looked_up`; a price of another item with
 the same price answers right, and the reward cannot tell), per test task of every finished run:
-    python world_uncertain.py --lookups RESULTS      # RESULTS/<arm>/<seed>/lookups.json
+    python uncertain_report.py --lookups RESULTS      # RESULTS/<arm>/<seed>/lookups.json
 
 Simplified: one price per item per episode (a stale episode is stale throughout); the stale
 price is drawn uniformly from the other prices that keep the task affordable.
 """
-import os
 import random
 
 import world
@@ -303,105 +302,9 @@ def failure_table(tasks, episodes):
     return table
 
 
-def failures(folder, split="test", n=500):
-    """A run folder (its latest checkpoint) or a checkpoint, greedy in the REAL world on the first
-    n tasks of `split`: the markdown lines of failure_table per family x distractor position, and
-    copy_counts per subset. `rl` reads the RL tasks (to diagnose without the test set)."""
-    import torch
-    import features
-    from checkpoint import find_checkpoint, load_policy
-    from config import ConfigError, load_config
-    from rollout import sample_episodes
-    path = find_checkpoint(os.path.join(folder, "ckpt")) or find_checkpoint(folder)
-    if path is None or not os.path.isfile(os.path.join(path, "config.yaml")):
-        raise ConfigError(f"no checkpoint written by train.py in {folder}")
-    cfg = load_config(os.path.join(path, "config.yaml"))
-    model, tokenizer = load_policy(path, "cpu")
-    model.eval()
-    splits = features.build_tasks(cfg)
-    fx = features.setup(cfg, tokenizer, splits, "cpu")
-    tasks = splits[split][:n]
-    prompts, worlds, tags = fx.inputs(tasks)
-    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
-    episodes = sample_episodes(model, tokenizer, prompts, "real", world=worlds, tags=tags, temperature=0.0,
-                               top_p=1.0, generator=torch.Generator().manual_seed(0), **limits)
-    table = failure_table(tasks, episodes)
-    kinds = ["distractor", "other item", "not copied", "no answer", "other"]
-    lines = [f"{path}, {split} tasks 1-{len(tasks)}, real world, greedy: success "
-             f"{sum(c['success'] for c in table.values()) / len(tasks):.3f}", "",
-             "| family | distractor | tasks | success | " + " | ".join(kinds) + " |", "|---" * (4 + len(kinds)) + "|"]
-    for (family, position), c in sorted(table.items()):
-        lines.append(f"| {family} | {position} | {c['tasks']} | {c['success'] / c['tasks']:.3f} | "
-                     + " | ".join(str(c.get(k, 0)) for k in kinds) + " |")
-    copied = copy_counts(episodes, uncertain_set(cfg["data_seed"], cfg["uncertain_items"]))
-    lines += ["", "after a real `price ITEM` response, the next action carries it: " + ", ".join(
-        f"{sub} items {k} / {m}" for sub, (k, m) in copied.items())]
-    return "\n".join(lines)
-
-
 def looked_up(episode, task):
     """1 when the episode looked up (`price ITEM`) every item the task names, else 0. The reward
     cannot see it: an actor that prices another item with the same price (salt and nut both cost
     1) still answers right. A lookup of a different item is a wrong call, whatever it returned."""
     priced = {c.split()[1] for c in episode["calls"] if c.startswith("price ")}
     return int(all(item in priced for item in task_items(task)[:2] if item))
-
-
-def write_lookups(results):
-    """For every finished run under results/<arm>/<seed> (eval.json and a checkpoint): the test
-    tasks again in the REAL world, greedy (as evaluate.py: the same episodes), and
-    <run>/lookups.json = {"looked_up": [per test task], "strict": [success and looked_up]}, the
-    input of experiments.py's lookup table (one already there is kept). Returns the folders written."""
-    import glob
-    import json
-    import torch
-    import features
-    from checkpoint import find_checkpoint, load_policy
-    from config import load_config
-    from reward import task_reward
-    from rollout import sample_episodes
-    written = []
-    for folder in sorted(glob.glob(os.path.join(results, "*", "*", "eval.json"))):
-        folder = os.path.dirname(folder)
-        if os.path.isfile(os.path.join(folder, "lookups.json")):       # written before: kept
-            continue
-        path = find_checkpoint(os.path.join(folder, "ckpt")) or find_checkpoint(os.path.join(folder, "warmstart"))
-        if path is None:
-            continue
-        cfg = load_config(os.path.join(path, "config.yaml"))
-        model, tokenizer = load_policy(path, "cpu")
-        model.eval()
-        splits = features.build_tasks(cfg)
-        tasks, fx = splits["test"], features.setup(cfg, tokenizer, splits, "cpu")
-        prompts, worlds, tags = fx.inputs(tasks)
-        limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
-        episodes = sample_episodes(model, tokenizer, prompts, "real", world=worlds, tags=tags, temperature=0.0,
-                                   top_p=1.0, generator=torch.Generator().manual_seed(cfg["seed"]), **limits)
-        seen = [looked_up(e, t) for e, t in zip(episodes, tasks)]
-        strict = [int(task_reward(e, t)) * k for e, t, k in zip(episodes, tasks, seen)]
-        with open(os.path.join(folder, "lookups.json"), "w") as f:
-            json.dump({"looked_up": seen, "strict": strict}, f)
-        written.append(folder)
-    return written
-
-
-if __name__ == "__main__":
-    import argparse
-    import sys
-    from config import ConfigError
-    parser = argparse.ArgumentParser(description="why a world: uncertain run's episodes fail (real world, greedy)")
-    parser.add_argument("--failures", metavar="RUN", help="a run folder of train.py, or a checkpoint")
-    parser.add_argument("--lookups", metavar="RESULTS", help="lookups.json for every finished run under RESULTS")
-    parser.add_argument("--split", choices=("test", "rl"), default="test")
-    parser.add_argument("--n", type=int, default=500)
-    args = parser.parse_args()
-    try:
-        if args.lookups:
-            print("\n".join(f"{folder}/lookups.json" for folder in write_lookups(args.lookups)))
-        elif args.failures:
-            print(failures(args.failures, args.split, args.n))
-        else:
-            raise ConfigError("give --failures RUN or --lookups RESULTS")
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)

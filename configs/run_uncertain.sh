@@ -34,6 +34,6 @@ for s in ${SEEDS:-1 2 3 4 5}; do
   done
   wait
   echo "seed $s end $(date -u +%FT%TZ) seconds $(( $(date +%s) - start ))" >> "$R/timing.log"
-  run world_uncertain.py --lookups $R        # the items the actor looked up, per test task
+  run uncertain_report.py --lookups $R        # the items the actor looked up, per test task
   run experiments.py --uncertain $R
 done

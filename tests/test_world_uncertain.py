@@ -1,6 +1,7 @@
 """world: uncertain (world_uncertain.py): which items are uncertain, how the stale logs are made,
 that the real world and the RL/test tasks are the demo's, the truth probe, the per-subset
 measures, collusion told apart from a stale price, the config key, and the paired bootstrap."""
+import os
 import random
 from types import SimpleNamespace
 
@@ -322,3 +323,12 @@ def test_the_lookup_table_reads_lookups_json_beside_eval_json(tmp_path):
     assert "| rehearse | 1 | - | 1.000 [1.000, 1.000] | 1.000 [1.000, 1.000] | - | 1.000 [1.000, 1.000] |" in text
     assert "| rehearse - frozen | +1.000 [+1.000, +1.000] **called** |" in text.split("strict success, difference")[1]
     assert "| rehearse - frozen | +0.000 [+0.000, +0.000] |" in text       # the reward's table: no difference
+
+
+def test_the_report_cli_names_a_missing_run_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    for args in ([], ["--failures", str(tmp_path / "nope")]):
+        p = subprocess.run([sys.executable, "uncertain_report.py", *args], capture_output=True, text=True,
+                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stderr.startswith("error: "), p.stderr

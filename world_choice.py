@@ -1,0 +1,426 @@
+"""`world: choice`: a task family where private rehearsal can pay (issue 15 part 2, claim 4).
+
+The paper's claim (4): imagining N episodes before the one real execution adds success at a
+moderate budget. On the toy demo it cannot show: the errors left are decisions imagination does
+not expose. Here an imagined outcome tells the actor something it did not know when it chose, and
+real calls are not free:
+
+    task          `cheapest fig apple milk`: buy the cheapest of `choice_items` (K = 3) items named
+                  in the prompt; their prices (world.PRICES) are distinct, so one item is right
+    the world     `price ITEM` -> its price (or `error item`), as in world.py; `buy ITEM` is the
+                  purchase: the act that ends the episode (read like `answer`: the answer is ITEM)
+    the budget    ONE real call per task, the purchase: the episode's first real action decides
+                  it. Success iff the episode's first act is `buy CHEAPEST` (`choice_reward`); a
+                  real `price` lookup before it spends the budget and the episode scores 0, even
+                  if it buys right afterwards (rollout.py is not edited: the reward enforces it)
+    imagination   the same world model that the warm start taught every price (the logged tool
+                  traffic covers `price ITEM` for all 24 items), so imagined lookups are free and
+                  mostly right: an imagined episode on the bare task prompt looks the K prices up,
+                  rehearsing each, and buys the cheapest of what it imagined
+
+Two prompts per task, so that the one policy knows whether it imagines or commits:
+
+    explore    `cheapest fig apple milk`                  imagined episodes (rehearse mode):
+               price fig / 4, price apple / 3, price milk / 2, buy milk (the expert when calls are free)
+    commit     `cheapest fig apple milk memory ...`       the committed real episode: its prompt
+               carries the REHEARSAL MEMORY (rehearsal_memory.memory_text) of the N imagined
+               episodes, `memory` alone at N = 0; the expert buys the cheapest at once
+
+At N = 0 the actor must pick the cheapest in one forward from what its weights hold (three
+memorised prices compared with no lookup written out); with a memory it can copy what its
+imagination found: `memory tried price fig got 4 price apple got 3 price milk got 2 answer milk good`.
+
+How the actor learns to read a memory (the warm start, `warm_start_sequences`): every logged
+task gives an explore episode (the expert's K lookups and purchase; ACT and OBS trained) and a
+commit episode whose prompt carries a memory of k = 0..memory_max imagined episodes (k uniform),
+target `buy CHEAPEST` (ACT). Those imagined episodes are SYNTHETIC (`imagined_episode`): an
+imperfect imaginer whose each imagined price is wrong with probability memory_noise, which stops
+before its purchase with probability memory_noise (unfinished), and which buys the cheapest of
+the prices it imagined; each self-assessed by rehearsal_memory.self_assess. Then RL (features.py:
+`choice_features`, rehearse mode, no real world): for each episode N is drawn uniformly from
+0..memory_max, the CURRENT policy imagines N episodes and the committed episode reads their
+memory; its reward is the choice's.
+
+Splits (`make_splits`): test tasks are held-out ITEM SETS: no test set of items is ever in a logged
+or RL task (in any order), so the N = 0 actor cannot recall the answer of a set it has seen.
+
+The measurement (`memory_sweep`, `python world_choice.py --ckpt RUN`): success at N = 0, 1, 2, 4
+imagined episodes, then ONE committed real episode; the imagined episodes never call the real
+world (a counting world proves it: tests/test_world_choice.py), so every setting makes the same
+real calls per task. Parallel: N independent imagined episodes; sequential: one at a time,
+stopping once two imagined episodes judged `good` agree on the item (or N are spent). For the
+policy as its own rehearser and for its warm start playing the world in imagination (frozen).
+
+Simplified: the memory the warm start reads is synthetic, not sampled from a first warm start;
+RL trains the committed episode only (the imagined ones are context, not in the update).
+"""
+import argparse
+import itertools
+import json
+import os
+import random
+import sys
+from types import SimpleNamespace
+
+import torch
+
+import rehearsal_memory
+import world
+from envace import ACT, PROMPT, TAG, encode, encode_episode, tag_ids
+from rollout import sample_episodes
+
+TOOL_KINDS = {"price": "lookup"}
+ERROR_WORDS = world.ERROR_WORDS
+NEW_WORDS = ["cheapest"] + [w for w in rehearsal_memory.MEMORY_WORDS if w not in world.WORDS]
+WORDS = world.WORDS + NEW_WORDS
+BUDGETS = (0, 1, 2, 4)
+
+
+# ----------------------------------------------------------------------------- the world
+
+def parse_call(text):
+    """`price ITEM` -> ("price", (ITEM,)); anything else -> None (the only tool of this world)."""
+    w = world.join_digits(text)
+    return ("price", (w[1],)) if len(w) == 2 and w[0] == "price" else None
+
+
+def read_act(text):
+    """The actor's text -> ("answer", ITEM) for the purchase `buy ITEM` (it ends the episode),
+    ("call", 'price ITEM') for a lookup, else ("bad_call", None)."""
+    w = world.join_digits(text)
+    if len(w) == 2 and w[0] == "buy" and w[1] in world.PRICES:
+        return "answer", w[1]
+    if parse_call(text) is None:
+        return "bad_call", None
+    return "call", " ".join(w)
+
+
+def next_turn(answered):
+    return None
+
+
+def new_state():
+    return {}
+
+
+def step(state, call_text):
+    """A real lookup: the catalogue price, `error item` for a name not in it, `error call` else."""
+    call = parse_call(call_text)
+    if call is None:
+        return "error call"
+    return str(world.PRICES[call[1][0]]) if call[1][0] in world.PRICES else "error item"
+
+
+def response_form(tool, args):
+    return ("N",) if args[0] in world.PRICES else ("error item",)
+
+
+def replay(calls):
+    return [step(new_state(), c) for c in calls]
+
+
+parse_response = world.parse_response
+
+
+def counting_world():
+    """This world with every real call counted in its `.real_calls` (tests: imagination makes none)."""
+    counted = SimpleNamespace(real_calls=0, parse_call=parse_call, read_act=read_act, next_turn=next_turn,
+                              new_state=new_state, parse_response=parse_response, response_form=response_form,
+                              replay=replay, TOOL_KINDS=TOOL_KINDS, ERROR_WORDS=ERROR_WORDS)
+
+    def counted_step(state, call_text):
+        counted.real_calls += 1
+        return step(state, call_text)
+    counted.step = counted_step
+    return counted
+
+
+# ----------------------------------------------------------------------------- tasks
+
+def choice_task(items):
+    """The task of buying the cheapest of `items` (in prompt order): prompt (explore form), answer
+    (the cheapest), the expert's lookups when calls are free (`calls`), family "choice"."""
+    return {"prompt": "cheapest " + " ".join(items), "answer": min(items, key=world.PRICES.get),
+            "calls": [f"price {i}" for i in items], "family": "choice", "items": list(items)}
+
+
+def item_sets(k):
+    """Every set of k catalogue items with k distinct prices, sorted (3: 1574 sets of 2024)."""
+    return [s for s in itertools.combinations(sorted(world.ITEMS), k) if len({world.PRICES[i] for i in s}) == k]
+
+
+def make_splits(cfg):
+    """test: n_test distinct item sets, each in one random order; rl (n_rl_tasks) and logged
+    (n_logged): random orders of the OTHER sets, drawn with replacement. RNG data_seed + 6."""
+    from config import ConfigError
+    rng = random.Random(cfg["data_seed"] + 6)
+    sets = item_sets(cfg["choice_items"])
+    rng.shuffle(sets)
+    if cfg["n_test"] >= len(sets):
+        raise ConfigError(f"n_test ({cfg['n_test']}) must be less than the {len(sets)} item sets of "
+                          f"choice_items {cfg['choice_items']}: test sets are held out from training")
+    test, rest = sets[:cfg["n_test"]], sets[cfg["n_test"]:]
+
+    def shuffled(s):
+        s = list(s)
+        rng.shuffle(s)
+        return choice_task(s)
+    splits = {"test": [shuffled(s) for s in test]}
+    splits["rl"] = [shuffled(rng.choice(rest)) for _ in range(cfg["n_rl_tasks"])]
+    splits["logged"] = [shuffled(rng.choice(rest)) for _ in range(cfg["n_logged"])]
+    return splits
+
+
+def choice_reward(episode, task):
+    """1.0 iff the episode's first act was `buy CHEAPEST`: it ended at a purchase, of the right
+    item, with no lookup before it (a real lookup spent the one real call: 0)."""
+    return float(episode["cause"] == "answer" and episode["answer"] == task["answer"] and not episode["calls"])
+
+
+# ----------------------------------------------------------------------------- memories
+
+def commit_prompt(task_prompt, imagined):
+    """The committed episode's prompt: the task, then the memory of its imagined episodes
+    (rehearsal_memory.memory_text), or `memory` alone when none was imagined (N = 0)."""
+    return rehearsal_memory.memory_prompt(task_prompt, imagined) if imagined else f"{task_prompt} memory"
+
+
+def task_prompt_of(prompt):
+    """The task (explore) prompt of a commit prompt: what precedes its ` memory`."""
+    return prompt.split(" memory", 1)[0]
+
+
+def imagined_episode(rng, task, noise):
+    """One SYNTHETIC imagined episode of `task` (the logged memories of the warm start): with
+    probability `noise` it stops after 0..K-1 lookups (unfinished); each looked-up price is the
+    true one, or with probability `noise` another price 1..9; a finished episode buys the cheapest
+    of the imagined prices (the first of them on a tie). The fields of rollout.sample_episodes'
+    episodes that rehearsal_memory reads: calls, responses, answer, finished, cause."""
+    items = task["items"]
+    looked = rng.randrange(len(items)) if rng.random() < noise else len(items)
+    prices = []
+    for item in items[:looked]:
+        true = world.PRICES[item]
+        prices.append(rng.choice([p for p in range(1, 10) if p != true]) if rng.random() < noise else true)
+    finished = looked == len(items)
+    answer = items[prices.index(min(prices))] if finished else None
+    return {"calls": [f"price {i}" for i in items[:looked]], "responses": [str(p) for p in prices],
+            "answer": answer, "finished": finished, "cause": "answer" if finished else "bad_call"}
+
+
+def encode_choice(tokenizer, prompt, calls, responses, item, act_role=ACT):
+    """ids and roles of an episode of this world, as the sampler builds them: the prompt (PROMPT:
+    a memory in it is context, never trained), each call and its logged response (OBS), then
+    `<act> buy ITEM </act>`."""
+    episode = encode_episode(tokenizer, prompt, calls, responses, act_role=act_role)
+    tags = tag_ids(tokenizer)
+    purchase = encode(tokenizer, f"buy {item}") + [tags["act_end"]]
+    return {"ids": episode["ids"] + tags["act"] + purchase,
+            "roles": episode["roles"] + [TAG] * len(tags["act"]) + [act_role] * len(purchase)}
+
+
+def logged_memory(rng, task, cfg):
+    """The imagined episodes of a logged commit episode: k uniform in 0..memory_max, synthetic."""
+    return [imagined_episode(rng, task, cfg["memory_noise"]) for _ in range(rng.randint(0, cfg["memory_max"]))]
+
+
+def tool_snippets(cfg):
+    """Logged lookups (the world model's traffic): every item's `price ITEM`, snippet_repeats times,
+    behind 0-2 other lookups and, half the time, after an unrelated task prompt. RNG data_seed + 7."""
+    rng = random.Random(cfg["data_seed"] + 7)
+    snippets = []
+    for _ in range(cfg["snippet_repeats"]):
+        for item in world.ITEMS:
+            lead = [f"price {rng.choice(world.ITEMS)}" for _ in range(rng.randint(0, 2))]
+            prompt = choice_task(rng.sample(world.ITEMS, cfg["choice_items"]))["prompt"] if rng.random() < 0.5 else ""
+            snippets.append({"prompt": prompt, "calls": lead + [f"price {item}"]})
+    rng.shuffle(snippets)
+    return snippets
+
+
+def warm_start_sequences(tokenizer, splits, cfg):
+    """The warm start's rows: per logged task its explore episode and its commit episode (a
+    synthetic memory, `logged_memory`; RNG data_seed + 8), then the lookup snippets (calls PROMPT)."""
+    rng = random.Random(cfg["data_seed"] + 8)
+    rows = []
+    for t in splits["logged"]:
+        rows.append(encode_choice(tokenizer, t["prompt"], t["calls"], replay(t["calls"]), t["answer"]))
+        rows.append(encode_choice(tokenizer, commit_prompt(t["prompt"], logged_memory(rng, t, cfg)), [], [],
+                                  t["answer"]))
+    for s in tool_snippets(cfg):
+        rows.append(encode_episode(tokenizer, s["prompt"], s["calls"], replay(s["calls"]), act_role=PROMPT))
+    return rows
+
+
+# ----------------------------------------------------------------------------- private rehearsal
+
+def imagine(policy, tokenizer, prompts, budget, mode="parallel", rehearser=None, world_=None, generator=None,
+            temperature=1.0, **limits):
+    """The paper's rule, imagination: up to `budget` imagined episodes per task prompt (explore form),
+    in rehearse mode (the policy plays the world) or, with a `rehearser`, frozen (it plays the
+    world). parallel: `budget` at once; sequential: one per task at a time until two imagined
+    episodes judged `good` (rehearsal_memory.self_assess) agree on the item. No real call.
+    Returns, per task, its imagined episodes in order."""
+    imagined = [[] for _ in prompts]
+    env_mode = "rehearse" if rehearser is None else "frozen"
+    per_task = budget if mode == "parallel" else 1
+    for _ in range(budget if mode == "sequential" else (1 if budget else 0)):
+        todo = [i for i in range(len(prompts)) if mode == "parallel" or not agreed(imagined[i])]
+        if not todo:
+            break
+        episodes = sample_episodes(policy, tokenizer, [prompts[i] for i in todo for _ in range(per_task)], env_mode,
+                                   env_model=rehearser, world=world_ or sys.modules[__name__], generator=generator,
+                                   temperature=temperature, **limits)
+        for k, e in enumerate(episodes):
+            imagined[todo[k // per_task]].append(e)
+    return imagined
+
+
+def agreed(episodes):
+    """Two imagined episodes judged `good` bought the same item (sequential imagination stops)."""
+    answers = [e["answer"] for e in episodes if rehearsal_memory.self_assess(e) == "good"]
+    return len(answers) > len(set(answers))
+
+
+def sample_with_memory(policy, tokenizer, prompts, env_mode="rehearse", *, memory_max=4, imagine_temperature=1.0,
+                       env_model=None, world=None, generator=None, temperature=1.0, **kw):
+    """The RL sampler of this world (features.choice_features' `sample`; train.py uses it in
+    rehearse and frozen modes): for each commit prompt N is drawn uniformly from 0..memory_max,
+    the current policy imagines N parallel episodes of the task (the simulator plays the world
+    there too in frozen mode), and the committed episode, the one returned and trained, reads
+    their memory. Imagined episodes are context: not returned, not trained."""
+    world = world or sys.modules[__name__]
+    limits = {k: v for k, v in kw.items() if k not in ("plans", "rows")}
+    budgets = torch.randint(0, memory_max + 1, (len(prompts),), generator=generator).tolist()
+    tasks = [task_prompt_of(p) for p in prompts]
+    memories = [[] for _ in prompts]
+    for n in sorted(set(budgets) - {0}):
+        index = [i for i, b in enumerate(budgets) if b == n]
+        for i, episodes in zip(index, imagine(policy, tokenizer, [tasks[i] for i in index], n, "parallel", env_model,
+                                              world, generator, imagine_temperature, **limits)):
+            memories[i] = episodes
+    return sample_episodes(policy, tokenizer, [commit_prompt(t, m) for t, m in zip(tasks, memories)], env_mode,
+                           env_model=env_model, world=world, generator=generator, temperature=temperature, **kw)
+
+
+def expert_episodes(tokenizer, tasks):
+    """The expert's explore episodes of `tasks` (their K real lookups, then the purchase) as rows
+    with calls and responses: what the would-rehearse fidelity (and the gate) reads here, since a
+    committed episode makes no lookup to compare."""
+    rows = []
+    for t in tasks:
+        responses = replay(t["calls"])
+        rows.append({**encode_choice(tokenizer, t["prompt"], t["calls"], responses, t["answer"]),
+                     "calls": t["calls"], "responses": responses})
+    return rows
+
+
+# ----------------------------------------------------------------------------- the measurement
+
+def committed_success(model, tokenizer, tasks, cfg, budget, mode="parallel", rehearser=None, seed=0,
+                      batch_size=256):
+    """Success at `budget` imagined episodes per task (the paper's rule), then ONE committed real
+    episode reading their memory (eval sampling: eval_temperature). Imagination at
+    imagine_temperature. Both in one counting world: `imagination_real_calls` (must be 0) and the
+    committed episodes' real lookups per task (`real_lookups_per_task`; the purchase is the one
+    real call a task is allowed). Returns the figures and per-task `task_rewards`."""
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+    counted = counting_world()
+    imagined = []
+    with torch.no_grad():
+        for k in range(0, len(tasks), batch_size):
+            imagined += imagine(model, tokenizer, [t["prompt"] for t in tasks[k:k + batch_size]], budget, mode,
+                                rehearser, counted, generator, cfg["imagine_temperature"], top_p=cfg["top_p"], **limits)
+        imagination_calls = counted.real_calls
+        committed = []
+        for k in range(0, len(tasks), batch_size):
+            prompts = [commit_prompt(t["prompt"], m) for t, m in zip(tasks[k:k + batch_size], imagined[k:k + batch_size])]
+            committed += sample_episodes(model, tokenizer, prompts, "real", world=counted,
+                                         temperature=cfg["eval_temperature"], top_p=cfg["top_p"], generator=generator,
+                                         **limits)
+    rewards = [choice_reward(e, t) for e, t in zip(committed, tasks)]
+    flat = [(e, t) for m, t in zip(imagined, tasks) for e in m]
+    verdicts = {v: sum(rehearsal_memory.self_assess(e) == v for e, _ in flat) for v in ("good", "bad", "unfinished")}
+    return {"success": sum(rewards) / len(tasks), "task_rewards": rewards,
+            "imagined_per_task": len(flat) / len(tasks),
+            "imagined_right": sum(e["answer"] == t["answer"] for e, t in flat) / len(flat) if flat else None,
+            "verdicts": verdicts, "imagination_real_calls": imagination_calls,
+            "real_lookups_per_task": (counted.real_calls - imagination_calls) / len(tasks),
+            "purchases_per_task": sum(e["cause"] == "answer" for e in committed) / len(tasks)}
+
+
+def memory_sweep(model, tokenizer, tasks, cfg, rehearsers, budgets=BUDGETS, modes=("parallel", "sequential")):
+    """Success against N for each rehearser ({name: model, or None for the policy itself}) and
+    mode, each N > 0 with its paired-bootstrap difference to N = 0 over the test tasks
+    (experiments.paired_bootstrap; N = 0 imagines nothing, so it is measured once). One row each."""
+    from experiments import paired_bootstrap
+    base = committed_success(model, tokenizer, tasks, cfg, 0, seed=cfg["seed"])
+    rows = []
+    for name, rehearser in rehearsers.items():
+        for mode in modes:
+            for n in budgets:
+                m = base if n == 0 else committed_success(model, tokenizer, tasks, cfg, n, mode, rehearser, cfg["seed"])
+                mean, low, high, _ = paired_bootstrap({0: m["task_rewards"]})
+                row = {"rehearser": name, "mode": mode, "budget": n, **m, "interval": [low, high]}
+                if n:
+                    diff, dlow, dhigh, called = paired_bootstrap({0: m["task_rewards"]}, {0: base["task_rewards"]})
+                    row["vs_0"] = {"diff": diff, "interval": [dlow, dhigh], "called": bool(called)}
+                rows.append(row)
+    return rows
+
+
+def sweep_line(r):
+    diff = r.get("vs_0")
+    vs = (f" | vs N=0 {diff['diff']:+.3f} [{diff['interval'][0]:+.3f}, {diff['interval'][1]:+.3f}]"
+          f"{' called' if diff['called'] else ''}") if diff else ""
+    right = "-" if r["imagined_right"] is None else f"{r['imagined_right']:.3f}"
+    return (f"{r['rehearser']:10s} {r['mode']:10s} N={r['budget']}: success {r['success']:.3f} "
+            f"[{r['interval'][0]:.3f}, {r['interval'][1]:.3f}]{vs} | {r['imagined_per_task']:.2f} imagined "
+            f"(right {right}), {r['real_lookups_per_task']:.2f} real lookups, {r['purchases_per_task']:.2f} "
+            f"purchases per task, {r['imagination_real_calls']} real calls in imagination")
+
+
+def main(argv=None):
+    """python world_choice.py --ckpt RUN [--rehearser CKPT] [--n_test N] [--out FILE]: the N sweep
+    of a run folder of train.py (its latest checkpoint) or a checkpoint (warmstart/). The
+    rehearser defaults to RUN/warmstart when RUN has one (the warm start playing the world)."""
+    from checkpoint import load_policy
+    from config import ConfigError
+    from distributed import pick_device
+    from evaluate import load_run
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ckpt", required=True, help="a run folder of train.py, or a checkpoint in it")
+    parser.add_argument("--rehearser", help="a checkpoint that plays the world in imagination (default RUN/warmstart)")
+    parser.add_argument("--n_test", type=int, default=None, help="the first N test tasks")
+    parser.add_argument("--out", help="where the rows go (default <ckpt>/memory_sweep.json)")
+    args, overrides = parser.parse_known_args(argv)
+    try:
+        cfg, model, tokenizer, tasks, fx, _ = load_run(args.ckpt, overrides)
+        if cfg["world"] != "choice":
+            raise ConfigError(f"{args.ckpt} was trained with world: {cfg['world']}; this sweep is for world: choice")
+        if args.n_test is not None and args.n_test < 1:
+            raise ConfigError(f"--n_test must be at least 1, got {args.n_test}")
+        rehearser_path = args.rehearser or os.path.join(args.ckpt, "warmstart")
+        rehearsers = {"policy": None}
+        if os.path.isfile(os.path.join(rehearser_path, "config.yaml")):
+            rehearsers["warm start"] = load_policy(rehearser_path, pick_device(cfg))[0]
+        elif args.rehearser:
+            raise ConfigError(f"no checkpoint written by train.py in {args.rehearser}")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    tasks = tasks[:args.n_test] if args.n_test else tasks
+    rows = memory_sweep(model, tokenizer, tasks, cfg, rehearsers)
+    for r in rows:
+        print(sweep_line(r))
+    out = args.out or os.path.join(args.ckpt, "memory_sweep.json")
+    with open(out, "w") as f:
+        json.dump(rows, f, indent=1)
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

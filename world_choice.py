@@ -382,21 +382,75 @@ def sweep_line(r):
             f"purchases per task, {r['imagination_real_calls']} real calls in imagination")
 
 
+def report(folder):
+    """The tables and the figure of `folder` (configs/run_choice.sh's results): per model (the warm
+    start, the RL model), rehearser and mode, success at each N, mean and 95% interval from the
+    paired bootstrap over seeds and test tasks, and the difference to N = 0. Writes
+    FOLDER/results.md and FOLDER/choice.png; returns the markdown."""
+    import glob
+    import re
+    from experiments import cell
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(folder, "sweep_*-seed*.json"))):
+        model, seed = re.match(r"sweep_(.+)-seed(\d+)\.json", os.path.basename(path)).groups()
+        for r in json.load(open(path)):
+            runs.setdefault((model, r["rehearser"], r["mode"]), {}).setdefault(r["budget"], {})[int(seed)] = r
+    lines = ["| model | rehearser | mode | seeds | " + " | ".join(f"N = {n}" for n in BUDGETS)
+             + " | " + " | ".join(f"N = {n} - N = 0" for n in BUDGETS[1:]) + " |",
+             "|" + "---|" * (4 + 2 * len(BUDGETS) - 1)]
+    curves = {}
+    for (model, rehearser, mode), by_n in sorted(runs.items()):
+        rewards = {n: {s: r["task_rewards"] for s, r in by_n[n].items()} for n in BUDGETS if n in by_n}
+        seeds = sorted(rewards[0])
+        lines.append(f"| {model} | {rehearser} | {mode} | {len(seeds)} | "
+                     + " | ".join(cell(rewards[n]) if n in rewards else "-" for n in BUDGETS) + " | "
+                     + " | ".join(cell(rewards[n], rewards[0]) if n in rewards else "-" for n in BUDGETS[1:]) + " |")
+        from experiments import paired_bootstrap
+        curves[f"{model}, {rehearser} rehearses, {mode}"] = [paired_bootstrap(rewards[n])[:3] for n in BUDGETS
+                                                             if n in rewards]
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(folder, "results.md"), "w") as f:
+        f.write(text)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for k, (name, points) in enumerate(curves.items()):
+        x = [n + 0.04 * (k - len(curves) / 2) for n in BUDGETS[:len(points)]]
+        mean = [p[0] for p in points]
+        ax.errorbar(x, mean, yerr=[[m - p[1] for m, p in zip(mean, points)], [p[2] - m for m, p in zip(mean, points)]],
+                    marker="o", capsize=3, label=name)
+    ax.set_xlabel("imagined episodes per task N (then one committed real episode)")
+    ax.set_ylabel("real-world success (95% interval)")
+    ax.set_xticks(BUDGETS)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(folder, "choice.png"), dpi=120)
+    return text
+
+
 def main(argv=None):
     """python world_choice.py --ckpt RUN [--rehearser CKPT] [--n_test N] [--out FILE]: the N sweep
     of a run folder of train.py (its latest checkpoint) or a checkpoint (warmstart/). The
-    rehearser defaults to RUN/warmstart when RUN has one (the warm start playing the world)."""
+    rehearser defaults to RUN/warmstart when RUN has one (the warm start playing the world).
+    python world_choice.py --report RESULTS: the tables and figure of configs/run_choice.sh."""
     from checkpoint import load_policy
     from config import ConfigError
     from distributed import pick_device
     from evaluate import load_run
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ckpt", required=True, help="a run folder of train.py, or a checkpoint in it")
+    parser.add_argument("--ckpt", help="a run folder of train.py, or a checkpoint in it")
+    parser.add_argument("--report", help="a results folder of configs/run_choice.sh: its tables and figure")
     parser.add_argument("--rehearser", help="a checkpoint that plays the world in imagination (default RUN/warmstart)")
     parser.add_argument("--n_test", type=int, default=None, help="the first N test tasks")
     parser.add_argument("--out", help="where the rows go (default <ckpt>/memory_sweep.json)")
     args, overrides = parser.parse_known_args(argv)
+    if args.report:
+        print(report(args.report), end="")
+        return 0
     try:
+        if not args.ckpt:
+            raise ConfigError("give --ckpt RUN (a run folder of train.py) or --report RESULTS")
         cfg, model, tokenizer, tasks, fx, _ = load_run(args.ckpt, overrides)
         if cfg["world"] != "choice":
             raise ConfigError(f"{args.ckpt} was trained with world: {cfg['world']}; this sweep is for world: choice")

@@ -236,3 +236,17 @@ def test_train_runs_a_choice_run_end_to_end(tmp_path):
     assert result["fidelity_counts"]["lookup"][1] == 12            # the expert's 3 lookups of each of 4 tasks
     line = json.loads(open(tmp_path / "run" / "metrics.jsonl").readline())
     assert line["step"] == 1
+
+
+def test_report_pools_seeds_and_tasks(tmp_path):
+    """--report: a row per (model, rehearser, mode); N = 0 over seeds 1 ([1, 0]) and 2 ([1, 1]):
+    the mean of the seed means, (0.5 + 1) / 2 = 0.75; N = 1 is 1 everywhere: +0.25 against N = 0."""
+    import json
+    for seed, zero in ((1, [1.0, 0.0]), (2, [1.0, 1.0])):
+        rows = [{"rehearser": "policy", "mode": "parallel", "budget": n, "task_rewards": zero if n == 0 else [1.0, 1.0]}
+                for n in wc.BUDGETS]
+        (tmp_path / f"sweep_rl-seed{seed}.json").write_text(json.dumps(rows))
+    text = wc.report(str(tmp_path))
+    row = text.splitlines()[2].split(" | ")
+    assert row[:4] == ["| rl", "policy", "parallel", "2"] and row[4].startswith("0.750 [")
+    assert row[8].startswith("+0.250 [") and (tmp_path / "choice.png").is_file()

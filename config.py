@@ -41,10 +41,11 @@ DEFAULTS = {
     # world: toy (world.py, the demo) | uncertain (world_uncertain.py: the logs of uncertain_items
     # items stale with probability stale_rate, a world the policy must learn from reward)
     "world": "toy", "uncertain_items": 8, "stale_rate": 0.65,
-    # | choice (world_choice.py: buy the cheapest of choice_items items, one real call per task;
+    # | choice (world_choice.py: buy the cheapest of choice_items items (choice_kind items) or of
+    # choice_items options `Q ITEM` (costs: Q * price), one real call per task;
     # the committed episode reads a rehearsal memory of 0..memory_max imagined episodes; the
     # warm start's synthetic imagined prices are wrong with probability memory_noise)
-    "choice_items": 3, "memory_max": 4, "memory_noise": 0.15,
+    "choice_items": 3, "choice_kind": "items", "memory_max": 4, "memory_noise": 0.15,
     # warm start
     "sft_steps": 600, "sft_batch_size": 64, "sft_lr": 1e-3,
     # RL
@@ -97,7 +98,7 @@ CHOICES = {"env_mode": ("rehearse", "real", "frozen", "none"), "device": ("auto"
            "format": ("plain", "chat"), "model_init": ("pretrained", "random"),
            "rehearsal_mode": ("parallel", "sequential"), "rehearsal_context": ("inline", "separate"),
            "advantage_groups": ("task_role", "task"), "think": ("keep", "disable"),
-           "world": ("toy", "uncertain", "choice")}
+           "world": ("toy", "uncertain", "choice"), "choice_kind": ("items", "costs")}
 
 
 POSITIVE = {"n_layer", "n_embd", "n_head", "n_logged", "n_rl_tasks", "n_test", "sft_batch_size",

@@ -5,44 +5,53 @@ moderate budget. On the toy demo it cannot show: the errors left are decisions i
 not expose. Here an imagined outcome tells the actor something it did not know when it chose, and
 real calls are not free:
 
-    task          `cheapest fig apple milk`: buy the cheapest of `choice_items` (K = 3) items named
-                  in the prompt; their prices (world.PRICES) are distinct, so one item is right
-    the world     `price ITEM` -> its price (or `error item`), as in world.py; `buy ITEM` is the
-                  purchase: the act that ends the episode (read like `answer`: the answer is ITEM)
+    task          choice_kind costs (configs/choice.yaml): `cheapest 3 fig 5 apple`: buy the item
+                  of the cheaper of `choice_items` (2) options `Q ITEM`, Q of ITEM costing
+                  Q * price (12 vs 15: fig); costs distinct, so one item is right.
+                  choice_kind items (the control, configs/choice_items.yaml): `cheapest fig
+                  apple milk`, the cheapest of 3 items (prices distinct)
+    the world     `price ITEM` -> its price (or `error item`), `mul A , B` -> A * B, as in world.py
+                  (no wallet); `buy ITEM` is the purchase: the act that ends the episode (read
+                  like `answer`: the answer is ITEM)
     the budget    ONE real call per task, the purchase: the episode's first real action decides
                   it. Success iff the episode's first act is `buy CHEAPEST` (`choice_reward`); a
-                  real `price` lookup before it spends the budget and the episode scores 0, even
-                  if it buys right afterwards (rollout.py is not edited: the reward enforces it)
-    imagination   the same world model that the warm start taught every price (the logged tool
-                  traffic covers `price ITEM` for all 24 items), so imagined lookups are free and
-                  mostly right: an imagined episode on the bare task prompt looks the K prices up,
-                  rehearsing each, and buys the cheapest of what it imagined
+                  real lookup before it spends the budget and the episode scores 0, even if it
+                  buys right afterwards (rollout.py is not edited: the reward enforces it)
+    imagination   the same world model that the warm start taught every price and product (the
+                  logged tool traffic covers `price ITEM` for all 24 items and `mul A , B` for
+                  all one-digit pairs), so imagined calls are free and mostly right: an imagined
+                  episode on the bare task prompt prices each option (and multiplies), rehearsing
+                  each response, and buys the cheapest of what it imagined
 
 Two prompts per task, so that the one policy knows whether it imagines or commits:
 
-    explore    `cheapest fig apple milk`                  imagined episodes (rehearse mode):
-               price fig / 4, price apple / 3, price milk / 2, buy milk (the expert when calls are free)
-    commit     `cheapest fig apple milk memory ...`       the committed real episode: its prompt
+    explore    `cheapest 3 fig 5 apple`                  imagined episodes (rehearse mode):
+               price fig / 4, mul 3 , 4 / 12, price apple / 3, mul 5 , 3 / 15, buy fig
+               (the expert when calls are free)
+    commit     `cheapest 3 fig 5 apple memory ...`       the committed real episode: its prompt
                carries the REHEARSAL MEMORY (rehearsal_memory.memory_text) of the N imagined
                episodes, `memory` alone at N = 0; the expert buys the cheapest at once
 
-At N = 0 the actor must pick the cheapest in one forward from what its weights hold (three
-memorised prices compared with no lookup written out); with a memory it can copy what its
-imagination found: `memory tried price fig got 4 price apple got 3 price milk got 2 answer milk good`.
+At N = 0 the actor must pick in one forward from what its weights hold (two memorised prices,
+each multiplied by its quantity, then compared, with nothing written out); with a memory it can
+copy what its imagination found: `memory tried price fig got 4 mul 3 , 4 got 12 price apple got 3
+mul 5 , 3 got 15 answer fig good`. (In the items control the one-forward choice is already right:
+0.996 at N = 0 after the warm start.)
 
 How the actor learns to read a memory (the warm start, `warm_start_sequences`): every logged
 task gives an explore episode (the expert's K lookups and purchase; ACT and OBS trained) and a
 commit episode whose prompt carries a memory of k = 0..memory_max imagined episodes (k uniform),
 target `buy CHEAPEST` (ACT). Those imagined episodes are SYNTHETIC (`imagined_episode`): an
-imperfect imaginer whose each imagined price is wrong with probability memory_noise, which stops
-before its purchase with probability memory_noise (unfinished), and which buys the cheapest of
-the prices it imagined; each self-assessed by rehearsal_memory.self_assess. Then RL (features.py:
+imperfect imaginer whose each imagined price is wrong with probability memory_noise (its product
+follows it), which stops before its purchase with probability memory_noise (unfinished), and
+which buys the cheapest of what it imagined; each self-assessed by rehearsal_memory.self_assess. Then RL (features.py:
 `choice_features`, rehearse mode, no real world): for each episode N is drawn uniformly from
 0..memory_max, the CURRENT policy imagines N episodes and the committed episode reads their
 memory; its reward is the choice's.
 
-Splits (`make_splits`): test tasks are held-out ITEM SETS: no test set of items is ever in a logged
-or RL task (in any order), so the N = 0 actor cannot recall the answer of a set it has seen.
+Splits (`make_splits`): test tasks are held-out SETS (of options `Q ITEM`, or of items): no test
+set is ever in a logged or RL task (in any order), so the N = 0 actor cannot recall the answer of
+a set it has seen.
 
 The measurement (`memory_sweep`, `python world_choice.py --ckpt RUN`): success at N = 0, 1, 2, 4
 imagined episodes, then ONE committed real episode; the imagined episodes never call the real
@@ -69,19 +78,21 @@ import world
 from envace import ACT, PROMPT, TAG, encode, encode_episode, tag_ids
 from rollout import sample_episodes
 
-TOOL_KINDS = {"price": "lookup"}
+TOOL_KINDS = {"price": "lookup", "mul": "compute"}
 ERROR_WORDS = world.ERROR_WORDS
 NEW_WORDS = ["cheapest"] + [w for w in rehearsal_memory.MEMORY_WORDS if w not in world.WORDS]
 WORDS = world.WORDS + NEW_WORDS
 BUDGETS = (0, 1, 2, 4)
+QUANTITIES = world.QUANTITIES               # 2..9
 
 
 # ----------------------------------------------------------------------------- the world
 
 def parse_call(text):
-    """`price ITEM` -> ("price", (ITEM,)); anything else -> None (the only tool of this world)."""
-    w = world.join_digits(text)
-    return ("price", (w[1],)) if len(w) == 2 and w[0] == "price" else None
+    """`price ITEM` -> ("price", (ITEM,)), `mul A , B` -> ("mul", (A, B)) as world.parse_call;
+    anything else (a payment among them) -> None."""
+    call = world.parse_call(text)
+    return call if call and call[0] in TOOL_KINDS else None
 
 
 def read_act(text):
@@ -104,15 +115,12 @@ def new_state():
 
 
 def step(state, call_text):
-    """A real lookup: the catalogue price, `error item` for a name not in it, `error call` else."""
-    call = parse_call(call_text)
-    if call is None:
-        return "error call"
-    return str(world.PRICES[call[1][0]]) if call[1][0] in world.PRICES else "error item"
+    """A real call: world.step's answer to a lookup or a product (neither touches a wallet);
+    `error call` for anything else."""
+    return world.step(world.new_state(), call_text) if parse_call(call_text) else "error call"
 
 
-def response_form(tool, args):
-    return ("N",) if args[0] in world.PRICES else ("error item",)
+response_form = world.response_form
 
 
 def replay(calls):
@@ -137,11 +145,20 @@ def counting_world():
 
 # ----------------------------------------------------------------------------- tasks
 
-def choice_task(items):
-    """The task of buying the cheapest of `items` (in prompt order): prompt (explore form), answer
-    (the cheapest), the expert's lookups when calls are free (`calls`), family "choice"."""
-    return {"prompt": "cheapest " + " ".join(items), "answer": min(items, key=world.PRICES.get),
-            "calls": [f"price {i}" for i in items], "family": "choice", "items": list(items)}
+def choice_task(items, quantities=None):
+    """The task of buying the cheapest of `items` (in prompt order), or with `quantities` (choice:
+    costs) the cheapest of the options `Q ITEM` (Q of ITEM cost Q * price): prompt (explore form),
+    answer (the item of the cheapest option), the expert's calls when calls are free (`calls`:
+    per option `price ITEM`, then `mul Q , P` for a quantity), family "choice"."""
+    quantities = quantities or [None] * len(items)
+    options = [f"{q} {i}" if q else i for q, i in zip(quantities, items)]
+    calls = []
+    for q, i in zip(quantities, items):
+        calls += [f"price {i}"] + ([f"mul {q} , {world.PRICES[i]}"] if q else [])
+    totals = [(q or 1) * world.PRICES[i] for q, i in zip(quantities, items)]
+    return {"prompt": "cheapest " + " ".join(options), "answer": items[totals.index(min(totals))],
+            "calls": calls, "family": "choice", "items": list(items),
+            "quantities": [q for q in quantities if q] or None}
 
 
 def item_sets(k):
@@ -149,12 +166,22 @@ def item_sets(k):
     return [s for s in itertools.combinations(sorted(world.ITEMS), k) if len({world.PRICES[i] for i in s}) == k]
 
 
+def option_sets(k):
+    """choice: costs: every set of k options (Q 2..9, ITEM) of k different items whose costs Q * price
+    are distinct, sorted, as tuples of (Q, ITEM)."""
+    options = [(q, i) for q in QUANTITIES for i in sorted(world.ITEMS)]
+    return [s for s in itertools.combinations(options, k)
+            if len({i for _, i in s}) == k and len({q * world.PRICES[i] for q, i in s}) == k]
+
+
 def make_splits(cfg):
-    """test: n_test distinct item sets, each in one random order; rl (n_rl_tasks) and logged
-    (n_logged): random orders of the OTHER sets, drawn with replacement. RNG data_seed + 6."""
+    """test: n_test distinct item sets (choice: costs: option sets), each in one random order; rl
+    (n_rl_tasks) and logged (n_logged): random orders of the OTHER sets, drawn with replacement.
+    RNG data_seed + 6."""
     from config import ConfigError
     rng = random.Random(cfg["data_seed"] + 6)
-    sets = item_sets(cfg["choice_items"])
+    costs = cfg["choice_kind"] == "costs"
+    sets = option_sets(cfg["choice_items"]) if costs else item_sets(cfg["choice_items"])
     rng.shuffle(sets)
     if cfg["n_test"] >= len(sets):
         raise ConfigError(f"n_test ({cfg['n_test']}) must be less than the {len(sets)} item sets of "
@@ -164,7 +191,7 @@ def make_splits(cfg):
     def shuffled(s):
         s = list(s)
         rng.shuffle(s)
-        return choice_task(s)
+        return choice_task([i for _, i in s], [q for q, _ in s]) if costs else choice_task(s)
     splits = {"test": [shuffled(s) for s in test]}
     splits["rl"] = [shuffled(rng.choice(rest)) for _ in range(cfg["n_rl_tasks"])]
     splits["logged"] = [shuffled(rng.choice(rest)) for _ in range(cfg["n_logged"])]
@@ -192,20 +219,25 @@ def task_prompt_of(prompt):
 
 def imagined_episode(rng, task, noise):
     """One SYNTHETIC imagined episode of `task` (the logged memories of the warm start): with
-    probability `noise` it stops after 0..K-1 lookups (unfinished); each looked-up price is the
-    true one, or with probability `noise` another price 1..9; a finished episode buys the cheapest
-    of the imagined prices (the first of them on a tie). The fields of rollout.sample_episodes'
-    episodes that rehearsal_memory reads: calls, responses, answer, finished, cause."""
-    items = task["items"]
-    looked = rng.randrange(len(items)) if rng.random() < noise else len(items)
-    prices = []
-    for item in items[:looked]:
+    probability `noise` it stops after 0..C-1 of the expert's C calls (unfinished); each imagined
+    price is the true one, or with probability `noise` another price 1..9, and a `mul Q , P` (in
+    choice: costs) multiplies the imagined price; a finished episode buys the item of the cheapest
+    imagined option (the first on a tie). The fields of rollout.sample_episodes' episodes that
+    rehearsal_memory reads: calls, responses, answer, finished, cause."""
+    items, quantities = task["items"], task.get("quantities") or [None] * len(task["items"])
+    n_calls = len(task["calls"])
+    made = rng.randrange(n_calls) if rng.random() < noise else n_calls
+    calls, responses, totals = [], [], []
+    for q, item in zip(quantities, items):
         true = world.PRICES[item]
-        prices.append(rng.choice([p for p in range(1, 10) if p != true]) if rng.random() < noise else true)
-    finished = looked == len(items)
-    answer = items[prices.index(min(prices))] if finished else None
-    return {"calls": [f"price {i}" for i in items[:looked]], "responses": [str(p) for p in prices],
-            "answer": answer, "finished": finished, "cause": "answer" if finished else "bad_call"}
+        price = rng.choice([p for p in range(1, 10) if p != true]) if rng.random() < noise else true
+        calls += [f"price {item}"] + ([f"mul {q} , {price}"] if q else [])
+        responses += [str(price)] + ([str(q * price)] if q else [])
+        totals.append((q or 1) * price)
+    finished = made == n_calls
+    return {"calls": calls[:made], "responses": responses[:made],
+            "answer": items[totals.index(min(totals))] if finished else None,
+            "finished": finished, "cause": "answer" if finished else "bad_call"}
 
 
 def encode_choice(tokenizer, prompt, calls, responses, item, act_role=ACT):
@@ -225,15 +257,19 @@ def logged_memory(rng, task, cfg):
 
 
 def tool_snippets(cfg):
-    """Logged lookups (the world model's traffic): every item's `price ITEM`, snippet_repeats times,
-    behind 0-2 other lookups and, half the time, after an unrelated task prompt. RNG data_seed + 7."""
+    """Logged tool traffic (the world model's): every item's `price ITEM` (and in choice: costs every
+    `mul A , B` of one-digit factors), snippet_repeats times, behind 0-2 other lookups and, half
+    the time, after an unrelated task prompt. RNG data_seed + 7."""
     rng = random.Random(cfg["data_seed"] + 7)
+    targets = [f"price {i}" for i in world.ITEMS]
+    if cfg["choice_kind"] == "costs":
+        targets += [f"mul {a} , {b}" for a in range(1, 10) for b in range(1, 10)]
     snippets = []
     for _ in range(cfg["snippet_repeats"]):
-        for item in world.ITEMS:
+        for target in targets:
             lead = [f"price {rng.choice(world.ITEMS)}" for _ in range(rng.randint(0, 2))]
             prompt = choice_task(rng.sample(world.ITEMS, cfg["choice_items"]))["prompt"] if rng.random() < 0.5 else ""
-            snippets.append({"prompt": prompt, "calls": lead + [f"price {item}"]})
+            snippets.append({"prompt": prompt, "calls": lead + [target]})
     rng.shuffle(snippets)
     return snippets
 

@@ -30,7 +30,25 @@ def test_a_task_names_its_items_and_the_cheapest_is_the_answer():
     # fig 4, apple 3, milk 2: the cheapest is milk; the expert's free lookups are in prompt order
     assert wc.choice_task(["fig", "apple", "milk"]) == {
         "prompt": "cheapest fig apple milk", "answer": "milk", "family": "choice", "items": ["fig", "apple", "milk"],
-        "calls": ["price fig", "price apple", "price milk"]}
+        "calls": ["price fig", "price apple", "price milk"], "quantities": None}
+
+
+def test_a_costs_task_multiplies_each_price_by_its_quantity():
+    # 3 fig = 3 x 4 = 12, 5 apple = 5 x 3 = 15: fig; the expert prices then multiplies each option
+    assert wc.choice_task(["fig", "apple"], [3, 5]) == {
+        "prompt": "cheapest 3 fig 5 apple", "answer": "fig", "family": "choice", "items": ["fig", "apple"],
+        "quantities": [3, 5], "calls": ["price fig", "mul 3 , 4", "price apple", "mul 5 , 3"]}
+    assert wc.choice_task(["fig", "apple"], [2, 3])["answer"] == "fig"           # 8 < 9
+    cfg = {**CFG, "choice_kind": "costs", "choice_items": 2}
+    splits = wc.make_splits(cfg)
+    held = {frozenset(zip(t["quantities"], t["items"])) for t in splits["test"]}
+    assert len(held) == 10 and not held & {frozenset(zip(t["quantities"], t["items"])) for t in splits["rl"] + splits["logged"]}
+    for t in splits["test"] + splits["logged"]:
+        totals = [q * world.PRICES[i] for q, i in zip(t["quantities"], t["items"])]
+        assert len(set(totals)) == 2 and len(set(t["items"])) == 2 and all(2 <= q <= 9 for q in t["quantities"])
+        assert t["answer"] == t["items"][totals.index(min(totals))]
+    rows = wc.warm_start_sequences(tokenizer(), splits, cfg)
+    assert len(rows) == 2 * 30 + (24 + 81) * 2                 # every price and every one-digit product, twice
 
 
 def test_item_sets_have_distinct_prices_and_test_sets_are_held_out():
@@ -56,7 +74,8 @@ def test_the_purchase_ends_the_episode_and_lookups_are_calls():
     assert wc.read_act("buy 3") == ("bad_call", None) and wc.read_act("answer 3") == ("bad_call", None)
     assert wc.read_act("buy fog") == ("bad_call", None)               # not a catalogue item
     state = wc.new_state()
-    assert [wc.step(state, c) for c in ("price fig", "price fog", "buy fig")] == ["4", "error item", "error call"]
+    assert [wc.step(state, c) for c in ("price fig", "price fog", "buy fig", "mul 3 , 4", "pay 3")] == [
+        "4", "error item", "error call", "12", "error call"]                   # no wallet in this world
 
 
 def test_the_first_real_act_decides_the_episode():
@@ -126,9 +145,15 @@ def test_synthetic_imagined_episodes():
     assert e == {"calls": ["price fig", "price apple", "price milk"], "responses": ["4", "1", "2"], "answer": "apple",
                  "finished": True, "cause": "answer"}
     # cut (0.05 < 0.15) after 1 lookup: unfinished, no answer
-    e = wc.imagined_episode(Script([0.05, 0.9], [1]), task, 0.15)
+    e = wc.imagined_episode(Script([0.05, 0.9, 0.9, 0.9], [1]), task, 0.15)
     assert e["calls"] == ["price fig"] and e["responses"] == ["4"] and not e["finished"] and e["answer"] is None
     assert wc.imagined_episode(Script([0.9] * 4), task, 0.0)["responses"] == ["4", "3", "2"]
+    # choice: costs, `cheapest 3 fig 5 apple` (12 vs 15): fig's price imagined wrong (0.1: options
+    # 1,2,3,5..9, pick 0 -> 1), its product follows the imagined price (3 x 1 = 3), apple true (5 x 3)
+    costs = wc.choice_task(["fig", "apple"], [3, 5])
+    e = wc.imagined_episode(Script([0.9, 0.1, 0.5], [0]), costs, 0.15)
+    assert e["calls"] == ["price fig", "mul 3 , 1", "price apple", "mul 5 , 3"] and e["responses"] == ["1", "3", "3", "15"]
+    assert e["answer"] == "fig" and e["finished"]
 
 
 @torch.no_grad()
@@ -203,6 +228,7 @@ def test_rl_sampler_commits_reading_what_the_policy_imagined():
 
 @pytest.mark.parametrize("line, message", [
     ("choice_items: 5", "choice_items' must be 2, 3 or 4"),
+    ("choice_kind: prices", "choice_kind' must be one of"),
     ("rehearsal_budget: 2", "not evaluate.py's vote"),
     ("rehearsal_context: separate", "world: choice needs format: plain and rehearsal_context: inline"),
     ("test_file: t.jsonl", "remove test_file"),
@@ -218,7 +244,10 @@ def test_config_mistakes_are_one_line(tmp_path, line, message):
 
 def test_the_shipped_config_and_the_vocabulary():
     cfg = load_config("configs/choice.yaml")
-    assert (cfg["world"], cfg["choice_items"], cfg["memory_max"], cfg["max_tokens"]) == ("choice", 3, 4, 128)
+    assert (cfg["world"], cfg["choice_kind"], cfg["choice_items"], cfg["memory_max"], cfg["max_tokens"]) == (
+        "choice", "costs", 2, 4, 160)
+    control = load_config("configs/choice_items.yaml")
+    assert (control["choice_kind"], control["choice_items"], control["max_tokens"]) == ("items", 3, 128)
     assert features.tiny_words(cfg)[-7:] == ["cheapest", "memory", "tried", "got", "good", "bad", "unfinished"]
     assert "cheapest" not in features.tiny_words(DEFAULTS)          # the demo's vocabulary is untouched
 
@@ -228,12 +257,14 @@ def test_train_runs_a_choice_run_end_to_end(tmp_path):
     in rehearse mode through the memory sampler, and the real-world evaluation (N = 0)."""
     import json
     import train
-    cfg = tiny_cfg(tmp_path, world="choice", n_logged=12, n_test=4, n_rl_tasks=8, rl_steps=1, tasks_per_step=2,
-                   group_size=2, max_turns=4, max_tokens=128, n_collusion=2, memory_max=1, sft_steps=2)
+    cfg = tiny_cfg(tmp_path, world="choice", choice_kind="costs", choice_items=2, n_logged=12, n_test=4,
+                   n_rl_tasks=8, rl_steps=1, tasks_per_step=2, group_size=2, max_turns=5, max_tokens=160,
+                   n_collusion=2, memory_max=1, sft_steps=2)
     assert train.run(cfg) == 0
     result = json.load(open(tmp_path / "run" / "eval.json"))
-    assert result["n_tasks"] == 4 and set(result["fidelity"]) == {"lookup"}
-    assert result["fidelity_counts"]["lookup"][1] == 12            # the expert's 3 lookups of each of 4 tasks
+    assert result["n_tasks"] == 4 and set(result["fidelity"]) == {"lookup", "compute"}
+    # the expert's 2 lookups and 2 products of each of the 4 test tasks
+    assert result["fidelity_counts"]["lookup"][1] == 8 and result["fidelity_counts"]["compute"][1] == 8
     line = json.loads(open(tmp_path / "run" / "metrics.jsonl").readline())
     assert line["step"] == 1
 

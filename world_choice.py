@@ -382,9 +382,42 @@ def committed_success(model, tokenizer, tasks, cfg, budget, mode="parallel", reh
     return {"success": sum(rewards) / len(tasks), "task_rewards": rewards,
             "imagined_per_task": len(flat) / len(tasks),
             "imagined_right": sum(e["answer"] == t["answer"] for e, t in flat) / len(flat) if flat else None,
+            "imagined_fidelity": imagined_fidelity([e for e, _ in flat]),
+            "by_memory": by_memory(imagined, committed, tasks),
             "verdicts": verdicts, "imagination_real_calls": imagination_calls,
             "real_lookups_per_task": (counted.real_calls - imagination_calls) / len(tasks),
             "purchases_per_task": sum(e["cause"] == "answer" for e in committed) / len(tasks)}
+
+
+def imagined_fidelity(episodes):
+    """Per tool kind [matches, total]: the imagined responses against the real world's to the same calls."""
+    counts = {}
+    for e in episodes:
+        for call, imagined, truth in zip(e["calls"], e["responses"], replay(e["calls"])):
+            cell = counts.setdefault(TOOL_KINDS[parse_call(call)[0]] if parse_call(call) else "other", [0, 0])
+            cell[0] += imagined == truth
+            cell[1] += 1
+    return counts
+
+
+def memory_majority(episodes):
+    """The item most often bought by the `good` imagined episodes (the first on a tie), or None."""
+    answers = [e["answer"] for e in episodes if rehearsal_memory.self_assess(e) == "good"]
+    return max(answers, key=answers.count) if answers else None
+
+
+def by_memory(imagined, committed, tasks):
+    """How the committed choice relates to its memory: per kind of memory (`right`: its good
+    episodes' majority bought the cheapest; `wrong`: another item; `none`: no good episode),
+    [tasks, committed right, committed the memory's majority]."""
+    out = {"right": [0, 0, 0], "wrong": [0, 0, 0], "none": [0, 0, 0]}
+    for m, e, t in zip(imagined, committed, tasks):
+        majority = memory_majority(m)
+        cell = out["none" if majority is None else ("right" if majority == t["answer"] else "wrong")]
+        cell[0] += 1
+        cell[1] += choice_reward(e, t)
+        cell[2] += majority is not None and e["answer"] == majority
+    return out
 
 
 def memory_sweep(model, tokenizer, tasks, cfg, rehearsers, budgets=BUDGETS, modes=("parallel", "sequential")):
@@ -412,10 +445,14 @@ def sweep_line(r):
     vs = (f" | vs N=0 {diff['diff']:+.3f} [{diff['interval'][0]:+.3f}, {diff['interval'][1]:+.3f}]"
           f"{' called' if diff['called'] else ''}") if diff else ""
     right = "-" if r["imagined_right"] is None else f"{r['imagined_right']:.3f}"
+    fid = ", ".join(f"{k} {m / n:.3f}" for k, (m, n) in sorted(r.get("imagined_fidelity", {}).items()) if n)
+    memo = " ".join(f"{k} {c[1]}/{c[0]}" for k, c in r.get("by_memory", {}).items() if c[0])
+    right += f", fidelity {fid}" if fid else ""
     return (f"{r['rehearser']:10s} {r['mode']:10s} N={r['budget']}: success {r['success']:.3f} "
             f"[{r['interval'][0]:.3f}, {r['interval'][1]:.3f}]{vs} | {r['imagined_per_task']:.2f} imagined "
             f"(right {right}), {r['real_lookups_per_task']:.2f} real lookups, {r['purchases_per_task']:.2f} "
-            f"purchases per task, {r['imagination_real_calls']} real calls in imagination")
+            f"purchases per task, {r['imagination_real_calls']} real calls in imagination"
+            + (f" | right by memory: {memo}" if r["budget"] else ""))
 
 
 def report(folder):

@@ -205,6 +205,10 @@ def test_the_sweep_imagines_without_a_real_call_and_commits_once():
     assert four["task_rewards"] == [1.0, 1.0] and four["imagined_per_task"] == 4
     assert four["imagination_real_calls"] == 0 and four["real_lookups_per_task"] == 0 and four["purchases_per_task"] == 1
     assert four["verdicts"] == {"good": 4, "bad": 4, "unfinished": 0} and four["imagined_right"] == 1.0
+    # task 1's 4 x 3 imagined prices are true; task 2's `error item` for egg is not (egg costs 1)
+    assert four["imagined_fidelity"] == {"lookup": [12, 16]}
+    # task 1: the good episodes' majority (milk) is right and followed; task 2 has no good episode
+    assert four["by_memory"] == {"right": [1, 1, 1], "wrong": [0, 0, 0], "none": [1, 1, 0]}
     # sequential: task 1 stops at two agreeing good episodes; task 2's are bad, so it spends all 4
     seq = wc.committed_success(model, tok, tasks, CFG, 4, "sequential")
     assert seq["imagined_per_task"] == (2 + 4) / 2 and seq["task_rewards"] == [1.0, 1.0]

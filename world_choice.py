@@ -481,6 +481,26 @@ def report(folder):
         from experiments import paired_bootstrap
         curves[f"{model}, {rehearser} rehearses, {mode}"] = [paired_bootstrap(rewards[n])[:3] for n in BUDGETS
                                                              if n in rewards]
+    lines += ["", "Paired against N = 0, summed over seeds: tasks N = 0 got wrong and N = k right (fixed), and the "
+              "reverse (broken); the committed choice by kind of memory (its good imagined episodes' majority "
+              "right / wrong / none): committed right of tasks; imagined responses' fidelity.", "",
+              "| model | rehearser | mode | N | fixed | broken | memory right | memory wrong | no good memory | "
+              "imagined fidelity |", "|" + "---|" * 10]
+    for (model, rehearser, mode), by_n in sorted(runs.items()):
+        for n in BUDGETS[1:]:
+            if n not in by_n:
+                continue
+            pairs = [(a, b) for s in by_n[n] for a, b in zip(by_n[0][s]["task_rewards"], by_n[n][s]["task_rewards"])]
+            memo = {k: [sum(r["by_memory"][k][j] for r in by_n[n].values()) for j in range(3)]
+                    for k in ("right", "wrong", "none")} if all("by_memory" in r for r in by_n[n].values()) else None
+            fid = {}
+            for r in by_n[n].values():
+                for kind, (m, t) in r.get("imagined_fidelity", {}).items():
+                    fid[kind] = [fid.get(kind, [0, 0])[0] + m, fid.get(kind, [0, 0])[1] + t]
+            lines.append(f"| {model} | {rehearser} | {mode} | {n} | {sum(a < b for a, b in pairs)} | "
+                         f"{sum(a > b for a, b in pairs)} | "
+                         + (" | ".join(f"{c[1]:.0f}/{c[0]}" for c in memo.values()) if memo else "- | - | -") + " | "
+                         + ", ".join(f"{k} {m / t:.3f}" for k, (m, t) in sorted(fid.items()) if t) + " |")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(folder, "results.md"), "w") as f:
         f.write(text)

@@ -285,3 +285,6 @@ def test_report_pools_seeds_and_tasks(tmp_path):
     row = text.splitlines()[2].split(" | ")
     assert row[:4] == ["| rl", "policy", "parallel", "2"] and row[4].startswith("0.750 [")
     assert row[8].startswith("+0.250 [") and (tmp_path / "choice.png").is_file()
+    # paired: seed 1's second task is fixed at every N > 0, nothing broken
+    paired = [line for line in text.splitlines() if line.startswith("| rl | policy | parallel | 1 |")]
+    assert paired == ["| rl | policy | parallel | 1 | 1 | 0 | - | - | - |  |"]

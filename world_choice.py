@@ -440,6 +440,43 @@ def memory_sweep(model, tokenizer, tasks, cfg, rehearsers, budgets=BUDGETS, mode
     return rows
 
 
+def cost_bucket(task):
+    """choice: costs: the two costs' digits and their gap, e.g. ("both two digits", "gap 3+")."""
+    low, high = sorted(q * world.PRICES[i] for q, i in zip(task["quantities"], task["items"]))[:2]
+    digits = "both one digit" if high < 10 else ("both two digits" if low >= 10 else "one and two digits")
+    return digits, "gap 1-2" if high - low <= 2 else "gap 3+"
+
+
+def diagnose(model, tokenizer, tasks, cfg):
+    """Why imagination does not beat the one-forward choice (choice: costs): one imagined episode
+    per task at T = imagine_temperature and at T = 0, each classed (right; unfinished; wrong with
+    calls other than the expert's; wrong with the expert's calls but a wrong response; wrong with
+    the expert's calls and true responses: a wrong purchase), and the wrong purchases of greedy
+    imagination and of N = 0 per cost bucket (`cost_bucket`). Returns a dict of counts."""
+    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+    generator = torch.Generator().manual_seed(cfg["seed"])
+    out = {}
+    for temperature in (cfg["imagine_temperature"], 0.0):
+        episodes = [m[0] for m in imagine(model, tokenizer, [t["prompt"] for t in tasks], 1, "parallel", None,
+                                          sys.modules[__name__], generator, temperature, **limits)]
+        classes = {}
+        for e, t in zip(episodes, tasks):
+            k = ("unfinished" if not e["finished"] else "right" if e["answer"] == t["answer"] else
+                 "wrong: other calls" if e["calls"] != t["calls"] else
+                 "wrong: a wrong response" if e["responses"] != replay(e["calls"]) else "wrong: true responses, wrong purchase")
+            classes[k] = classes.get(k, 0) + 1
+        out[f"imagined at T={temperature}"] = dict(sorted(classes.items()))
+    direct = committed_success(model, tokenizer, tasks, cfg, 0, seed=cfg["seed"])["task_rewards"]
+    buckets = {}
+    for e, r, t in zip(episodes, direct, tasks):
+        cell = buckets.setdefault(" / ".join(cost_bucket(t)), [0, 0, 0])
+        cell[0] += 1
+        cell[1] += e["finished"] and e["answer"] != t["answer"]
+        cell[2] += 1 - int(r)
+    out["wrong purchases by cost bucket: [tasks, greedy imagination, N = 0]"] = dict(sorted(buckets.items()))
+    return out
+
+
 def sweep_line(r):
     diff = r.get("vs_0")
     vs = (f" | vs N=0 {diff['diff']:+.3f} [{diff['interval'][0]:+.3f}, {diff['interval'][1]:+.3f}]"
@@ -526,7 +563,8 @@ def main(argv=None):
     """python world_choice.py --ckpt RUN [--rehearser CKPT] [--n_test N] [--out FILE]: the N sweep
     of a run folder of train.py (its latest checkpoint) or a checkpoint (warmstart/). The
     rehearser defaults to RUN/warmstart when RUN has one (the warm start playing the world).
-    python world_choice.py --report RESULTS: the tables and figure of configs/run_choice.sh."""
+    python world_choice.py --report RESULTS: the tables and figure of configs/run_choice.sh.
+    python world_choice.py --ckpt RUN --diagnose: why imagination does not beat N = 0 (`diagnose`)."""
     from checkpoint import load_policy
     from config import ConfigError
     from distributed import pick_device
@@ -537,6 +575,9 @@ def main(argv=None):
     parser.add_argument("--rehearser", help="a checkpoint that plays the world in imagination (default RUN/warmstart)")
     parser.add_argument("--n_test", type=int, default=None, help="the first N test tasks")
     parser.add_argument("--out", help="where the rows go (default <ckpt>/memory_sweep.json)")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="why imagination does not beat N = 0 (choice: costs): imagined episodes classed, "
+                             "wrong purchases by cost bucket (into --out, default <ckpt>/diagnosis.json)")
     args, overrides = parser.parse_known_args(argv)
     if args.report:
         print(report(args.report), end="")
@@ -559,6 +600,17 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 2
     tasks = tasks[:args.n_test] if args.n_test else tasks
+    if args.diagnose:
+        if cfg["choice_kind"] != "costs":
+            print("error: --diagnose reads the costs of choice_kind: costs", file=sys.stderr)
+            return 2
+        result = diagnose(model, tokenizer, tasks, cfg)
+        print(json.dumps(result, indent=1))
+        out = args.out or os.path.join(args.ckpt, "diagnosis.json")
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"written to {out}")
+        return 0
     rows = memory_sweep(model, tokenizer, tasks, cfg, rehearsers)
     for r in rows:
         print(sweep_line(r))

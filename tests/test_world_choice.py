@@ -288,3 +288,11 @@ def test_report_pools_seeds_and_tasks(tmp_path):
     # paired: seed 1's second task is fixed at every N > 0, nothing broken
     paired = [line for line in text.splitlines() if line.startswith("| rl | policy | parallel | 1 |")]
     assert paired == ["| rl | policy | parallel | 1 | 1 | 0 | - | - | - |  |"]
+
+
+def test_cost_buckets():
+    # 3 fig (12) vs 5 apple (15): both two digits, gap 3; 2 milk (4) vs 3 apple (9): one digit each
+    assert wc.cost_bucket(wc.choice_task(["fig", "apple"], [3, 5])) == ("both two digits", "gap 3+")
+    assert wc.cost_bucket(wc.choice_task(["milk", "apple"], [2, 3])) == ("both one digit", "gap 3+")
+    assert wc.cost_bucket(wc.choice_task(["milk", "egg"], [4, 9])) == ("both one digit", "gap 1-2")   # 8, 9
+    assert wc.cost_bucket(wc.choice_task(["milk", "fish"], [2, 2])) == ("one and two digits", "gap 3+")  # 4, 18

@@ -82,7 +82,7 @@ def tiny_words(cfg):
     """The vocabulary of `model: tiny`: the toy world's words (and the separate prompt's, and
     world: choice's task and memory words)."""
     return (world.WORDS + (separate.SEPARATE_WORDS if cfg["rehearsal_context"] == "separate" else [])
-            + (world_choice.NEW_WORDS if cfg["world"] == "choice" else []))
+            + (world_choice.NEW_WORDS if cfg.get("world") == "choice" else []))
 
 
 def setup(cfg, tokenizer, splits, device="cpu"):

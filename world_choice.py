@@ -44,8 +44,8 @@ commit episode whose prompt carries a memory of k = 0..memory_max imagined episo
 target `buy CHEAPEST` (ACT). Those imagined episodes are SYNTHETIC (`imagined_episode`): an
 imperfect imaginer whose each imagined price is wrong with probability memory_noise (its product
 follows it), which stops before its purchase with probability memory_noise (unfinished), and
-which buys the cheapest of what it imagined; each self-assessed by rehearsal_memory.self_assess. Then RL (features.py:
-`choice_features`, rehearse mode, no real world): for each episode N is drawn uniformly from
+which buys the cheapest of what it imagined; each self-assessed by rehearsal_memory.self_assess.
+Then RL (features.py: `choice_features`, rehearse mode, no real world): for each episode N is drawn uniformly from
 0..memory_max, the CURRENT policy imagines N episodes and the committed episode reads their
 memory; its reward is the choice's.
 
@@ -59,6 +59,9 @@ world (a counting world proves it: tests/test_world_choice.py), so every setting
 real calls per task. Parallel: N independent imagined episodes; sequential: one at a time,
 stopping once two imagined episodes judged `good` agree on the item (or N are spent). For the
 policy as its own rehearser and for its warm start playing the world in imagination (frozen).
+`--diagnose` classes imagined episodes (right, unfinished, a wrong response, a wrong purchase).
+Measured (docs/imagination.md, one seed): a memory did not raise success over N = 0 (0.970): the
+imagined world was right, the imagined actor's comparison of the costs was not better.
 
 Simplified: the memory the warm start reads is synthetic, not sampled from a first warm start;
 RL trains the committed episode only (the imagined ones are context, not in the update).

@@ -309,7 +309,8 @@ MODEL_SHAPE_KEYS = ("model", "n_layer", "n_embd", "n_head")
 # the resumed run would not be the run never stopped. Keys read only by RL and evaluation (rl_steps,
 # lr, group_size, tasks_per_step, env_mode, ...) may change: no RL state is saved with a warm start.
 WARM_START_KEYS = ("format", "world", "seed", "data_seed", "n_logged", "n_new_logged", "snippet_repeats",
-                   "coverage", "logged_file", "uncertain_items", "stale_rate", "rehearsal_context", "think",
+                   "coverage", "logged_file", "uncertain_items", "stale_rate", "choice_items", "choice_kind", "memory_max",
+                   "memory_noise", "rehearsal_context", "think",
                    "sft_steps", "sft_batch_size", "sft_lr")
 
 

@@ -41,6 +41,11 @@ DEFAULTS = {
     # world: toy (world.py, the demo) | uncertain (world_uncertain.py: the logs of uncertain_items
     # items stale with probability stale_rate, a world the policy must learn from reward)
     "world": "toy", "uncertain_items": 8, "stale_rate": 0.65,
+    # | choice (world_choice.py: buy the cheapest of choice_items items (choice_kind items) or of
+    # choice_items options `Q ITEM` (costs: Q * price), one real call per task;
+    # the committed episode reads a rehearsal memory of 0..memory_max imagined episodes; the
+    # warm start's synthetic imagined prices are wrong with probability memory_noise)
+    "choice_items": 3, "choice_kind": "items", "memory_max": 4, "memory_noise": 0.15,
     # warm start
     "sft_steps": 600, "sft_batch_size": 64, "sft_lr": 1e-3,
     # RL
@@ -93,7 +98,7 @@ CHOICES = {"env_mode": ("rehearse", "real", "frozen", "none"), "device": ("auto"
            "format": ("plain", "chat"), "model_init": ("pretrained", "random"),
            "rehearsal_mode": ("parallel", "sequential"), "rehearsal_context": ("inline", "separate"),
            "advantage_groups": ("task_role", "task"), "think": ("keep", "disable"),
-           "world": ("toy", "uncertain")}
+           "world": ("toy", "uncertain", "choice"), "choice_kind": ("items", "costs")}
 
 
 POSITIVE = {"n_layer", "n_embd", "n_head", "n_logged", "n_rl_tasks", "n_test", "sft_batch_size",
@@ -105,10 +110,11 @@ NON_NEGATIVE = {"seed", "data_seed", "n_new_logged", "snippet_repeats", "sft_ste
                 "weight_decay", "grad_clip", "eps_low", "eps_high", "kl_coef", "act_coef",
                 "rehearse_coef", "eval_temperature", "eval_every", "min_fidelity", "rehearsal_budget",
                 "imagine_temperature", "kl_rehearse_coef", "n_collusion", "grounding_examples",
-                "uncertain_items"}
+                "uncertain_items", "memory_max"}
 
 
-UNIT = {"coverage", "top_p", "min_fidelity", "stale_rate"}   # in (0, 1] (min_fidelity, stale_rate: [0, 1])
+UNIT = {"coverage", "top_p", "min_fidelity", "stale_rate", "memory_noise"}   # in (0, 1] (min_fidelity, stale_rate,
+                                                                          # memory_noise: [0, 1])
 
 
 class ConfigError(Exception):
@@ -241,7 +247,27 @@ def load_config(path, overrides=()):
         raise ConfigError(f"world: uncertain is the toy shop with stale logs: it needs format: plain, "
                           f"rehearsal_context: inline and uncertain_items <= 24 (the catalogue), got "
                           f"{cfg['format']}, {cfg['rehearsal_context']}, {cfg['uncertain_items']}")
+    check_choice(cfg)
     return cfg
+
+
+def check_choice(cfg):
+    """What `world: choice` (world_choice.py) can run: the plain format, inline rehearsal, its own
+    generated tasks, 2 to 4 items per task, and its own private rehearsal (the memory sweep of
+    world_choice.py), not evaluate.py's vote."""
+    if cfg["world"] != "choice":
+        return
+    if cfg["format"] != "plain" or cfg["rehearsal_context"] != "inline":
+        raise ConfigError(f"world: choice needs format: plain and rehearsal_context: inline, got "
+                          f"{cfg['format']}, {cfg['rehearsal_context']}")
+    if not 2 <= cfg["choice_items"] <= 4:
+        raise ConfigError(f"config key 'choice_items' must be 2, 3 or 4 (items per task), got {cfg['choice_items']}")
+    files = [k for k in ("tasks_file", "test_file", "logged_file") if cfg[k]]
+    if files:
+        raise ConfigError(f"world: choice generates its own tasks: remove {', '.join(files)}")
+    if cfg["rehearsal_budget"]:
+        raise ConfigError("world: choice measures private rehearsal with its rehearsal memory "
+                          "(python choice_sweep.py --ckpt RUN), not evaluate.py's vote: set rehearsal_budget: 0")
 
 
 def check_splits(cfg, splits):

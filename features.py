@@ -28,7 +28,9 @@ functions; train.py and evaluate.py call them and never branch on the format or 
     eval_extras(model, tasks, episodes, rewards)   extra figures for an evaluation ({} unless ...)
 
 `world: uncertain` (world_uncertain.py: stale logs for some items) is the toy's plain features
-with its own logged data and its per-subset measures (`uncertain_features`).
+with its own logged data and its per-subset measures (`uncertain_features`). `world: choice`
+(world_choice.py: buy the cheapest of K items, one real call per task, private rehearsal by a
+rehearsal memory) has its own tasks, logged data, reward and RL sampler (`choice_features`).
 """
 import functools
 import json
@@ -47,6 +49,7 @@ import multiturn
 import separate
 import taskfiles
 import world
+import world_choice
 import world_uncertain
 from config import ConfigError
 from envace import ACT, OBS, PROMPT, REHEARSE, encode_episode
@@ -62,6 +65,8 @@ def build_tasks(cfg):
         return chat_setup.chat_tasks(cfg)
     if cfg["world"] == "uncertain":
         splits = world_uncertain.make_splits(cfg)
+    elif cfg["world"] == "choice":
+        splits = world_choice.make_splits(cfg)
     else:
         splits = world.make_splits(cfg["data_seed"], cfg["n_logged"], cfg["n_new_logged"],
                                    cfg["n_rl_tasks"], cfg["n_test"], cfg["coverage"])
@@ -78,8 +83,10 @@ def build_tasks(cfg):
 
 
 def tiny_words(cfg):
-    """The vocabulary of `model: tiny`: the toy world's words (and the separate prompt's)."""
-    return world.WORDS + (separate.SEPARATE_WORDS if cfg["rehearsal_context"] == "separate" else [])
+    """The vocabulary of `model: tiny`: the toy world's words (and the separate prompt's, and
+    world: choice's task and memory words)."""
+    return (world.WORDS + (separate.SEPARATE_WORDS if cfg["rehearsal_context"] == "separate" else [])
+            + (world_choice.NEW_WORDS if cfg.get("world") == "choice" else []))
 
 
 def setup(cfg, tokenizer, splits, device="cpu"):
@@ -88,6 +95,8 @@ def setup(cfg, tokenizer, splits, device="cpu"):
         return chat_features(cfg, tokenizer, splits, device)
     if cfg["world"] == "uncertain":
         return uncertain_features(cfg, tokenizer, splits)
+    if cfg["world"] == "choice":
+        return choice_features(cfg, tokenizer, splits)
     return plain_features(cfg, tokenizer, splits)
 
 
@@ -201,4 +210,35 @@ def uncertain_features(cfg, tokenizer, splits):
                 "imagined_collusion_subsets": world_uncertain.collusion_by_subset(imagined, tasks, uncertain)}
 
     fx.step_extras, fx.eval_extras, fx.uncertain = step_extras, eval_extras, uncertain
+    return fx
+
+
+def choice_features(cfg, tokenizer, splits):
+    """`world: choice` (world_choice.py): the sampler's prompts are the tasks' commit prompts with
+    an empty memory (`... memory`: evaluate.py's real-world evaluation is N = 0); the reward is
+    world_choice.choice_reward (the first act must be the right purchase); the warm start reads
+    world_choice.warm_start_sequences (explore and memory-reading commit episodes, lookups); in
+    rehearse and frozen RL `sample` is world_choice.sample_with_memory (the current policy
+    imagines N = 0..memory_max episodes per row, the committed row reads their memory). Fidelity
+    (the gate, would-rehearse, coverage) is read on the expert's lookups of the tasks, since a
+    committed episode makes none; honesty is the imagined world on the explore prompts."""
+    w = world_choice
+    counts = Counter([c for t in splits["logged"] for c in t["calls"]] + [c for s in w.tool_snippets(cfg)
+                                                                          for c in s["calls"]])
+    fx = SimpleNamespace(
+        inputs=lambda tasks, repeat=1: ([w.commit_prompt(t["prompt"], []) for t in tasks for _ in range(repeat)], w,
+                                        None),
+        executes=lambda task: True, reward=w.choice_reward, step_extras=no_extras, eval_extras=no_extras,
+        warm_start_roles=(ACT, REHEARSE, OBS), warm_start_sequences=lambda: w.warm_start_sequences(tokenizer, splits, cfg),
+        sample=functools.partial(w.sample_with_memory, memory_max=cfg["memory_max"],
+                                 imagine_temperature=cfg["imagine_temperature"]),
+        diagnostics=lambda episodes, tasks: {"fidelity": honesty.replay_fidelity(episodes, w),
+                                             "collusion": honesty.collusion_counts(episodes, tasks, w)})
+    fx.would_rehearse = lambda model, tokenizer, tasks, episodes: honesty.would_rehearse_calls(
+        model, tokenizer, w.expert_episodes(tokenizer, tasks))
+    fx.by_kind = lambda pairs, tasks: honesty.by_kind(pairs, w)
+    fx.coverage = lambda model, tokenizer, tasks, pairs=(): honesty.fidelity_by_coverage(
+        pairs or fx.would_rehearse(model, tokenizer, tasks, None), counts)
+    fx.honesty = lambda model, tokenizer, tasks, cfg, generator: honesty.imagined_world(
+        model, tokenizer, tasks, cfg, generator, w)
     return fx

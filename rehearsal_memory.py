@@ -20,13 +20,12 @@ to the actor: it reads what its imagination showed and acts. Here:
 The words the memory adds to the toy vocabulary are MEMORY_WORDS (model: tiny would need them in
 features.tiny_words).
 
-NOT BUILT (issue 15, part 2, said so in docs/uncertain.md): the actor has never been trained to
-read a memory, so it cannot use one yet; the plan is a warm start on logged tasks whose prompt
-carries a memory of K = 0..4 imagined episodes (sampled from the warm-start policy in rehearse
-mode, self-assessed by this rule) with the expert's episode as the target, then RL in which every
-episode's prompt carries a memory the current policy imagined. Nor the task family where an
-imagined outcome carries information the actor lacked when it chose, with real calls not free
-(a budget of real calls per task), nor the N = 0, 1, 2, 4 measurement at equal real calls.
+Where it is used (issue 15, part 2): world_choice.py (`world: choice`), a task family where an
+imagined outcome tells the actor what it did not know when it chose (buy the cheapest of three
+items with one real call per task): the actor is trained to read the memory there (a warm start
+on commit episodes with synthetic memories, then RL in which the current policy's imagined
+episodes make the memory), and success is measured against N at equal real calls
+(docs/imagination.md). The demo's world does not use it.
 """
 from world import ERROR_WORDS
 

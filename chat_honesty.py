@@ -21,7 +21,7 @@ import torch
 
 import executor
 import honesty
-import rollout
+import kvcache
 from chat import _call, _json, has_executor
 from envace import OBS
 
@@ -68,8 +68,8 @@ def _response_segments(episode, env_end):
 @torch.no_grad()
 def greedy_responses(model, prefixes, stop, pad_id, max_new):
     """Per prefix, the ids greedy decoding writes before `stop` (None if it does not stop within
-    max_new ids), all rows in one KV-cached batch (rollout._Decoder, as the sampler decodes)."""
-    decoder = rollout._Decoder(model, prefixes, pad_id)
+    max_new ids), all rows in one KV-cached batch (kvcache.Decoder, as the sampler decodes)."""
+    decoder = kvcache.Decoder(model, prefixes, pad_id)
     written, done = [[] for _ in prefixes], [False] * len(prefixes)
     for _ in range(max_new):
         tokens = decoder.logits.argmax(-1).tolist()

@@ -22,7 +22,7 @@ import torch
 from checkpoint import load_policy
 from config import ConfigError
 from distributed import pick_device
-from evaluate import load_run
+from evaluate_cli import load_run
 from experiments import cell, paired_bootstrap
 import rehearsal_memory
 import world

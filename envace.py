@@ -49,7 +49,7 @@ TAGS = {"bos": "<bos>", "pad": "<pad>", "unk": "<unk>", "act": "<act>", "act_end
 class NonFiniteError(Exception):
     """Weights, a loss or logits that are not finite (NaN or inf) where the run cannot go on: the
     warm start's three skipped steps in a row, its weights before they are saved, the policy's
-    logits while sampling. train.main and evaluate.main print it as one line and exit 1."""
+    logits while sampling. train.main and evaluate_cli.main print it as one line and exit 1."""
 
 
 def tag_ids(tokenizer):
@@ -222,3 +222,16 @@ def token_kl_coefs(roles, kl_coef, kl_rehearse_coef):
     # token_advantages with A = 1 per row puts each role's coefficient on its targets, with the
     # same shift by one as the advantages (target t+1 is predicted at position t)
     return token_advantages(roles, torch.ones(roles.shape[0]), kl_coef, kl_rehearse_coef)
+
+
+@torch.no_grad()
+def batch_logprobs(model, ids, lengths, cfg, mask=None):
+    """No-grad fp32 logprobs of every target [B, L-1], in length-grouped micro-batches; with a
+    [B, L-1] `mask`, only from each micro-batch's first masked target on (0 before it)."""
+    out = torch.zeros(ids.shape[0], ids.shape[1] - 1, device=ids.device)
+    for index in micro_batches(lengths, cfg["micro_batch_tokens"]):
+        n = max(lengths[i] for i in index)
+        index = torch.tensor(index, device=ids.device)
+        start = 0 if mask is None else first_target(mask[index, :n - 1])
+        out[index, :n - 1] = token_logprobs(model, ids[index, :n], cfg["temperature"], start=start)
+    return out

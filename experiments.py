@@ -79,7 +79,7 @@ def load_runs(results):
             coverage = json.load(open(extra))
             result = {**result, "fidelity_by_coverage": coverage["after"],
                       "before": {**result.get("before", {}), "fidelity_by_coverage": coverage["before"]}}
-        runs.setdefault(arm, []).append(result)
+        runs.setdefault(arm, []).append({**result, "seed": seed})
         curve = [(0, result["before"]["success"])] if "before" in result else []
         metrics = os.path.join(folder, "metrics.jsonl")
         lines = [json.loads(line) for line in open(metrics)] if os.path.isfile(metrics) else []
@@ -256,6 +256,8 @@ def compare(results):
     rl = load_rl_metrics(results)
     honesty = honesty_table(runs, rl)
     text += "\n\n" + honesty if honesty else ""
+    paired = paired_table(runs)
+    text += "\n\n" + paired if paired else ""
     plot_honesty(rl, os.path.join(results, "honesty.png"))
     if sweeps:
         plot_sweep(sweeps, os.path.join(results, "private_rehearsal.png"))
@@ -303,6 +305,23 @@ def cell(a, b=None):
     if b is None:
         return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
     return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]{' **called**' if called else ''}"
+
+
+def paired_table(runs, pairs=(("rehearse", "frozen"), ("rehearse", "act_only"), ("real", "rehearse"),
+                              ("rehearse", "warmstart"))):
+    """{arm: [eval.json with its "seed"]} -> success per arm with its 95% interval (a bootstrap over
+    seeds and test tasks) and the paired differences of `pairs` (called when the interval excludes
+    0), for the arms whose every run has `task_rewards`; '' when none has."""
+    rewards = {arm: {e["seed"]: e["task_rewards"] for e in evals} for arm, evals in runs.items()
+               if all("task_rewards" in e for e in evals)}
+    if not rewards:
+        return ""
+    lines = ["| arm | seeds | success, 95% interval over seeds and test tasks |", "|---|---|---|"]
+    lines += [f"| {arm} | {len(by_seed)} | {cell(by_seed)} |" for arm, by_seed in rewards.items()]
+    lines += ["", "| difference (paired bootstrap, 95%) | all test tasks |", "|---|---|"]
+    lines += [f"| {a} - {b} | {cell(rewards[a], rewards[b])} |" for a, b in pairs
+              if a in rewards and b in rewards and sorted(rewards[a]) == sorted(rewards[b])]
+    return "\n".join(lines)
 
 
 def uncertain_runs(results):

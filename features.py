@@ -92,12 +92,17 @@ def tiny_words(cfg):
 def setup(cfg, tokenizer, splits, device="cpu"):
     """The namespace of functions described in the module docstring, for this cfg."""
     if cfg["format"] == "chat":
-        return chat_features(cfg, tokenizer, splits, device)
-    if cfg["world"] == "uncertain":
-        return uncertain_features(cfg, tokenizer, splits)
-    if cfg["world"] == "choice":
-        return choice_features(cfg, tokenizer, splits)
-    return plain_features(cfg, tokenizer, splits)
+        fx = chat_features(cfg, tokenizer, splits, device)
+    elif cfg["world"] == "uncertain":
+        fx = uncertain_features(cfg, tokenizer, splits)
+    elif cfg["world"] == "choice":
+        fx = choice_features(cfg, tokenizer, splits)
+    else:
+        fx = plain_features(cfg, tokenizer, splits)
+    rehearsed = cfg["env_mode"] in ("rehearse", "frozen")    # the policy (or the frozen warm start) plays the world
+    fx.rl_sample = fx.sample if rehearsed else sample_episodes      # RL's sampler, chosen by env_mode
+    fx.rl_diagnostics = fx.diagnostics if rehearsed else no_extras  # rehearsals against a real replay
+    return fx
 
 
 def no_extras(*args):

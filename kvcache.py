@@ -1,5 +1,6 @@
-"""The sampler's KV cache (the speed extension of issue 16; docs/speed.md): a cache that grows in
-place, and rows of a batch's cache saved and restored (separate rounds: no re-prefill).
+"""The sampler's batch decoder and its KV cache (docs/speed.md): `Decoder` advances a batch of
+rows by one run of tokens each per forward (rollout.sample_episodes drives it), over a cache that
+grows in place; rows of a batch's cache can be saved and restored (separate rounds: no re-prefill).
 
 transformers' DynamicLayer concatenates the whole cache at every decode step (a copy of every
 layer's keys and values per step); at 2k-token chat prompts that copy was a third of a sampling
@@ -79,3 +80,67 @@ def restore_rows(config, saved, device):
                      torch.cat([left_pad(s["kv"][l][1], -2) for s in saved]))
     return (cache, torch.cat([left_pad(s["mask"], 1) for s in saved]).to(device),
             torch.cat([s["pos"] for s in saved]).to(device))
+
+
+class Decoder:
+    """A batch of left-padded prefixes and their KV cache, advanced by one run of tokens per row per
+    step. Identical prefixes (a task's G samples) are prefilled once and their cache rows copied, and
+    `keep` drops finished rows from the cache, so that they cost nothing afterwards. A step feeds
+    each row its run (a sampled token and the forced ids queued after it; a finished row none),
+    right-aligned in one [B, longest run] forward: the shorter runs' left slots are holes, masked
+    out and never attended to, so every row's cache holds exactly its own ids. Rows can also be
+    restored from the KV `save` kept for them (separate rounds: no re-prefill)."""
+
+    def __init__(self, model, prefixes, pad_id, saved=None):
+        self.model, self.pad_id = model, pad_id
+        device = next(model.parameters()).device
+        if saved is not None:                         # rows restored from save(): cache, mask, positions
+            self.cache, self.mask, self.pos = restore_rows(model.config, saved, device)
+            return
+        unique = {p: i for i, p in enumerate(dict.fromkeys(map(tuple, prefixes)))}
+        P = max(len(p) for p in unique)
+        ids = torch.full((len(unique), P), pad_id, dtype=torch.long, device=device)
+        mask = torch.zeros((len(unique), P), dtype=torch.long, device=device)
+        for p, i in unique.items():
+            ids[i, P - len(p):] = torch.tensor(p, device=device)
+            mask[i, P - len(p):] = 1                   # left pads masked
+        self.cache = new_cache(model.config)
+        self.mask = mask
+        logits = self._forward(ids, (mask.cumsum(1) - 1).clamp(min=0))
+        if len(unique) < len(prefixes):               # each row: a copy of its prefix's cache
+            self.keep(torch.tensor([unique[tuple(p)] for p in prefixes], device=device), logits)
+        else:
+            self.logits = logits
+        self.pos = torch.tensor([len(p) for p in prefixes], device=device)
+
+    @torch.no_grad()
+    def _forward(self, ids, position_ids):
+        out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=position_ids,
+                         cache=self.cache, use_cache=True)
+        return out.logits[:, -1].float()
+
+    def keep(self, index, logits=None):
+        """Keep (or copy) the batch rows at `index` (a LongTensor): cache, mask, logits."""
+        self.cache.batch_select_indices(index)
+        self.mask = self.mask[index]
+        self.logits = (self.logits if logits is None else logits)[index]
+        if logits is None:
+            self.pos = self.pos[index]
+
+    def step(self, runs):
+        """Append each row's run of ids (a list per row, at least one row non-empty); returns the
+        logits after each row's last id [B, V] (a row with an empty run: after a hole, unused)."""
+        width = max(map(len, runs))
+        ids = [[self.pad_id] * (width - len(r)) + r for r in runs]
+        holes = [[0] * (width - len(r)) + [1] * len(r) for r in runs]
+        device = self.mask.device
+        ids, new = torch.tensor(ids, device=device), torch.tensor(holes, device=device)
+        self.mask = torch.cat([self.mask, new], 1)
+        position_ids = self.pos[:, None] + (new.cumsum(1) - 1).clamp(min=0)   # holes: any position
+        self.logits = self._forward(ids, position_ids)
+        self.pos = self.pos + new.sum(1)
+        return self.logits
+
+    def save(self, j):
+        """Row j's cache as plain tensors (save_row), so that a later Decoder can restore it."""
+        return save_row(self.cache, self.mask, self.pos, j)

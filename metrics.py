@@ -14,6 +14,7 @@ import honesty
 from checkpoint import write_file
 from distributed import add_up, all_gather, from_rank0
 from envace import ACT, OBS, REHEARSE, ROLE_NAMES
+from evaluate import success_name, summary
 from reward import cause_counts
 
 
@@ -110,3 +111,19 @@ def step_record(step, status, progress, sums, time_sample, time_step):
              "time_update": sums.get("time_update", 0.0), "time_step": time_step}
     counters = {k: progress[k] for k in ("skipped_steps", "nonfinite_steps")}
     return metrics_record(step, add_up(all_gather(sums)), status, counters, times)
+
+
+def eval_during_rl(result, record, progress, cfg, step):
+    """An evaluation every eval_every steps: into the step's record and the progress counters; its line."""
+    progress["real_success"] = record["eval_success"] = result["success"]
+    record.update({"eval_extras": result["extras"]} if result.get("extras") else {})
+    return (f"step {step}: {success_name(result)} {progress['real_success']:.3f} (reward in the "
+            f"{cfg['env_mode']} world this step {record['reward']:.3f})")
+
+
+def final_report(progress, after, cfg, seconds):
+    before = progress["before"]
+    return (f"before RL: {summary(before)}\nafter RL:  {summary(after)}\n"
+            f"{success_name(after)} {before['success']:.3f} -> {after['success']:.3f} ({cfg['env_mode']} "
+            f"mode, {cfg['rl_steps']} steps, {progress['skipped_steps']} skipped, "
+            f"{progress['nonfinite_steps']} non-finite, {seconds:.0f}s); saved to {cfg['out_dir']}/ckpt")

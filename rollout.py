@@ -5,11 +5,9 @@ same policy writes the environment's response to it (rehearsal), and the next ac
 on that response. This file samples a batch of such episodes in lock step: at every step each row appends
 one sampled token and then every forced id queued behind it (a hand-off, a planned call, a real
 observation: a run), so all rows share one KV cache and one forward per step, whatever role each
-row is in (the shorter runs' slots are masked holes). What keeps that cheap: a task's G rows
-share one prefill of its prompt (the cache rows are copied); forced ids cost no step of their
-own; the cache grows in place (kvcache.GrowingLayer), not by a copy per step; once a quarter of the rows
-in the cache have finished they are dropped from it, so short episodes stop costing compute; and
-a separate-layout actor row paused at its call keeps its cache for the next round.
+row is in (the shorter runs' slots are masked holes). The batch decoder
+(kvcache.Decoder) prefills a task's G rows once, feeds forced ids in the same forward, and drops
+finished rows once a quarter of them are done (docs/speed.md).
 
 Per-row state machine (the sampler forces every hand-off; no role ever writes another's tag):
 
@@ -26,16 +24,9 @@ Per-row state machine (the sampler forces every hand-off; no role ever writes an
                 none:     no world at all: an empty response, </env> forced (the no_env arm)
     env  --</env>-->  validate the response (world.parse_response), force <act>, back to act
 
-Chat format (chat.py): the same machine, with the hand-offs derived from the model's chat
-template (each forced as a sequence of ids, e.g. `<|im_end|>` is the actor's stop and
-`\n<|im_start|>user\n<tool_response>\n` is forced after it), JSON tool calls read strictly against
-the task's tool schemas (a bad one ends the row with cause bad_call_json, unknown_tool or
-bad_arguments), and one world per row, since every task brings its own tools.
-
-With rehearsal_context separate, separate.sample_separate drives this sampler in rounds: actor rows stop
-at each finished call, every pending rehearsal is then sampled as its own row from its own prompt
-(separate.rehearse_prompt; chat format: chat_separate.rehearse_prompt_ids, in the model's own template),
-and the response is copied into the actor row as context (OBS).
+The chat format (chat.py: hand-offs from the model's chat template, JSON tool calls, one world
+per row) and the separate layout (separate.py: each rehearsal a row of its own, in rounds) drive
+this same machine; their files say how.
 
 Truncation is explicit: a tag sampled in the wrong role ("bad_act", "bad_rehearsal"), a segment
 longer than max_act_tokens / max_env_tokens ("act_limit", "env_limit"), more than max_turns calls
@@ -85,70 +76,6 @@ def sample_token(logits, temperature, top_p, generator=None):
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-class _Decoder:
-    """A batch of left-padded prefixes and their KV cache, advanced by one run of tokens per row per
-    step. Identical prefixes (a task's G samples) are prefilled once and their cache rows copied, and
-    `keep` drops finished rows from the cache, so that they cost nothing afterwards. A step feeds
-    each row its run (a sampled token and the forced ids queued after it; a finished row none),
-    right-aligned in one [B, longest run] forward: the shorter runs' left slots are holes, masked
-    out and never attended to, so every row's cache holds exactly its own ids. Rows can also be
-    restored from the KV `save` kept for them (separate rounds: no re-prefill)."""
-
-    def __init__(self, model, prefixes, pad_id, saved=None):
-        self.model, self.pad_id = model, pad_id
-        device = next(model.parameters()).device
-        if saved is not None:                         # rows restored from save(): cache, mask, positions
-            self.cache, self.mask, self.pos = kvcache.restore_rows(model.config, saved, device)
-            return
-        unique = {p: i for i, p in enumerate(dict.fromkeys(map(tuple, prefixes)))}
-        P = max(len(p) for p in unique)
-        ids = torch.full((len(unique), P), pad_id, dtype=torch.long, device=device)
-        mask = torch.zeros((len(unique), P), dtype=torch.long, device=device)
-        for p, i in unique.items():
-            ids[i, P - len(p):] = torch.tensor(p, device=device)
-            mask[i, P - len(p):] = 1                   # left pads masked
-        self.cache = kvcache.new_cache(model.config)
-        self.mask = mask
-        logits = self._forward(ids, (mask.cumsum(1) - 1).clamp(min=0))
-        if len(unique) < len(prefixes):               # each row: a copy of its prefix's cache
-            self.keep(torch.tensor([unique[tuple(p)] for p in prefixes], device=device), logits)
-        else:
-            self.logits = logits
-        self.pos = torch.tensor([len(p) for p in prefixes], device=device)
-
-    @torch.no_grad()
-    def _forward(self, ids, position_ids):
-        out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=position_ids,
-                         cache=self.cache, use_cache=True)
-        return out.logits[:, -1].float()
-
-    def keep(self, index, logits=None):
-        """Keep (or copy) the batch rows at `index` (a LongTensor): cache, mask, logits."""
-        self.cache.batch_select_indices(index)
-        self.mask = self.mask[index]
-        self.logits = (self.logits if logits is None else logits)[index]
-        if logits is None:
-            self.pos = self.pos[index]
-
-    def step(self, runs):
-        """Append each row's run of ids (a list per row, at least one row non-empty); returns the
-        logits after each row's last id [B, V] (a row with an empty run: after a hole, unused)."""
-        width = max(map(len, runs))
-        ids = [[self.pad_id] * (width - len(r)) + r for r in runs]
-        holes = [[0] * (width - len(r)) + [1] * len(r) for r in runs]
-        device = self.mask.device
-        ids, new = torch.tensor(ids, device=device), torch.tensor(holes, device=device)
-        self.mask = torch.cat([self.mask, new], 1)
-        position_ids = self.pos[:, None] + (new.cumsum(1) - 1).clamp(min=0)   # holes: any position
-        self.logits = self._forward(ids, position_ids)
-        self.pos = self.pos + new.sum(1)
-        return self.logits
-
-    def save(self, j):
-        """Row j's cache as plain tensors (kvcache.save_row), so that a later _Decoder can restore it."""
-        return kvcache.save_row(self.cache, self.mask, self.pos, j)
-
-
 def new_row(prompt_ids, world, phase="act", plan=None, **extra):
     """A row of the sampler: its prompt (role PROMPT), the world that reads its text, the phase it
     starts in, and its state machine's fields (a separate rehearse row starts in "env")."""
@@ -190,8 +117,7 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     the first surprise on, the policy acts on its own (re-plans). Used by rehearse.py.
     rehearse_check: None, or check(call, response, world) (rehearse.check_rehearsal): end a row
     whose simulated response has the wrong form for its call (cause "rehearse_check").
-    Chat format (chat.py): prompts are token id lists, `world` is a list (one world per row, it
-    reads that task's tool calls) and `tags` the hand-offs derived from the chat template.
+    Chat format (chat.py): prompts are id lists, `world` one world per row, `tags` from the template.
     rows: rows already started (instead of prompts), continued in place: sample_separate's rounds."""
     assert env_mode in ("rehearse", "real", "frozen", "none"), env_mode
     assert (env_model is not None) == (env_mode == "frozen"), "env_model is for frozen mode"
@@ -207,14 +133,7 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     limits = {"max_turns": max_turns, "max_act_tokens": max_act_tokens, "max_env_tokens": max_env_tokens,
               "max_tokens": max_tokens, "rehearse_check": rehearse_check}
     max_new = max_tokens - min(len(r["ids"]) for r in rows) + 1
-    saved = [r.pop("saved_kv", None) for r in rows]  # separate rounds: actor rows keep their cache
-    saved = saved if all(saved) and env_model is None else None
-    decoders = [_Decoder(policy, [r["ids"] for r in rows], tags["pad"],
-                         saved and [s["cache"] for s in saved])]
-    if saved:                          # feed what was appended to the rows since their cache was saved
-        decoders[0].step([r["ids"][s["fed"]:] for r, s in zip(rows, saved)])
-    if env_model is not None:          # frozen mode: a second cache, fed the same tokens
-        decoders.append(_Decoder(env_model, [r["ids"] for r in rows], tags["pad"]))
+    decoders = _start_decoders(policy, env_model, rows, tags["pad"])
     live = list(range(len(rows)))      # the rows still in the caches, in cache order
     for _ in range(max_new):
         logits = decoders[0].logits
@@ -245,6 +164,19 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
         for k in ("phase", "forced", "segment", "state", "plan", "world"):
             del row[k]
     return rows
+
+
+def _start_decoders(policy, env_model, rows, pad_id):
+    """The policy's decoder over the rows' ids (restored from the KV each row saved, when every row
+    did: separate rounds), and in frozen mode the simulator's, fed the same tokens."""
+    saved = [r.pop("saved_kv", None) for r in rows]  # separate rounds: actor rows keep their cache
+    saved = saved if all(saved) and env_model is None else None
+    decoders = [kvcache.Decoder(policy, [r["ids"] for r in rows], pad_id, saved and [s["cache"] for s in saved])]
+    if saved:                          # feed what was appended to the rows since their cache was saved
+        decoders[0].step([r["ids"][s["fed"]:] for r, s in zip(rows, saved)])
+    if env_model is not None:          # frozen mode: a second cache, fed the same tokens
+        decoders.append(kvcache.Decoder(env_model, [r["ids"] for r in rows], pad_id))
+    return decoders
 
 
 def _save_paused(row, decoder, j, unfed):

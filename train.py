@@ -52,15 +52,14 @@ from checkpoint import (build_policy, check_out_dir, reference_model, rl_state, 
 from config import check_lengths, check_splits, command_line, load_config
 from distributed import (all_sum, autocast, from_rank0, gathered, in_step, memory_estimate, memory_line, parallel_model,
                          reuse_sampler_logprobs, setup_distributed)
-from envace import (ACT, OBS, REHEARSE, NonFiniteError, clipped_pg_loss, collate, first_target, loss_mask,
-                    micro_batches, padded_fraction, token_advantages, token_kl_coefs, token_logprobs)
-from evaluate import evaluate, success_name, summary
+from envace import (ACT, OBS, REHEARSE, NonFiniteError, batch_logprobs, clipped_pg_loss, collate, first_target,
+                    loss_mask, micro_batches, padded_fraction, token_advantages, token_kl_coefs, token_logprobs)
+from evaluate import evaluate, summary
 from faults import (Interrupted, StopRequest, exit_status, interrupted_line, nonfinite, rank0_interruptible,
                     restore_snapshot, rl_stop_line, signalled, training_snapshot)
 from honesty import fidelity_gate
-from metrics import add_micro_batch, episode_sums, role_sums, start_metrics, step_record
+from metrics import add_micro_batch, episode_sums, eval_during_rl, final_report, role_sums, start_metrics, step_record
 from reward import group_advantages, training_rows
-from rollout import sample_episodes
 
 hf_logging.disable_progress_bar()     # transformers' save/load bars: keep the terminal for ours
 
@@ -155,19 +154,6 @@ def make_batch(episodes, rewards, group_ids, cfg, pad_id):
 def uses_kl(cfg):
     """Whether the update needs the reference's logprobs (either role's KL coefficient > 0)."""
     return cfg["kl_coef"] > 0 or cfg["kl_rehearse_coef"] > 0
-
-
-@torch.no_grad()
-def batch_logprobs(model, ids, lengths, cfg, mask=None):
-    """No-grad fp32 logprobs of every target [B, L-1], in length-grouped micro-batches; with a
-    [B, L-1] `mask`, only from each micro-batch's first masked target on (0 before it)."""
-    out = torch.zeros(ids.shape[0], ids.shape[1] - 1, device=ids.device)
-    for index in micro_batches(lengths, cfg["micro_batch_tokens"]):
-        n = max(lengths[i] for i in index)
-        index = torch.tensor(index, device=ids.device)
-        start = 0 if mask is None else first_target(mask[index, :n - 1])
-        out[index, :n - 1] = token_logprobs(model, ids[index, :n], cfg["temperature"], start=start)
-    return out
 
 
 def accumulate_gradients(model, batch, old, ref, cfg, world_size=1):
@@ -316,9 +302,6 @@ def run_phases(cfg, resume, overwrite, phase, stop):
     opt, generator, task_rng, progress, first_step = rl_state(model, tokenizer, cfg, state, before, rank, log)
     phase.update(saved="ckpt", step=first_step - 1)
     metrics_path, config_text = start_metrics(out, first_step, rank), yaml.safe_dump(cfg, sort_keys=False)
-    rehearsed = cfg["env_mode"] in ("rehearse", "frozen")       # the policy (or the frozen warm start) plays the world
-    sample = fx.sample if rehearsed else sample_episodes
-    diagnose = fx.diagnostics if rehearsed else (lambda episodes, tasks: {})   # against a real replay
     per_rank, G = cfg["tasks_per_step"] // world_size, cfg["group_size"]
 
     # 4. RL: no environment in the loop unless env_mode is real
@@ -329,21 +312,20 @@ def run_phases(cfg, resume, overwrite, phase, stop):
             phase["name"], t0 = f"RL step {step}", time.time()
             tasks = task_rng.sample(splits["rl"], cfg["tasks_per_step"])        # the same on every rank
             tasks = tasks[rank * per_rank:(rank + 1) * per_rank]               # this rank's groups
-            prompts, worlds, tags = fx.inputs(tasks, G)
+            group_ids = [i // G for i in range(len(tasks) * G)]               # a task's G samples
+            prompts, worlds, tags = fx.inputs(tasks, G)                       # one per episode
             with amp, gathered(model), gathered(simulator):
-                episodes = sample(model, tokenizer, prompts, cfg["env_mode"], world=worlds, tags=tags,
-                                  env_model=simulator, generator=generator, **sampling_args(cfg))
-                extras = fx.step_extras(model, episodes, [tasks[i // G] for i in range(len(episodes))])
+                episodes = fx.rl_sample(model, tokenizer, prompts, cfg["env_mode"], world=worlds, tags=tags,
+                                        env_model=simulator, generator=generator, **sampling_args(cfg))
+                extras = fx.step_extras(model, episodes, [tasks[g] for g in group_ids])
             time_sample = time.time() - t0
-            group_ids = [i // G for i in range(len(episodes))]              # a task's G samples
-            rewards = [fx.reward(e, tasks[g]) for e, g in zip(episodes, group_ids)]
+            rewards = [fx.reward(e, tasks[g]) for e, g in zip(episodes, group_ids, strict=True)]
             rows, row_rewards, row_groups = training_rows(episodes, rewards, group_ids, cfg["advantage_groups"])
             sums, status = rl_step(model, ddp_model, opt, rows, row_rewards, row_groups, cfg,
                                    tokenizer.pad_token_id, reference if uses_kl(cfg) else None, world_size)
-            diagnostics = diagnose(episodes, [tasks[g] for g in group_ids])    # diagnostic only
-            record = step_record(step, status, progress, {**sums, **episode_sums(episodes, rewards), **diagnostics},
-                                 time_sample, time.time() - t0)
-            record.update(extras)                          # the world's own figures (features.py), or none
+            diagnostics = fx.rl_diagnostics(episodes, [tasks[g] for g in group_ids])    # diagnostic only
+            record = {**step_record(step, status, progress, {**sums, **episode_sums(episodes, rewards), **diagnostics},
+                                    time_sample, time.time() - t0), **extras}   # extras: the world's own figures
             if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < cfg["rl_steps"]:
                 bar.write(eval_during_rl(rank0_eval(), record, progress, cfg, step))
             from_rank0(lambda: write_file(metrics_path, json.dumps(record) + "\n", mode="a"))   # refused: all stop
@@ -441,22 +423,6 @@ def real_world_eval(model, tokenizer, tasks, cfg, fx, amp, path=None, stop=None,
         return result
     with gathered(model):
         return rank0_interruptible(on_rank0, stop)
-
-
-def eval_during_rl(result, record, progress, cfg, step):
-    """An evaluation every eval_every steps: into the step's record and the progress counters; its line."""
-    progress["real_success"] = record["eval_success"] = result["success"]
-    record.update({"eval_extras": result["extras"]} if result.get("extras") else {})
-    return (f"step {step}: {success_name(result)} {progress['real_success']:.3f} (reward in the "
-            f"{cfg['env_mode']} world this step {record['reward']:.3f})")
-
-
-def final_report(progress, after, cfg, seconds):
-    before = progress["before"]
-    return (f"before RL: {summary(before)}\nafter RL:  {summary(after)}\n"
-            f"{success_name(after)} {before['success']:.3f} -> {after['success']:.3f} ({cfg['env_mode']} "
-            f"mode, {cfg['rl_steps']} steps, {progress['skipped_steps']} skipped, "
-            f"{progress['nonfinite_steps']} non-finite, {seconds:.0f}s); saved to {cfg['out_dir']}/ckpt")
 
 
 if __name__ == "__main__":

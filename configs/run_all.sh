@@ -1,23 +1,40 @@
 #!/usr/bin/env bash
-# The experiment behind the README's Results: every arm over 3 seeds, the private-rehearsal
+# The experiment behind the README's Results: every arm over the seeds, the private-rehearsal
 # sweep, then the comparison table and figures.
-#   bash configs/run_all.sh                 # writes results/ (about 45 min on 2 CPU cores)
+#   bash configs/run_all.sh                 # writes results/ (about 45 min on 2 CPU cores, 3 seeds)
 #   SEEDS="1" bash configs/run_all.sh out   # one seed, another folder
+#   SEEDS="1 2 3 4 5" ARMS="rehearse real frozen act_only" SWEEP=0 PARALLEL=1 bash configs/run_all.sh results_demo5
 # Each seed's warm start is trained once (configs/warmstart.yaml) and every RL arm starts from it;
-# the coverage arm trains its own, on the data it is allowed to see.
+# the coverage arm trains its own, on the data it is allowed to see. ARMS picks the arms (default
+# all six), SWEEP=0 skips the sweep; PARALLEL=1 runs a seed's arms at once and NICE=15 runs every
+# step under `nice -n 15`, either with OMP_NUM_THREADS=1 (a shared machine), each arm's output in
+# $R/ARM-seedS.log. A run whose eval.json exists is kept, not redone (a second call continues).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 R=${1:-results}
+run() { nice -n "${NICE:-0}" python "$@"; }
+[ -n "${PARALLEL:-}${NICE:-}" ] && export OMP_NUM_THREADS=1
+mkdir -p "$R"
 for s in ${SEEDS:-1 2 3}; do
-  python train.py --config configs/warmstart.yaml --seed=$s --out_dir=$R/warmstart/seed$s
-  for arm in rehearse real frozen act_only no_env; do
-    python train.py --config configs/$arm.yaml --seed=$s --out_dir=$R/$arm/seed$s \
-      --model=$R/warmstart/seed$s/warmstart --sft_steps=0
+  start=$(date +%s)
+  [ -f "$R/warmstart/seed$s/eval.json" ] ||
+    run train.py --config configs/warmstart.yaml --seed=$s --out_dir=$R/warmstart/seed$s
+  for arm in ${ARMS:-rehearse real frozen act_only no_env coverage}; do
+    [ -f "$R/$arm/seed$s/eval.json" ] && continue
+    if [ "$arm" = coverage ]; then
+      run train.py --config configs/coverage.yaml --seed=$s --out_dir=$R/coverage/seed$s > $R/$arm-seed$s.log 2>&1 &
+    else
+      run train.py --config configs/$arm.yaml --seed=$s --out_dir=$R/$arm/seed$s \
+        --model=$R/warmstart/seed$s/warmstart --sft_steps=0 > $R/$arm-seed$s.log 2>&1 &
+    fi
+    [ -n "${PARALLEL:-}" ] || wait
   done
-  python train.py --config configs/coverage.yaml --seed=$s --out_dir=$R/coverage/seed$s
+  wait
+  echo "seed $s seconds $(( $(date +%s) - start ))" >> "$R/timing.log"
   # test-time private rehearsal with the paper's eval sampling (T 0.6, top-p 0.95): the EnvACE
   # model imagines with its own world model, or with the warm start's
-  python evaluate.py --ckpt $R/rehearse/seed$s --sweep --rehearser $R/warmstart/seed$s/warmstart \
+  [ "${SWEEP:-1}" = 0 ] || run evaluate.py --ckpt $R/rehearse/seed$s --sweep --rehearser $R/warmstart/seed$s/warmstart \
     --eval_temperature=0.6 --top_p=0.95 --imagine_temperature=0.6
+  run experiments.py --compare $R > /dev/null
 done
-python experiments.py --compare $R
+run experiments.py --compare $R

@@ -1,5 +1,6 @@
 """BFCL-v4 multi-turn (bfcl.py): the converter, the executor, the check against the package's own
 checker, and the oracle through evaluate.py. Needs bfcl-eval (installed by .ci/run)."""
+import evaluate_cli
 import builtins
 import itertools
 import json
@@ -307,16 +308,14 @@ def test_a_prompt_that_does_not_fit_max_tokens_is_one_line(base, bfcl_dir):
 # ----------------------------------------------------------------------------- the oracle
 
 def test_oracle_scores_every_base_task_through_evaluate(bfcl_dir, tmp_path, capsys):
-    import evaluate
     out = tmp_path / "oracle"
-    assert evaluate.main(["--oracle", f"--test_file={bfcl_dir / 'multi_turn_base.jsonl'}", f"--out_dir={out}"]) == 0
+    assert evaluate_cli.main(["--oracle", f"--test_file={bfcl_dir / 'multi_turn_base.jsonl'}", f"--out_dir={out}"]) == 0
     result = json.loads((out / "eval.json").read_text())
     assert (result["success"], result["n_tasks"], result["executed_tasks"], result["failures"]) == (1.0, 200, 200, [])
     assert capsys.readouterr().out.strip() == f"oracle success 1.000 on 200 replayed of 200 tasks; written to {out / 'eval.json'}"
 
 
 def test_oracle_lists_a_failing_task_and_refuses_a_file_it_cannot_replay(base, tmp_path, capsys):
-    import evaluate
     row = {k: base[0][k] for k in ("messages", "turns", "tools", "gold_calls", "env", "env_config", "check")}
     # a check that fails an episode with an error response; the second task's gold cd goes nowhere
     (tmp_path / "strict.py").write_text("def score(task, episode):\n"
@@ -325,7 +324,7 @@ def test_oracle_lists_a_failing_task_and_refuses_a_file_it_cannot_replay(base, t
     wrong = {**row, "gold_calls": [[{"name": "cd", "arguments": {"folder": "nowhere"}}]] + row["gold_calls"][1:]}
     path = tmp_path / "two.jsonl"
     path.write_text(json.dumps(row) + "\n" + json.dumps(wrong) + "\n")
-    assert evaluate.main(["--oracle", f"--test_file={path}", f"--out_dir={tmp_path / 'o'}"]) == 0
+    assert evaluate_cli.main(["--oracle", f"--test_file={path}", f"--out_dir={tmp_path / 'o'}"]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == (f"{path} line 2: reward 0.000 (first error response "
                           "{\"error\": \"cd: 'nowhere': No such file or directory\"})")
@@ -333,7 +332,7 @@ def test_oracle_lists_a_failing_task_and_refuses_a_file_it_cannot_replay(base, t
     assert (result["success"], result["executed_tasks"]) == (0.5, 2)
     plain = tmp_path / "plain.jsonl"
     plain.write_text(json.dumps({k: row[k] for k in ("messages", "tools")} | {"answer": "7"}) + "\n")
-    assert evaluate.main(["--oracle", f"--test_file={plain}", f"--out_dir={tmp_path / 'p'}"]) == 2
+    assert evaluate_cli.main(["--oracle", f"--test_file={plain}", f"--out_dir={tmp_path / 'p'}"]) == 2
     assert capsys.readouterr().err.strip() == f"error: {plain}: no task with gold_calls and an executor ('env') to replay"
 
 
@@ -348,7 +347,6 @@ def test_a_tiny_random_qwen2_runs_the_bfcl_path_end_to_end_and_scores_0(bfcl_dir
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    import evaluate
     import train
     from helpers import chat_tokenizer
 
@@ -373,5 +371,5 @@ def test_a_tiny_random_qwen2_runs_the_bfcl_path_end_to_end_and_scores_0(bfcl_dir
     assert result["executed_tasks"] == result["n_tasks"] == 2
     assert result["success"] == result["before"]["success"] == 0.0
     assert "real-world success 0.000 -> 0.000" in capsys.readouterr().out
-    assert evaluate.main(["--ckpt", str(tmp_path / "run")]) == 0
+    assert evaluate_cli.main(["--ckpt", str(tmp_path / "run")]) == 0
     assert json.load(open(tmp_path / "run" / "evaluate.json"))["success"] == 0.0

@@ -17,6 +17,7 @@ import chat_tasks
 import checkpoint
 import config
 import evaluate
+import evaluate_cli
 import features
 import reward
 import train
@@ -394,7 +395,7 @@ def test_train_resume_and_evaluate_on_the_chat_path(tmp_path, monkeypatch):
     diff = max((a - b).abs().max().item() for a, b in zip(final.parameters(), warm.parameters()))
     assert cfg["lr"] / 2 < diff <= updated * cfg["lr"] * 1.03
     os.remove(os.path.join(out, "eval.json"))
-    assert evaluate.main(["--ckpt", out, "--n_test=3"]) == 0
+    assert evaluate_cli.main(["--ckpt", out, "--n_test=3"]) == 0
     result = json.load(open(os.path.join(out, "eval.json")))
     answered = result["causes"].get("answer", 0)                # only an answer can succeed
     assert result["n_tasks"] == sum(result["causes"].values()) == 3 and result["executed_tasks"] == 3

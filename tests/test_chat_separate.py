@@ -19,6 +19,7 @@ import chat_setup
 import chat_tasks
 import config
 import evaluate
+import evaluate_cli
 import features
 import honesty
 import reward
@@ -385,7 +386,7 @@ def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
     assert sampled == [(TAGS["act_end"], 1)] * 4 and built == [1]
     assert len(asked) == 2                     # before and after RL (coverage reuses the same answers)
     os.remove(os.path.join(out, "eval.json"))
-    assert evaluate.main(["--ckpt", out, "--n_test=3"]) == 0
+    assert evaluate_cli.main(["--ckpt", out, "--n_test=3"]) == 0
     result = json.load(open(os.path.join(out, "eval.json")))
     assert result["n_tasks"] == 3 and result["executed_tasks"] == 3
     assert len(asked) == 3                     # and evaluate.py's

@@ -3,6 +3,7 @@ permission, a full disk) is one line naming the path, leaves no <path>.tmp or <p
 keeps the last good checkpoint loadable; a damaged checkpoint (a truncated weights file, a corrupt
 trainer_state.pt, a missing or broken config.json / config.yaml / tokenizer file) is one line
 naming the damaged file, and find_checkpoint / --resume fall back to a whole <path>.old."""
+import evaluate_cli
 import errno
 import os
 import random
@@ -278,7 +279,6 @@ def test_a_damaged_checkpoint_names_the_file_and_falls_back_to_old(kind, tmp_pat
 def test_resume_and_evaluate_of_a_damaged_checkpoint_say_which_file(tmp_path, capsys):
     """What a user sees: train.py --resume and evaluate.py --ckpt print one `error:` line naming
     the damaged file and exit 2, before any training or evaluation."""
-    import evaluate
     cfg = tiny_cfg(tmp_path)
     path = os.path.join(cfg["out_dir"], "ckpt")
     save_good(path, cfg)
@@ -288,7 +288,7 @@ def test_resume_and_evaluate_of_a_damaged_checkpoint_say_which_file(tmp_path, ca
     assert error_lines(capsys) == [f"error: damaged checkpoint: {path}/trainer_state.pt is truncated or corrupt "
                                    f"(not a whole torch.save archive)"]
     truncate("model.safetensors")(path)
-    assert evaluate.main(["--ckpt", cfg["out_dir"]]) == 2
+    assert evaluate_cli.main(["--ckpt", cfg["out_dir"]]) == 2
     lines = error_lines(capsys)
     assert len(lines) == 1 and lines[0].startswith(
         f"error: damaged checkpoint: {path}/model.safetensors is truncated or corrupt (")
@@ -315,7 +315,6 @@ def test_a_full_disk_while_metrics_or_eval_json_are_written_is_one_line(tmp_path
     metrics.jsonl, exit 2; checkpoint 0 (saved before) still loads. Then evaluate.py on that run,
     its eval.json refused: one line naming the file, exit 2, nothing else written."""
     import builtins
-    import evaluate
     cfg = tiny_cfg(tmp_path, sft_steps=1, n_test=2, rl_steps=2, eval_every=0)
     real_open = builtins.open
 
@@ -336,7 +335,7 @@ def test_a_full_disk_while_metrics_or_eval_json_are_written_is_one_line(tmp_path
                                                         weights_only=False)["step"] == 0
     monkeypatch.setattr(builtins, "open", full_disk_for("eval.json"))
     before = sorted(os.listdir(cfg["out_dir"]))
-    assert evaluate.main(["--ckpt", cfg["out_dir"], "--n_test=2"]) == 2
+    assert evaluate_cli.main(["--ckpt", cfg["out_dir"], "--n_test=2"]) == 2
     errors = [line for line in error_lines(capsys) if "it/s" not in line and "s/it" not in line]
     assert len(errors) == 1 and errors[0].startswith(f"error: cannot write {os.path.join(cfg['out_dir'], 'eval.json')}: ")
     assert sorted(os.listdir(cfg["out_dir"])) == before

@@ -102,3 +102,26 @@ def test_coverage_fidelity_scores_the_experts_calls_by_warm_start_count():
     assert seen == {"seen 0 times": [1, 1], "seen 1-49 times": [1, 1], "seen 50+ times": [1, 1]}
     blind = honesty.coverage_fidelity(Oracle(len(tok), blind=True), tok, tasks, counts)
     assert blind == {"seen 0 times": [0, 1], "seen 1-49 times": [0, 1], "seen 50+ times": [0, 1]}
+
+
+def test_paired_table_by_hand():
+    """Five seeds' arms (configs/run_all.sh): per arm its success with the bootstrap interval, and the
+    paired differences; an arm whose eval.json has no task_rewards (older runs) is left out."""
+    def run(seed, rewards):
+        return {"seed": seed, "task_rewards": rewards}
+    runs = {"rehearse": [run("seed1", [1, 1, 1]), run("seed2", [1, 1, 1])],
+            "frozen": [run("seed1", [0, 0, 0]), run("seed2", [0, 0, 0])],
+            "real": [run("seed1", [1, 1, 1]), run("seed2", [1, 1, 1])],
+            "act_only": [{"seed": "seed1"}]}                             # no per-task outcomes
+    lines = experiments.paired_table(runs).splitlines()
+    assert lines[2:5] == ["| rehearse | 2 | 1.000 [1.000, 1.000] |", "| frozen | 2 | 0.000 [0.000, 0.000] |",
+                          "| real | 2 | 1.000 [1.000, 1.000] |"]
+    assert "| rehearse - frozen | +1.000 [+1.000, +1.000] **called** |" in lines     # better on every task
+    assert "| real - rehearse | +0.000 [+0.000, +0.000] |" in lines                  # the same outcomes: not called
+    assert not any("act_only" in line for line in lines)
+    # one seed better by 1 task of 2, the other the same: the mean difference is (0.5 + 0) / 2
+    mixed = {"rehearse": [run("seed1", [1, 1]), run("seed2", [0, 1])],
+             "frozen": [run("seed1", [1, 0]), run("seed2", [0, 1])]}
+    row = [line for line in experiments.paired_table(mixed).splitlines() if line.startswith("| rehearse - frozen")]
+    assert row[0].startswith("| rehearse - frozen | +0.250 [+0.000, ") and "called" not in row[0]
+    assert experiments.paired_table({"real": [{"seed": "seed1"}]}) == ""

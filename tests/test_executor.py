@@ -1,6 +1,8 @@
 """Executors for chat tasks (executor.py, chat_tasks.py `env`): a tiny bank of the tests' own, loaded from
 a file next to the task file; its calls, state, errors, refusals and time limit; bad specs and
 env_config; then real-mode sampling, fidelity, collusion and train.py / evaluate.py with it."""
+import metrics
+import evaluate_cli
 import json
 import os
 import types
@@ -381,7 +383,7 @@ def test_success_wording_with_and_without_an_executor():
     assert evaluate.success_name({**m, "executed_tasks": 4}) == \
         "success (real-world on 4 of 10 tasks, rehearsed on the rest)"
     progress = {"before": {**m, "executed_tasks": 0}, "skipped_steps": 0, "nonfinite_steps": 0}
-    line = train.final_report(progress, {**m, "success": 0.5, "executed_tasks": 0}, {**config.DEFAULTS}, 3)
+    line = metrics.final_report(progress, {**m, "success": 0.5, "executed_tasks": 0}, {**config.DEFAULTS}, 3)
     assert "rehearsed success (no executor) 0.300 -> 0.500 (rehearse mode" in line and "real-world" not in line
 
 
@@ -413,7 +415,7 @@ def test_train_on_executor_tasks_real_and_rehearse_then_evaluate(bank_dir, monke
         assert result["before"]["executed_tasks"] == 4 and "collusion" in result
         steps = [json.loads(x) for x in open(out / "metrics.jsonl")]
         assert [s["step"] for s in steps] == [1, 2]
-    assert evaluate.main(["--ckpt", str(bank_dir / "real"), f"--test_file={plain}", "--n_test=2"]) == 0
+    assert evaluate_cli.main(["--ckpt", str(bank_dir / "real"), f"--test_file={plain}", "--n_test=2"]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("rehearsed success (no executor) ") and "real-world" not in printed
     assert json.load(open(bank_dir / "real" / "evaluate.json"))["executed_tasks"] == 0

@@ -19,7 +19,7 @@ import pytest
 import torch
 import yaml
 
-import evaluate
+import evaluate_cli
 import rollout
 import train
 from envace import REHEARSE, encode_episode
@@ -312,7 +312,7 @@ def test_evaluate_on_a_nan_checkpoint_is_one_line(tmp_path, capsys):
         next(model.parameters()).fill_(float("nan"))
     path = os.path.join(cfg["out_dir"], "ckpt")
     checkpoint.save_checkpoint(model, tokenizer, path, {"config.yaml": yaml.safe_dump(cfg, sort_keys=False)})
-    assert evaluate.main(["--ckpt", cfg["out_dir"], "--n_test=2"]) == 1
+    assert evaluate_cli.main(["--ckpt", cfg["out_dir"], "--n_test=2"]) == 1
     assert "the policy's logits are not finite (NaN or inf) while sampling" in one_error_line(capsys)
     assert not os.path.exists(os.path.join(path, "eval.json"))
 

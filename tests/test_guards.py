@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-import evaluate
+import evaluate_cli
 import metrics
 import honesty
 import rehearse
@@ -253,7 +253,7 @@ def test_guarded_run_logs_kl_per_role_collusion_and_fidelity(tmp_path, monkeypat
     assert c["colluding"] <= c["wrong"] <= c["calls"] and (result["imagined_success"] * 8).is_integer()
     assert "collusion" in result["before"]
     before = open(os.path.join(out, "eval.json")).read()
-    assert evaluate.main(["--ckpt", out, "--collusion"]) == 0
+    assert evaluate_cli.main(["--ckpt", out, "--collusion"]) == 0
     again = json.load(open(os.path.join(out, "collusion.json")))
     assert set(again) == {"imagined_success", "imagined_fidelity", "imagined_fidelity_counts", "collusion"}
     assert open(os.path.join(out, "eval.json")).read() == before

@@ -9,7 +9,7 @@ import os
 import pytest
 import yaml
 
-import evaluate
+import evaluate_cli
 import features
 import train
 from config import ConfigError, load_config
@@ -162,14 +162,14 @@ def test_a_warm_start_alone_is_refused_too_without_resume_advice(tmp_path, capsy
 def test_evaluate_keeps_train_py_eval_json(finished, capsys):
     _, out = finished
     files = tree(out)
-    assert evaluate.main(["--ckpt", out, "--n_test=0"]) == 2
+    assert evaluate_cli.main(["--ckpt", out, "--n_test=0"]) == 2
     assert "--n_test must be at least 1" in one_error_line(capsys)
-    assert evaluate.main(["--ckpt", out, "--n_test=2"]) == 0
+    assert evaluate_cli.main(["--ckpt", out, "--n_test=2"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"written to {out}/evaluate.json"
     assert {k: v for k, v in tree(out).items() if k != "evaluate.json"} == files     # eval.json untouched
     kept, new = (json.load(open(os.path.join(out, name))) for name in ("eval.json", "evaluate.json"))
     assert "before" in kept and kept["n_tasks"] == 4 and new["n_tasks"] == 2 and "before" not in new
-    assert evaluate.main(["--ckpt", out, "--max_tokens=300"]) == 2         # an override that does not fit
+    assert evaluate_cli.main(["--ckpt", out, "--max_tokens=300"]) == 2         # an override that does not fit
     assert "max_position_embeddings (256)" in one_error_line(capsys)
 
 

@@ -11,7 +11,7 @@ import torch
 import yaml
 
 import checkpoint
-import evaluate
+import evaluate_cli
 import features
 import train
 from helpers import tiny_cfg
@@ -139,11 +139,11 @@ def test_an_exception_in_setup_or_evaluate_py_is_one_line(tmp_path, monkeypatch,
     assert train.main(["--config", path]) == 1
     err = lines(capsys.readouterr().err)
     assert len(err) == 1 and "error in setup: ValueError: boom" in err[0], err
-    monkeypatch.setattr(evaluate, "load_run", boom)
-    assert evaluate.main(["--ckpt", cfg["out_dir"]]) == 1
+    monkeypatch.setattr(evaluate_cli, "load_run", boom)
+    assert evaluate_cli.main(["--ckpt", cfg["out_dir"]]) == 1
     err = lines(capsys.readouterr().err)
     assert len(err) == 1 and "error in loading the checkpoint: ValueError: boom" in err[0], err
-    assert evaluate.main(["--ckpt", cfg["out_dir"], "--debug"]) == 1
+    assert evaluate_cli.main(["--ckpt", cfg["out_dir"], "--debug"]) == 1
     assert "Traceback" in capsys.readouterr().err
 
 

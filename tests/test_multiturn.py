@@ -14,6 +14,7 @@ import chat_setup
 import chat_tasks
 import config
 import evaluate
+import evaluate_cli
 import features
 import multiturn
 import train
@@ -322,6 +323,6 @@ def test_warm_start_rl_and_evaluation_on_two_turn_tasks(tmp_path, monkeypatch):
     result = json.load(open(tmp_path / "run" / "eval.json"))
     assert result["n_tasks"] == 3 == result["executed_tasks"] == sum(result["causes"].values())
     os.rename(tmp_path / "run" / "eval.json", tmp_path / "run" / "train_eval.json")
-    assert evaluate.main(["--ckpt", str(tmp_path / "run"), "--n_test=3"]) == 0
+    assert evaluate_cli.main(["--ckpt", str(tmp_path / "run"), "--n_test=3"]) == 0
     again = json.load(open(tmp_path / "run" / "eval.json"))
     assert again["n_tasks"] == 3 and again["causes"] == result["causes"]       # greedy: the same episodes

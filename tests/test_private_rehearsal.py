@@ -92,7 +92,7 @@ def test_the_sweep_of_a_run_folder_writes_every_setting(tmp_path):
     import json
     import os
 
-    import evaluate as evaluate_cli
+    import evaluate_cli
     import train
     from helpers import tiny_cfg
     cfg = tiny_cfg(tmp_path, rl_steps=1, n_test=4, n_collusion=0)

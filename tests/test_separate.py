@@ -12,7 +12,7 @@ import torch
 
 import config
 import envace
-import evaluate
+import evaluate_cli
 import features
 import honesty
 import rehearse
@@ -402,7 +402,7 @@ def test_train_run_with_separate_rows(tmp_path, monkeypatch):
     result = json.load(open(os.path.join(out, "eval.json")))
     assert result["n_tasks"] == 16
     os.remove(os.path.join(out, "eval.json"))
-    assert evaluate.main(["--ckpt", out, "--n_test=8"]) == 0
+    assert evaluate_cli.main(["--ckpt", out, "--n_test=8"]) == 0
 
 
 def test_the_imagined_world_at_evaluation_rehearses_in_separate_rows():

@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-import evaluate
+import evaluate_cli
 import train
 from envace import ACT, REHEARSE, encode_episode, token_logprobs
 from helpers import tiny_cfg, tiny_llama, toy_tokenizer
@@ -108,7 +108,7 @@ def test_sampler_logprobs_equal_the_recomputed_old_logprobs():
                           generator=torch.Generator().manual_seed(3))
     batch = train.make_batch(eps, [float(i % 2) for i in range(12)], [i // 3 for i in range(12)],
                              config.DEFAULTS, TOK.pad_token_id)
-    recomputed = train.batch_logprobs(model, batch["ids"], batch["lengths"], config.DEFAULTS)
+    recomputed = envace.batch_logprobs(model, batch["ids"], batch["lengths"], config.DEFAULTS)
     sampled = batch["sampled_logprobs"]
     trained = batch["mask"]
     assert trained.sum() > 30
@@ -181,7 +181,7 @@ def test_end_to_end_few_steps(tmp_path, monkeypatch, env_mode):
     # only an answer can succeed
     for folder in (out, os.path.join(out, "warmstart")):
         os.remove(os.path.join(folder, "eval.json"))
-        assert evaluate.main(["--ckpt", folder, "--n_test=8"]) == 0
+        assert evaluate_cli.main(["--ckpt", folder, "--n_test=8"]) == 0
         again = json.load(open(os.path.join(folder, "eval.json")))
         answered = again["causes"].get("answer", 0)
         assert again["n_tasks"] == sum(again["causes"].values()) == 8
@@ -189,7 +189,7 @@ def test_end_to_end_few_steps(tmp_path, monkeypatch, env_mode):
 
 
 def test_evaluate_without_a_checkpoint_is_one_line(tmp_path, capsys):
-    assert evaluate.main(["--ckpt", str(tmp_path)]) == 2
+    assert evaluate_cli.main(["--ckpt", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no checkpoint" in err[0]
 

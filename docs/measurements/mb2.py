@@ -2,13 +2,13 @@ import sys, time, torch
 sys.path.insert(0, ".")
 torch.set_num_threads(1)
 from checkpoint import load_policy
-from rollout import _Decoder
+from kvcache import Decoder
 model, tok = load_policy("/tmp/speed2_ckpt", "cpu"); model.eval()
 V = model.config.vocab_size
 for B, P, W in ((1, 10, 1), (128, 10, 1), (128, 30, 1), (128, 30, 4), (16, 30, 1), (16, 1, 30), (32, 1, 30), (128, 1, 30)):
     ts = []
     for rep in range(5):
-        d = _Decoder(model, [list(range(5, 5 + P)) for _ in range(B)], 1)
+        d = Decoder(model, [list(range(5, 5 + P)) for _ in range(B)], 1)
         t = time.perf_counter()
         with torch.no_grad():
             d.step([[7] * W for _ in range(B)])

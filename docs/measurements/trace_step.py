@@ -1,42 +1,39 @@
-"""Trace one RL step of the demo (rehearse mode, one process): repo functions in first-call order.
+"""Trace one RL step of the demo (one process): the repo's functions in first-call order.
 
     python docs/measurements/trace_step.py --model=WARMSTART --seed=3 --tasks_per_step=32
+    python docs/measurements/trace_step.py --sft_steps=60 --seed=3 --tasks_per_step=32   # any commit
 (a warm start whose step updates: with an untrained model every group has equal rewards and the
-update is skipped). Prints the sequence from features' plain `inputs` to metrics.step_record and
-the counts of functions, file switches and files."""
-import os, sys, glob
+update is skipped). Recording starts when the RL bar is built (train.tqdm with desc "RL ...") and
+stops when the step's line is appended to metrics.jsonl, so it needs nothing of the code it traces
+but those two: run it from any commit's checkout (the second form trains its own warm start) to
+compare like with like. Counts every function of a top-level *.py file called in between (lambdas,
+comprehensions and dunders left out); prints the sequence and the counts of functions, file
+switches and files."""
+import builtins, glob, os, sys, tempfile
 sys.path.insert(0, os.getcwd())
-import train, features
-INPUTS_LINE = next(i for i, l in enumerate(open(features.__file__), 1) if "inputs=lambda tasks, repeat=1" in l)
-ROOT = os.getcwd()
-REPO = {os.path.abspath(f) for f in glob.glob(os.path.join(ROOT, "*.py"))}
-seq, on = [], [False]
+import train
+REPO = {os.path.abspath(f) for f in glob.glob(os.path.join(os.getcwd(), "*.py"))}
+seq = []
 def prof(frame, event, arg):
-    if event != "call":
-        return
-    f = os.path.abspath(frame.f_code.co_filename)
-    name = frame.f_code.co_name
-    if name == "start_metrics":
-        on[0] = "armed"
-    if on[0] == "armed" and f.endswith("features.py") and name == "<lambda>" and frame.f_code.co_firstlineno == INPUTS_LINE:
-        on[0] = True
-    if on[0] is True and f in REPO and not name.startswith("<") and name not in ("__init__", "__enter__", "__exit__"):
+    f, name = os.path.abspath(frame.f_code.co_filename), frame.f_code.co_name
+    if event == "call" and f in REPO and not name.startswith("<") and not name.startswith("__"):
         key = (os.path.basename(f)[:-3], name)
         if key not in seq:
             seq.append(key)
-    if on[0] is True and name == "step_record":
-        on[0] = "last"
-real_write = train.write_file
-def write_file(path, text, mode="w"):
-    if on[0] == "last":
-        sys.setprofile(None); report(); os._exit(0)
-    return real_write(path, text, mode)
-train.write_file = write_file
-def report():
-    files = [m for m, _ in seq]
-    switches = sum(a != b for a, b in zip(files, files[1:]))
-    print(" -> ".join(f"{m}.{n}" for m, n in seq))
-    print(f"{len(seq)} functions, {switches} file switches, {len(set(files))} files")
-sys.setprofile(prof)
+real_tqdm, real_open = train.tqdm, builtins.open
+def tqdm(*args, **kwargs):
+    if str(kwargs.get("desc", "")).startswith("RL"):
+        sys.setprofile(prof)
+    return real_tqdm(*args, **kwargs)
+def open_(path, mode="r", *args, **kwargs):
+    if seq and str(path).endswith("metrics.jsonl") and "a" in mode:
+        sys.setprofile(None)
+        files = [m for m, _ in seq]
+        print(" -> ".join(f"{m}.{n}" for m, n in seq))
+        print(f"{len(seq)} functions, {sum(a != b for a, b in zip(files, files[1:]))} file switches, "
+              f"{len(set(files))} files")
+        os._exit(0)
+    return real_open(path, mode, *args, **kwargs)
+train.tqdm, builtins.open = tqdm, open_
 sys.exit(train.main(["--config", "small.yaml", "--sft_steps=0", "--rl_steps=1", "--min_fidelity=0", "--n_test=4",
-                     "--n_collusion=0", "--out_dir=/tmp/trace_run", "--overwrite"] + sys.argv[1:]))
+                     f"--out_dir={tempfile.mkdtemp()}/run"] + sys.argv[1:]))

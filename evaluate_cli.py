@@ -1,0 +1,147 @@
+"""The command line of evaluate.py: load a run folder of train.py and run one measure on it.
+
+    python evaluate.py --ckpt out/small                 # evaluate.evaluate: <ckpt>/eval.json
+    python evaluate.py --ckpt out/small --sweep         # private rehearsal at N = 0, 1, 2, 4
+    python evaluate.py --ckpt out/small --coverage      # fidelity by warm-start coverage
+    python evaluate.py --ckpt out/small --collusion     # the imagined-world measures only
+    python evaluate.py --oracle --test_file=F --out_dir=D   # no model (oracle.py)
+
+evaluate.py's `__main__` runs `main` here, so that evaluate.py holds the evaluation itself. Bad
+input is one line: no checkpoint (exit 2), a bad override (2), broken weights (1), an unwritable
+result (2); anything unexpected one line naming the phase (1; --debug: the traceback too).
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+import features
+import oracle
+from checkpoint import find_checkpoint, load_policy, write_file
+from config import ConfigError, check_lengths, load_config
+from distributed import pick_device
+from envace import NonFiniteError
+from evaluate import evaluate, imagined_summary, summary
+from faults import error_line
+
+
+def rehearsal_sweep(model, tokenizer, tasks, cfg, fx, rehearsers, budgets=(0, 1, 2, 4),
+                    modes=("parallel", "sequential")):
+    """Success against the private-rehearsal budget N, for each mode and each model that plays the
+    world in imagination ({name: model or None for the policy itself}). One row per setting."""
+    rows = []
+    for name, rehearser in rehearsers.items():
+        for mode in modes:
+            for n in budgets:
+                m = evaluate(model, tokenizer, tasks, {**cfg, "rehearsal_budget": n, "rehearsal_mode": mode,
+                                                       "n_collusion": 0}, fx, seed=cfg["seed"], rehearser=rehearser)
+                rows.append({"rehearser": name, "mode": mode, "budget": n, "success": m["success"],
+                             "imagined_per_task": m["imagined_per_task"], "mean_calls": m["mean_calls"]})
+    return rows
+
+
+def load_run(folder, overrides, rehearser_path=None):
+    """(cfg, model, tokenizer, test tasks, fx, rehearser) of a run folder of train.py (its latest
+    checkpoint ckpt/) or of a checkpoint folder itself (warmstart/). ConfigError if there is none."""
+    path = find_checkpoint(os.path.join(folder, "ckpt")) or find_checkpoint(folder)
+    if path is None or not os.path.isfile(os.path.join(path, "config.yaml")):
+        raise ConfigError(f"no checkpoint written by train.py in {folder}")
+    cfg = load_config(os.path.join(path, "config.yaml"), overrides)
+    model, tokenizer = load_policy(path, pick_device(cfg))
+    rehearser = load_policy(rehearser_path, pick_device(cfg))[0] if rehearser_path else None
+    splits = features.build_tasks(cfg)
+    fx = features.setup(cfg, tokenizer, splits, pick_device(cfg))    # a template that does not fit: one line
+    check_lengths(cfg, tokenizer, model.config, splits["test"])      # an override of max_tokens: one line
+    return cfg, model, tokenizer, splits["test"], fx, rehearser
+
+
+def write(folder, name, value):
+    write_file(os.path.join(folder, name), json.dumps(value, indent=1))     # refused: one line
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Evaluation in the REAL toy world: the only place the true dynamics are used.")
+    parser.add_argument("--ckpt", help="a run folder of train.py, or a checkpoint in it")
+    parser.add_argument("--n_test", type=int, default=None, help="evaluate on the first N test tasks")
+    parser.add_argument("--rehearser", help="a checkpoint that plays the world in private rehearsal")
+    parser.add_argument("--sweep", action="store_true",
+                        help="private rehearsal with N = 0, 1, 2, 4, parallel and sequential")
+    parser.add_argument("--coverage", action="store_true",
+                        help="fidelity by warm-start coverage of the run's warm start and latest checkpoint, "
+                             "into <ckpt>/coverage.json")
+    parser.add_argument("--collusion", action="store_true",
+                        help="only the imagined-world measures (collusion), into <ckpt>/collusion.json")
+    parser.add_argument("--oracle", action="store_true",
+                        help="no model: replay each task's gold calls (--test_file=F --out_dir=D; oracle.py)")
+    parser.add_argument("--debug", action="store_true", help="an unexpected error's full traceback too")
+    args, overrides = parser.parse_known_args(argv)
+    if args.oracle:
+        return oracle.main(overrides)
+    phase = ["loading the checkpoint"]
+    try:
+        return run_main(args, overrides, phase)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted during {phase[0]}: no result written", file=sys.stderr)
+        return 130
+    except Exception as e:             # user code, a tokenizer, a library: one line naming the phase
+        print(error_line(e, phase[0], args.debug), file=sys.stderr)
+        return 1
+
+
+def run_main(args, overrides, phase):
+    """main's body: ConfigError exits 2, NonFiniteError 1, each one line; phase[0] names the phase."""
+    try:
+        if not args.ckpt:
+            raise ConfigError("give --ckpt <run folder> (runs are compared by experiments.py --compare)")
+        if args.n_test is not None and args.n_test < 1:
+            raise ConfigError(f"--n_test must be at least 1, got {args.n_test}")
+        cfg, model, tokenizer, tasks, fx, rehearser = load_run(args.ckpt, overrides, args.rehearser)
+        warm = load_policy(os.path.join(args.ckpt, "warmstart"), pick_device(cfg))[0] if args.coverage else None
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    tasks = tasks[:args.n_test] if args.n_test else tasks
+    phase[0] = "evaluation"
+    try:
+        measure(args, cfg, model, tokenizer, tasks, fx, rehearser, warm)
+    except NonFiniteError as e:                    # broken weights: one line, nothing written
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except ConfigError as e:                       # the result could not be written: one line
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def measure(args, cfg, model, tokenizer, tasks, fx, rehearser, warm):
+    """What main runs once the checkpoint is loaded: one of the measures, printed and written."""
+    if args.coverage:
+        result = {when: fx.coverage(m, tokenizer, tasks) for when, m in (("before", warm), ("after", model))}
+        for when, buckets in result.items():
+            print(f"{when}: " + ", ".join(f"{b} {m}/{n}" for b, (m, n) in buckets.items()))
+        write(args.ckpt, "coverage.json", result)
+    elif args.collusion:
+        metrics = fx.honesty(model, tokenizer, tasks[:cfg["n_collusion"] or len(tasks)], cfg,
+                             torch.Generator().manual_seed(cfg["seed"]))
+        print(imagined_summary(metrics) if metrics else "no task has an executor: no real response to "
+              "compare imagined ones with (docs/tools.md)")
+        write(args.ckpt, "collusion.json", metrics)
+    elif args.sweep:
+        rehearsers = {"policy": None, **({"rehearser": rehearser} if rehearser is not None else {})}
+        rows = rehearsal_sweep(model, tokenizer, tasks, cfg, fx, rehearsers)
+        for r in rows:
+            print(f"{r['rehearser']:9s} {r['mode']:10s} N={r['budget']}: success {r['success']:.3f}, "
+                  f"{r['imagined_per_task']:.2f} imagined and {r['mean_calls']:.2f} real calls per task")
+        write(args.ckpt, "private_rehearsal.json", rows)
+    else:
+        metrics = evaluate(model, tokenizer, tasks, cfg, fx, seed=cfg["seed"], rehearser=rehearser)
+        print(summary(metrics))
+        name = "evaluate.json" if os.path.exists(os.path.join(args.ckpt, "eval.json")) else "eval.json"
+        write(args.ckpt, name, metrics)        # train.py's eval.json (with `before`) is kept as it is
+        print(f"written to {os.path.join(args.ckpt, name)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,8 +7,9 @@
 # Each seed's warm start is trained once (configs/warmstart.yaml) and every RL arm starts from it;
 # the coverage arm trains its own, on the data it is allowed to see. ARMS picks the arms (default
 # all six), SWEEP=0 skips the sweep; PARALLEL=1 runs a seed's arms at once and NICE=15 runs every
-# step under `nice -n 15`, either with OMP_NUM_THREADS=1 (a shared machine), each arm's output in
-# $R/ARM-seedS.log. A run whose eval.json exists is kept, not redone (a second call continues).
+# step under `nice -n 15`, either with OMP_NUM_THREADS=1 (a shared machine); each arm's output goes
+# to $R/ARM-seedS.log (and to the terminal unless PARALLEL). A run whose eval.json exists is kept,
+# not redone (a second call continues with what is left).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 R=${1:-results}
@@ -21,13 +22,13 @@ for s in ${SEEDS:-1 2 3}; do
     run train.py --config configs/warmstart.yaml --seed=$s --out_dir=$R/warmstart/seed$s
   for arm in ${ARMS:-rehearse real frozen act_only no_env coverage}; do
     [ -f "$R/$arm/seed$s/eval.json" ] && continue
-    if [ "$arm" = coverage ]; then
-      run train.py --config configs/coverage.yaml --seed=$s --out_dir=$R/coverage/seed$s > $R/$arm-seed$s.log 2>&1 &
+    args=(--config configs/$arm.yaml --seed=$s --out_dir=$R/$arm/seed$s)
+    [ "$arm" = coverage ] || args+=(--model=$R/warmstart/seed$s/warmstart --sft_steps=0)
+    if [ -n "${PARALLEL:-}" ]; then
+      run train.py "${args[@]}" > $R/$arm-seed$s.log 2>&1 &
     else
-      run train.py --config configs/$arm.yaml --seed=$s --out_dir=$R/$arm/seed$s \
-        --model=$R/warmstart/seed$s/warmstart --sft_steps=0 > $R/$arm-seed$s.log 2>&1 &
+      run train.py "${args[@]}" 2>&1 | tee $R/$arm-seed$s.log
     fi
-    [ -n "${PARALLEL:-}" ] || wait
   done
   wait
   echo "seed $s seconds $(( $(date +%s) - start ))" >> "$R/timing.log"

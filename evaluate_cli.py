@@ -62,7 +62,7 @@ def write(folder, name, value):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Evaluation in the REAL toy world: the only place the true dynamics are used.")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt", help="a run folder of train.py, or a checkpoint in it")
     parser.add_argument("--n_test", type=int, default=None, help="evaluate on the first N test tasks")
     parser.add_argument("--rehearser", help="a checkpoint that plays the world in private rehearsal")

@@ -44,7 +44,7 @@ from checkpoint import build_tokenizer, load_policy
 from config import DEFAULTS
 from distributed import memory_estimate
 from envace import encode, first_target, tag_ids, token_logprobs
-from rollout import _append, _new_row, sample_episodes
+from rollout import _append, new_row, sample_episodes
 from separate import SEPARATE_WORDS, sample_separate
 from train import make_batch, rl_step
 
@@ -94,7 +94,8 @@ def generate_episodes(model, tokenizer, prompts, env_mode, cfg, seed, world=worl
     tags = tags or tag_ids(tokenizer)
     device = next(model.parameters()).device
     worlds = world if isinstance(world, list) else [world] * len(prompts)
-    rows = [_new_row(p if isinstance(p, list) else tags["bos"] + encode(tokenizer, p), tags, plan, tokenizer, w)
+    rows = [new_row(p if isinstance(p, list) else tags["bos"] + encode(tokenizer, p), w, plan=plan, tags=tags,
+                    tokenizer=tokenizer)
             for p, plan, w in zip(prompts, plans or [None] * len(prompts), worlds)]
     limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
     limits["rehearse_check"] = None

@@ -46,13 +46,14 @@ import chat_separate
 import chat_setup
 import honesty
 import multiturn
+import rehearse
 import separate
 import taskfiles
 import world
 import world_choice
 import world_uncertain
 from config import ConfigError
-from envace import ACT, OBS, PROMPT, REHEARSE, encode_episode
+from envace import ACT, OBS, PROMPT, REHEARSE, encode_episode, tag_ids
 from reward import task_reward
 from rollout import sample_episodes
 
@@ -100,9 +101,17 @@ def setup(cfg, tokenizer, splits, device="cpu"):
     else:
         fx = plain_features(cfg, tokenizer, splits)
     rehearsed = cfg["env_mode"] in ("rehearse", "frozen")    # the policy (or the frozen warm start) plays the world
-    fx.rl_sample = fx.sample if rehearsed else sample_episodes      # RL's sampler, chosen by env_mode
+    fx.rl_sample = functools.partial(fx.sample if rehearsed else sample_episodes,     # RL's sampler, chosen by
+                                     env_mode=cfg["env_mode"], **sampling_args(cfg))  # env_mode, its config bound
     fx.rl_diagnostics = fx.diagnostics if rehearsed else no_extras  # rehearsals against a real replay
     return fx
+
+
+def sampling_args(cfg):
+    """The sampler's keyword arguments from the config (rollout.sample_episodes)."""
+    args = {k: cfg[k] for k in ("temperature", "top_p", "max_turns", "max_act_tokens", "max_env_tokens",
+                                "max_tokens")}
+    return {**args, "rehearse_check": rehearse.check_rehearsal if cfg["rehearse_check"] else None}
 
 
 def no_extras(*args):
@@ -116,8 +125,9 @@ def plain_features(cfg, tokenizer, splits, world=world, snippets=None):
         snippets = world.tool_snippets(cfg["data_seed"], cfg["snippet_repeats"], cfg["coverage"])
     logged = [(t, t.get("responses") or world.replay(t["calls"])) for t in splits["logged"]]
     counts = Counter([c for t, _ in logged for c in t["calls"]] + [c for s in snippets for c in s["calls"]])
+    tags = tag_ids(tokenizer)                         # the toy's tags as ids, once
     fx = SimpleNamespace(
-        inputs=lambda tasks, repeat=1: ([t["prompt"] for t in tasks for _ in range(repeat)], world, None),
+        inputs=lambda tasks, repeat=1: ([t["prompt"] for t in tasks for _ in range(repeat)], world, tags),
         executes=lambda task: True, reward=task_reward, step_extras=no_extras, eval_extras=no_extras,
         diagnostics=lambda episodes, tasks: {"fidelity": honesty.replay_fidelity(episodes, world),
                                              "collusion": honesty.collusion_counts(episodes, tasks, world)})

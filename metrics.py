@@ -3,7 +3,8 @@
 Diagnostics only: nothing here feeds the loss. Each step's line holds its reward (= success in the
 world it was sampled in), how episodes ended, tokens and mean advantage per role, the update's
 stats (loss, clip fractions, entropy and KL to the reference per role, gradient norm, padding),
-rehearsal fidelity and collusion against a real replay, and its timings.
+rehearsal fidelity and collusion against a real replay, and its timings. Also the run's
+evaluations in the real world (`real_world_eval`: eval.json) and the lines that report them.
 """
 import json
 import os
@@ -12,9 +13,10 @@ import torch
 
 import honesty
 from checkpoint import write_file
-from distributed import add_up, all_gather, from_rank0
+from distributed import add_up, all_gather, from_rank0, gathered
 from envace import ACT, OBS, REHEARSE, ROLE_NAMES
-from evaluate import success_name, summary
+from evaluate import evaluate, success_name, summary
+from faults import rank0_interruptible
 from reward import cause_counts
 
 
@@ -127,3 +129,17 @@ def final_report(progress, after, cfg, seconds):
             f"{success_name(after)} {before['success']:.3f} -> {after['success']:.3f} ({cfg['env_mode']} "
             f"mode, {cfg['rl_steps']} steps, {progress['skipped_steps']} skipped, "
             f"{progress['nonfinite_steps']} non-finite, {seconds:.0f}s); saved to {cfg['out_dir']}/ckpt")
+
+
+def real_world_eval(model, tokenizer, tasks, cfg, fx, amp, path=None, stop=None, **extra):
+    """evaluate.evaluate on rank 0 (FSDP: every rank gathers the weights first), written to
+    `path` with `extra`; the result on every rank. A failure or a signal there stops every rank
+    (faults.rank0_interruptible, with the run's `stop` outside the RL loop)."""
+    def on_rank0():
+        with amp:
+            result = evaluate(model, tokenizer, tasks, cfg, fx, seed=cfg["seed"])
+        if path:
+            write_file(path, json.dumps({**result, **extra}, indent=1))    # a full disk: one line
+        return result
+    with gathered(model):
+        return rank0_interruptible(on_rank0, stop)

@@ -76,18 +76,16 @@ def sample_token(logits, temperature, top_p, generator=None):
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def new_row(prompt_ids, world, phase="act", plan=None, **extra):
+def new_row(prompt_ids, world, phase="act", plan=None, tags=None, tokenizer=None, **extra):
     """A row of the sampler: its prompt (role PROMPT), the world that reads its text, the phase it
-    starts in, and its state machine's fields (a separate rehearse row starts in "env")."""
-    return {"world": world, "ids": list(prompt_ids), "roles": [PROMPT] * len(prompt_ids),
-            "logprobs": [0.0] * len(prompt_ids), "prompt_len": len(prompt_ids), "phase": phase,
-            "forced": deque(), "segment": [], "plan": deque(plan or []), "calls": [], "call_turns": [],
-            "responses": [], "answer": None, "answers": [], "cause": None, "state": None, **extra}
-
-
-def _new_row(prompt_ids, tags, plan, tokenizer, world):
-    row = new_row(prompt_ids, world, plan=plan)
-    _next_turn(row, tags, tokenizer, first=True)
+    starts in, and its state machine's fields. A row starting in "act" gets its first <act> hand-off
+    forced (`tags`, `tokenizer`: _next_turn); a separate rehearse row starts in "env" with none."""
+    row = {"world": world, "ids": list(prompt_ids), "roles": [PROMPT] * len(prompt_ids),
+           "logprobs": [0.0] * len(prompt_ids), "prompt_len": len(prompt_ids), "phase": phase,
+           "forced": deque(), "segment": [], "plan": deque(plan or []), "calls": [], "call_turns": [],
+           "responses": [], "answer": None, "answers": [], "cause": None, "state": None, **extra}
+    if phase == "act":
+        _next_turn(row, tags, tokenizer, first=True)
     return row
 
 
@@ -124,8 +122,8 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     tags = tags or tag_ids(tokenizer)
     if rows is None:
         worlds = world if isinstance(world, list) else [world] * len(prompts)
-        rows = [_new_row(p if isinstance(p, list) else tags["bos"] + encode(tokenizer, p), tags, plan,
-                         tokenizer, w) for p, plan, w in zip(prompts, plans or [None] * len(prompts), worlds)]
+        rows = [new_row(p if isinstance(p, list) else tags["bos"] + encode(tokenizer, p), w, plan=plan, tags=tags,
+                        tokenizer=tokenizer) for p, plan, w in zip(prompts, plans or [None] * len(prompts), worlds)]
     for row in rows:
         row.setdefault("world", world)                # rows continued in rounds may come without
         if row.get("state") is None:                  # the real world's state, used in real mode only

@@ -21,7 +21,7 @@ import honesty
 import world as toy_world
 from config import ConfigError
 from envace import OBS, PROMPT, REHEARSE, TAG, encode, encode_episode, tag_ids
-from rollout import _new_row, _next_turn, new_row, sample_episodes
+from rollout import _next_turn, new_row, sample_episodes
 
 # the separate rehearse prompt's words, and each tool's signature (the toy's one-line stand-in
 # for a JSON schema). In the vocabulary only with rehearsal_context separate, so that the inline
@@ -54,7 +54,7 @@ def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     result as an assistant turn ending at the template's end-of-turn stop (chat_separate.rehearse_tags), and
     the result is copied into the actor row as the template's tool response (`_copy_response`)."""
     assert env_mode in ("rehearse", "frozen") and (env_model is not None) == (env_mode == "frozen")
-    chat_rows = tags is not None
+    chat_rows = any(isinstance(p, list) for p in prompts)     # chat prompts come as ids, the toy's as text
     if chat_rows and rehearse_prompt is None:
         rehearse_prompt = functools.partial(chat_separate.separate_prompt, tokenizer, 0)
     tags = tags or tag_ids(tokenizer)
@@ -63,7 +63,8 @@ def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
               "max_act_tokens": max_act_tokens, "max_env_tokens": max_env_tokens, "generator": generator,
               "rehearse_check": rehearse_check}
     worlds = world if isinstance(world, list) else [world] * len(prompts)
-    episodes = [_new_row(p if chat_rows else tags["bos"] + encode(tokenizer, p), tags, plan, tokenizer, w)
+    episodes = [new_row(p if chat_rows else tags["bos"] + encode(tokenizer, p), w, plan=plan, tags=tags,
+                        tokenizer=tokenizer)
                 for p, w, plan in zip(prompts, worlds, plans or [None] * len(prompts))]
     for i, e in enumerate(episodes):
         e.update(episode=i, rehearsals=[], stop_at="call")

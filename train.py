@@ -32,6 +32,7 @@ a toy world with exact-match success instead of a judge (`format: chat`, chat.py
 chat model on JSONL tool tasks); one optimizer step per batch (`ppo_epochs` > 1 makes the clip
 bite); no dynamic sampling (steps whose groups all have equal rewards are skipped and counted).
 """
+import functools
 import json
 import math
 import os
@@ -46,7 +47,6 @@ from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
 import features
-import rehearse
 from checkpoint import (build_policy, check_out_dir, reference_model, rl_state, save_state,
                         save_warm_start, write_file)
 from config import check_lengths, check_splits, command_line, load_config
@@ -54,11 +54,12 @@ from distributed import (all_sum, autocast, from_rank0, gathered, in_step, memor
                          reuse_sampler_logprobs, setup_distributed)
 from envace import (ACT, OBS, REHEARSE, NonFiniteError, batch_logprobs, clipped_pg_loss, collate, first_target,
                     loss_mask, micro_batches, padded_fraction, token_advantages, token_kl_coefs, token_logprobs)
-from evaluate import evaluate, summary
-from faults import (Interrupted, StopRequest, exit_status, interrupted_line, nonfinite, rank0_interruptible,
-                    restore_snapshot, rl_stop_line, signalled, training_snapshot)
+from evaluate import summary
+from faults import (Interrupted, StopRequest, exit_status, interrupted_line, nonfinite, restore_snapshot,
+                    rl_stop_line, signalled, training_snapshot)
 from honesty import fidelity_gate
-from metrics import add_micro_batch, episode_sums, eval_during_rl, final_report, role_sums, start_metrics, step_record
+from metrics import (add_micro_batch, episode_sums, eval_during_rl, final_report, real_world_eval, role_sums,
+                     start_metrics, step_record)
 from reward import group_advantages, training_rows
 
 hf_logging.disable_progress_bar()     # transformers' save/load bars: keep the terminal for ours
@@ -285,17 +286,12 @@ def run_phases(cfg, resume, overwrite, phase, stop):
     model, ddp_model, tokenizer, splits, fx, state, warm = setup(cfg, resume, overwrite, phase, device, world_size, log)
     out, t_start, amp = cfg["out_dir"], time.time(), autocast(cfg, device)
 
-    def rank0_eval(path=None, **extra):       # the held-out tasks in the real world, written to path
-        return real_world_eval(model, tokenizer, splits["test"], cfg, fx, amp, path, stop, **extra)
-
-    # 2-3. warm start, evaluation, the fidelity gate (or the checkpoint's state)
-    before = None
-    if state is None:
-        before = warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, rank, world_size,
-                                     stop, phase, warm)
-        if before is None:
-            return 2
-        phase["name"] = "the step-0 checkpoint"
+    # 2-3. warm start, evaluation in the real world (rank0_eval(path, **extra): eval.json), the fidelity gate
+    rank0_eval = functools.partial(real_world_eval, model, tokenizer, splits["test"], cfg, fx, amp, stop=stop)
+    before = warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, rank, world_size, stop,
+                                 phase, warm) if state is None else None
+    if state is None and before is None:        # the gate stopped the run
+        return 2
     reference = reference_model(model, cfg, device, world_size, os.path.join(out, "warmstart"), state is None,
                                 uses_kl(cfg) or cfg["env_mode"] == "frozen")     # the frozen warm start
     simulator = reference if cfg["env_mode"] == "frozen" else None
@@ -310,22 +306,21 @@ def run_phases(cfg, resume, overwrite, phase, stop):
     with StopRequest() as rl_stop:     # (rank0_eval's `stop` stays the run's)
         for step in bar:
             phase["name"], t0 = f"RL step {step}", time.time()
-            tasks = task_rng.sample(splits["rl"], cfg["tasks_per_step"])        # the same on every rank
-            tasks = tasks[rank * per_rank:(rank + 1) * per_rank]               # this rank's groups
-            group_ids = [i // G for i in range(len(tasks) * G)]               # a task's G samples
+            tasks = task_rng.sample(splits["rl"], cfg["tasks_per_step"])[rank * per_rank:(rank + 1) * per_rank]
+            group_ids = [i // G for i in range(len(tasks) * G)]   # a task's G samples (same draw on every rank)
+            episode_tasks = [tasks[g] for g in group_ids]
             prompts, worlds, tags = fx.inputs(tasks, G)                       # one per episode
             with amp, gathered(model), gathered(simulator):
-                episodes = fx.rl_sample(model, tokenizer, prompts, cfg["env_mode"], world=worlds, tags=tags,
-                                        env_model=simulator, generator=generator, **sampling_args(cfg))
-                extras = fx.step_extras(model, episodes, [tasks[g] for g in group_ids])
+                episodes = fx.rl_sample(model, tokenizer, prompts, world=worlds, tags=tags, env_model=simulator,
+                                        generator=generator)
+                extras = fx.step_extras(model, episodes, episode_tasks)
             time_sample = time.time() - t0
-            rewards = [fx.reward(e, tasks[g]) for e, g in zip(episodes, group_ids, strict=True)]
+            rewards = [fx.reward(e, t) for e, t in zip(episodes, episode_tasks, strict=True)]
             rows, row_rewards, row_groups = training_rows(episodes, rewards, group_ids, cfg["advantage_groups"])
             sums, status = rl_step(model, ddp_model, opt, rows, row_rewards, row_groups, cfg,
                                    tokenizer.pad_token_id, reference if uses_kl(cfg) else None, world_size)
-            diagnostics = fx.rl_diagnostics(episodes, [tasks[g] for g in group_ids])    # diagnostic only
-            record = {**step_record(step, status, progress, {**sums, **episode_sums(episodes, rewards), **diagnostics},
-                                    time_sample, time.time() - t0), **extras}   # extras: the world's own figures
+            sums.update(episode_sums(episodes, rewards), **fx.rl_diagnostics(episodes, episode_tasks))  # diagnostics
+            record = {**step_record(step, status, progress, sums, time_sample, time.time() - t0), **extras}
             if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < cfg["rl_steps"]:
                 bar.write(eval_during_rl(rank0_eval(), record, progress, cfg, step))
             from_rank0(lambda: write_file(metrics_path, json.dumps(record) + "\n", mode="a"))   # refused: all stop
@@ -354,7 +349,9 @@ def setup(cfg, resume, overwrite, phase, device, world_size, log):
         check_out_dir(cfg["out_dir"])                 # finished work is never overwritten silently
     splits = features.build_tasks(cfg)                # bad data files stop the run here
     check_splits(cfg, splits)
-    seed_everything(cfg["seed"])
+    random.seed(cfg["seed"])
+    np.random.seed(cfg["seed"])
+    torch.manual_seed(cfg["seed"])
     model, tokenizer, state, warm = build_policy(cfg, resume, device, world_size, features.tiny_words)
     if state is not None:
         phase.update(saved="ckpt", step=state["step"])
@@ -371,19 +368,6 @@ def setup(cfg, resume, overwrite, phase, device, world_size, log):
     log(f"model: {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)} | tasks: {len(splits['logged'])} "
         f"logged, {len(splits['rl'])} RL, {len(splits['test'])} test | device {device} x {world_size} process(es)")
     return model, ddp_model, tokenizer, splits, fx, state, warm
-
-
-def seed_everything(seed):
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def sampling_args(cfg):
-    """The sampler's keyword arguments from the config (rollout.sample_episodes)."""
-    args = {k: cfg[k] for k in ("temperature", "top_p", "max_turns", "max_act_tokens", "max_env_tokens",
-                                "max_tokens")}
-    return {**args, "rehearse_check": rehearse.check_rehearsal if cfg["rehearse_check"] else None}
 
 
 def warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, rank, world_size, stop, phase,
@@ -408,21 +392,10 @@ def warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, r
     before = rank0_eval(os.path.join(cfg["out_dir"], "warmstart", "eval.json"))
     log(f"warm start ({time.time() - t0:.0f}s{f', {skipped} non-finite steps skipped' if skipped else ''}): "
         f"{summary(before)}")
-    return before if fidelity_gate(before, cfg, log) else None
-
-
-def real_world_eval(model, tokenizer, tasks, cfg, fx, amp, path=None, stop=None, **extra):
-    """evaluate.evaluate on rank 0 (FSDP: every rank gathers the weights first), written to
-    `path` with `extra`; the result on every rank. A failure or a signal there stops every rank
-    (faults.rank0_interruptible, with the run's `stop` outside the RL loop)."""
-    def on_rank0():
-        with amp:
-            result = evaluate(model, tokenizer, tasks, cfg, fx, seed=cfg["seed"])
-        if path:
-            write_file(path, json.dumps({**result, **extra}, indent=1))    # a full disk: one line
-        return result
-    with gathered(model):
-        return rank0_interruptible(on_rank0, stop)
+    if not fidelity_gate(before, cfg, log):
+        return None
+    phase["name"] = "the step-0 checkpoint"
+    return before
 
 
 if __name__ == "__main__":

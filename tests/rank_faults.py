@@ -14,6 +14,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import checkpoint  # noqa: E402
 import faults  # noqa: E402
+import metrics  # noqa: E402
 import train  # noqa: E402
 
 TORCH_FULL_DISK = "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"
@@ -58,14 +59,14 @@ def signal_in_from_rank0(call, signum):
 
 
 def signal_in_evaluate(call, signum):
-    real, calls = train.evaluate, []
+    real, calls = metrics.evaluate, []
 
     def patched(*a, **k):
         calls.append(1)
         if len(calls) == call:
             os.kill(os.getpid(), signum)
         return real(*a, **k)
-    train.evaluate = patched
+    metrics.evaluate = patched
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import yaml
 import checkpoint
 import evaluate_cli
 import features
+import metrics as metrics_module
 import train
 from helpers import tiny_cfg
 
@@ -75,7 +76,7 @@ def test_a_signal_during_the_warm_start_evaluation_keeps_it_and_resume_matches(t
     cfg, path = config_file(tmp_path, "part", rl_steps=3, kl_coef=0.05)
     capsys.readouterr()
     with monkeypatch.context() as m:
-        signal_on_call(m, train, "evaluate", call=1)       # the warm start's real-world evaluation
+        signal_on_call(m, metrics_module, "evaluate", call=1)       # the warm start's real-world evaluation
         assert train.main(["--config", path]) == 130
     err = lines(capsys.readouterr().err)
     out_dir = cfg["out_dir"]
@@ -108,7 +109,7 @@ def test_a_signal_during_the_warm_start_evaluation_keeps_it_and_resume_matches(t
 
 def test_a_signal_during_the_final_evaluation_keeps_ckpt(tmp_path, monkeypatch, capsys):
     cfg, path = config_file(tmp_path, "run", rl_steps=1, sft_steps=1)
-    signal_on_call(monkeypatch, train, "evaluate", call=2)       # 1: the warm start's, 2: the final one
+    signal_on_call(monkeypatch, metrics_module, "evaluate", call=2)       # 1: the warm start's, 2: the final one
     assert train.main(["--config", path]) == 130
     err = lines(capsys.readouterr().err)
     assert len(err) == 1 and "interrupted during final evaluation" in err[0] \
@@ -154,7 +155,7 @@ def test_resume_from_a_warm_start_made_otherwise_names_the_key(tmp_path, monkeyp
     (rl_steps, group_size) may change."""
     cfg, path = config_file(tmp_path, "run", sft_steps=2, n_test=2, rl_steps=2)
     with monkeypatch.context() as m:
-        signal_on_call(m, train, "evaluate", call=1)       # the warm start is saved, its evaluation stopped
+        signal_on_call(m, metrics_module, "evaluate", call=1)       # the warm start is saved, its evaluation stopped
         assert train.main(["--config", path]) == 130
     warm = os.path.join(cfg["out_dir"], "warmstart")
     saved_weights = open(os.path.join(warm, "model.safetensors"), "rb").read()

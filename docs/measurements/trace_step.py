@@ -8,8 +8,8 @@ stops when the step's line is appended to metrics.jsonl, so it needs nothing of 
 but those two: run it from any commit's checkout (the second form trains its own warm start) to
 compare like with like. Counts every function of a top-level *.py file called in between (lambdas,
 comprehensions and dunders left out); prints the sequence and the counts of functions, file
-switches and files."""
-import builtins, glob, os, sys, tempfile
+switches and files, and which of those functions are 8 lines or fewer."""
+import ast, builtins, glob, os, sys, tempfile
 sys.path.insert(0, os.getcwd())
 import train
 REPO = {os.path.abspath(f) for f in glob.glob(os.path.join(os.getcwd(), "*.py"))}
@@ -32,8 +32,13 @@ def open_(path, mode="r", *args, **kwargs):
         print(" -> ".join(f"{m}.{n}" for m, n in seq))
         print(f"{len(seq)} functions, {sum(a != b for a, b in zip(files, files[1:]))} file switches, "
               f"{len(set(files))} files")
+        small = [f"{m}.{n}" for m, n in seq if lines_of(m, n) <= 8]
+        print(f"{len(small)} of them are 8 lines or fewer (def to last line): {' '.join(small)}")
         os._exit(0)
     return real_open(path, mode, *args, **kwargs)
+def lines_of(module, name):   # the shortest def of that name in module.py (ast spans)
+    tree = ast.parse(real_open(module + ".py").read())
+    return min(n.end_lineno - n.lineno + 1 for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
 train.tqdm, builtins.open = tqdm, open_
 sys.exit(train.main(["--config", "small.yaml", "--sft_steps=0", "--rl_steps=1", "--min_fidelity=0", "--n_test=4",
                      f"--out_dir={tempfile.mkdtemp()}/run"] + sys.argv[1:]))

@@ -295,8 +295,7 @@ def run_phases(cfg, resume, overwrite, phase, stop):
     reference = reference_model(model, cfg, device, world_size, os.path.join(out, "warmstart"), state is None,
                                 uses_kl(cfg) or cfg["env_mode"] == "frozen")     # the frozen warm start
     simulator = reference if cfg["env_mode"] == "frozen" else None
-    opt, generator, task_rng, progress, first_step = rl_state(model, tokenizer, cfg, state, before, rank, log)
-    phase.update(saved="ckpt", step=first_step - 1)
+    opt, generator, task_rng, progress, first_step = rl_state(model, tokenizer, cfg, state, before, rank, log, phase)
     metrics_path, config_text = start_metrics(out, first_step, rank), yaml.safe_dump(cfg, sort_keys=False)
     per_rank, G = cfg["tasks_per_step"] // world_size, cfg["group_size"]
 

@@ -11,10 +11,14 @@ functions; train.py and evaluate.py call them and never branch on the format or 
     inputs(tasks, repeat)   (prompts, worlds, tags) for the sampler, each task `repeat` times
     sample                  the sampler when the policy rehearses (rollout.sample_episodes inline,
                             separate.sample_separate); real-world episodes are always inline
+    rl_sample               RL's sampler, chosen by env_mode (`sample`, or inline rollout.sample_episodes
+                            when the real world or none answers), with env_mode and the config's sampling
+                            keys bound: called with the step's model, prompts, worlds, tags and generator
     reward(episode, task)   task success (reward.task_reward, or chat_reward.chat_reward)
     warm_start_sequences()  the logged data as rows of ids + roles; warm_start_roles: those trained
     diagnostics(episodes, tasks)   an RL step's rehearsal fidelity and collusion sums, against a
-                            real replay (empty when no real world exists for the tasks)
+                            real replay (empty when no real world exists for the tasks); rl_diagnostics:
+                            the same for rehearsed RL steps, {} for real / none ones
     executes(task)          whether a real executor runs the task at evaluation
     would_rehearse(model, tokenizer, tasks, episodes)   [(call, matched)]: would the model, greedy,
                             have rehearsed each real response of these real-world episodes?

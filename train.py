@@ -306,7 +306,7 @@ def run_phases(cfg, resume, overwrite, phase, stop):
         for step in bar:
             phase["name"], t0 = f"RL step {step}", time.time()
             tasks = task_rng.sample(splits["rl"], cfg["tasks_per_step"])[rank * per_rank:(rank + 1) * per_rank]
-            group_ids = [i // G for i in range(len(tasks) * G)]   # a task's G samples (same draw on every rank)
+            group_ids = [i // G for i in range(len(tasks) * G)]   # a task's G samples; all ranks draw alike, then slice
             episode_tasks = [tasks[g] for g in group_ids]
             prompts, worlds, tags = fx.inputs(tasks, G)                       # one per episode
             with amp, gathered(model), gathered(simulator):
@@ -318,7 +318,7 @@ def run_phases(cfg, resume, overwrite, phase, stop):
             rows, row_rewards, row_groups = training_rows(episodes, rewards, group_ids, cfg["advantage_groups"])
             sums, status = rl_step(model, ddp_model, opt, rows, row_rewards, row_groups, cfg,
                                    tokenizer.pad_token_id, reference if uses_kl(cfg) else None, world_size)
-            sums.update(episode_sums(episodes, rewards), **fx.rl_diagnostics(episodes, episode_tasks))  # diagnostics
+            sums.update(episode_sums(episodes, rewards), **fx.rl_diagnostics(episodes, episode_tasks))  # logged only
             record = {**step_record(step, status, progress, sums, time_sample, time.time() - t0), **extras}
             if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < cfg["rl_steps"]:
                 bar.write(eval_during_rl(rank0_eval(), record, progress, cfg, step))

@@ -16,8 +16,10 @@ import evaluate_cli
 import metrics
 import honesty
 import rehearse
+import separate
 import train
 import world
+from checkpoint import build_tokenizer
 from envace import ACT, PROMPT, REHEARSE, TAG, encode_episode, token_logprobs
 from helpers import ScriptedModel, tiny_cfg, tiny_llama, toy_tokenizer
 from reward import cause_counts, task_reward
@@ -145,6 +147,32 @@ def test_rehearse_check_ends_the_episode_with_reward_0():
     assert on[0]["responses"] == ["3", "error args"] and on[1]["responses"] == ["5"]
     assert TOK.convert_ids_to_tokens(on[1]["ids"][-2:]) == ["5", "</env>"]
     assert on[2]["ids"] == off[2]["ids"]
+
+
+def test_the_rl_sampler_carries_the_config_chosen_once():
+    """features.setup binds env_mode and the config's sampling keys to fx.rl_sample: the guard and
+    the token budget reach RL's episodes with nothing passed at the call; env_mode picks the sampler."""
+    scripts = {"cost 2 apple": "<act> price apple </act> <env> 3 </env> <act> mul 2 , 3 </act> <env> "
+                               "error args </env> <act> answer 6 </act>",
+               "price 3": "<act> price 3 </act> <env> 5 </env> <act> answer 5 </act>",
+               "buy apple": "<act> price apple </act> <env> 3 </env> <act> pay 3 </act> <env> 6 </env> "
+                            "<act> answer 6 </act>"}
+    policy, splits = ScriptedModel(TOK, scripts), {"logged": [], "rl": [], "test": []}
+
+    def rl_sample(**kw):                      # a vocabulary with the separate prompt's words
+        tok = build_tokenizer(world.WORDS + separate.SEPARATE_WORDS)
+        return features.setup({**config.DEFAULTS, "temperature": 0, **kw}, tok, splits).rl_sample
+
+    def causes(**kw):
+        fx = features.setup({**config.DEFAULTS, "temperature": 0, **kw}, TOK, splits)
+        prompts, worlds, tags = fx.inputs([{"prompt": p} for p in scripts])
+        return cause_counts(fx.rl_sample(policy, TOK, prompts, world=worlds, tags=tags, env_model=None))
+    assert causes() == {"answer": 3}
+    assert causes(rehearse_check=True) == {"rehearse_check": 2, "answer": 1}
+    assert causes(max_tokens=8) == {"token_limit": 3}     # "price 3": 3 prompt ids + <act> price 3 </act> <env>
+    assert rl_sample(env_mode="real").keywords["env_mode"] == "real"
+    assert rl_sample(env_mode="real", rehearsal_context="separate").func is sample_episodes  # real: inline
+    assert rl_sample(rehearsal_context="separate").func is separate.sample_separate
 
 
 # ----------------------------------------------------------------------------- KL per role

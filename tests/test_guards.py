@@ -130,12 +130,16 @@ def test_every_real_response_passes_the_check_whatever_the_wallet():
             assert rehearse.check_rehearsal(call, response), (spent, call, response)
 
 
+# two rehearsals of the wrong form for their call, then a valid episode
+CHECK_SCRIPTS = {"cost 2 apple": "<act> price apple </act> <env> 3 </env> <act> mul 2 , 3 </act> <env> "
+                                 "error args </env> <act> answer 6 </act>",        # wrong form
+                 "price 3": "<act> price 3 </act> <env> 5 </env> <act> answer 5 </act>",  # error missing
+                 "buy apple": "<act> price apple </act> <env> 3 </env> <act> pay 3 </act> <env> 6 </env> "
+                              "<act> answer 6 </act>"}                              # valid
+
+
 def test_rehearse_check_ends_the_episode_with_reward_0():
-    scripts = {"cost 2 apple": "<act> price apple </act> <env> 3 </env> <act> mul 2 , 3 </act> <env> "
-                               "error args </env> <act> answer 6 </act>",        # wrong form
-               "price 3": "<act> price 3 </act> <env> 5 </env> <act> answer 5 </act>",  # error missing
-               "buy apple": "<act> price apple </act> <env> 3 </env> <act> pay 3 </act> <env> 6 </env> "
-                            "<act> answer 6 </act>"}                              # valid
+    scripts = CHECK_SCRIPTS
     tasks = [{"answer": "6"}, {"answer": "5"}, {"answer": "6"}]
     policy = ScriptedModel(TOK, scripts)
     off = sample_episodes(policy, TOK, list(scripts), "rehearse", temperature=0)
@@ -152,11 +156,7 @@ def test_rehearse_check_ends_the_episode_with_reward_0():
 def test_the_rl_sampler_carries_the_config_chosen_once():
     """features.setup binds env_mode and the config's sampling keys to fx.rl_sample: the guard and
     the token budget reach RL's episodes with nothing passed at the call; env_mode picks the sampler."""
-    scripts = {"cost 2 apple": "<act> price apple </act> <env> 3 </env> <act> mul 2 , 3 </act> <env> "
-                               "error args </env> <act> answer 6 </act>",
-               "price 3": "<act> price 3 </act> <env> 5 </env> <act> answer 5 </act>",
-               "buy apple": "<act> price apple </act> <env> 3 </env> <act> pay 3 </act> <env> 6 </env> "
-                            "<act> answer 6 </act>"}
+    scripts = CHECK_SCRIPTS                   # the check ends the first two
     policy, splits = ScriptedModel(TOK, scripts), {"logged": [], "rl": [], "test": []}
 
     def rl_sample(**kw):                      # a vocabulary with the separate prompt's words

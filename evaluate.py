@@ -13,7 +13,8 @@ first `n_collusion` test tasks the imagined world's success and collusion rate (
 the format and the rehearsal layout comes from `fx` (features.py); chat tasks with no executor are
 rehearsed by the policy, their figure "rehearsed success (no executor)" (`success_name`).
 """
-import sys
+import os
+import runpy
 
 import torch
 
@@ -104,6 +105,5 @@ def imagined_summary(m):
             f"({c['colluding']} of {c['wrong']} wrong calls)")
 
 
-if __name__ == "__main__":          # the command line: evaluate_cli.py
-    import evaluate_cli
-    sys.exit(evaluate_cli.main())
+if __name__ == "__main__":    # the command line is evaluate_cli.py, which imports this module: run as a script
+    runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "evaluate_cli.py"), run_name="__main__")

@@ -6,9 +6,10 @@
     python evaluate.py --ckpt out/small --collusion     # the imagined-world measures only
     python evaluate.py --oracle --test_file=F --out_dir=D   # no model (oracle.py)
 
-evaluate.py's `__main__` runs `main` here, so that evaluate.py holds the evaluation itself. Bad
-input is one line: no checkpoint (exit 2), a bad override (2), broken weights (1), an unwritable
-result (2); anything unexpected one line naming the phase (1; --debug: the traceback too).
+evaluate.py's `__main__` runs this file as a script, so that evaluate.py holds the evaluation itself
+and imports run one way (this file imports evaluate.py, never the reverse). Bad input is one line:
+no checkpoint (exit 2), a bad override (2), broken weights (1), an unwritable result (2); anything
+unexpected one line naming the phase (1; --debug: the traceback too).
 """
 import argparse
 import json

@@ -5,9 +5,6 @@ graph = {}
 for m, f in mods.items():
     deps = set()
     tree = ast.parse(open(f).read())
-    # a file's `if __name__ == "__main__":` block runs only when it is the program, never on import:
-    # an import there cannot close a cycle (evaluate.py runs evaluate_cli.main from there)
-    tree.body = [n for n in tree.body if not (isinstance(n, ast.If) and "__main__" in ast.unparse(n.test))]
     for n in ast.walk(tree):
         if isinstance(n, ast.Import):
             deps |= {a.name.split(".")[0] for a in n.names}

@@ -8,12 +8,13 @@ stops when the step's line is appended to metrics.jsonl, so it needs nothing of 
 but those two: run it from any commit's checkout (the second form trains its own warm start) to
 compare like with like. Counts every function of a top-level *.py file called in between (lambdas,
 comprehensions and dunders left out); prints the sequence and the counts of functions, file
-switches and files, and which of those functions are 8 lines or fewer."""
+switches and files, the same for the paper's path files alone, and which functions are 8 lines or fewer."""
 import ast, builtins, glob, os, sys, tempfile
 sys.path.insert(0, os.getcwd())
 import train
 REPO = {os.path.abspath(f) for f in glob.glob(os.path.join(os.getcwd(), "*.py"))}
 seq = []
+PAPER_PATH = {"envace", "world", "rollout", "reward", "rehearse", "train", "evaluate"}   # the design card's files: f01e109's step touched no other
 def prof(frame, event, arg):
     f, name = os.path.abspath(frame.f_code.co_filename), frame.f_code.co_name
     if event == "call" and f in REPO and not name.startswith("<") and not name.startswith("__"):
@@ -32,8 +33,11 @@ def open_(path, mode="r", *args, **kwargs):
         print(" -> ".join(f"{m}.{n}" for m, n in seq))
         print(f"{len(seq)} functions, {sum(a != b for a, b in zip(files, files[1:]))} file switches, "
               f"{len(set(files))} files")
+        path = [m for m in files if m in PAPER_PATH]   # the same sequence, the extensions' functions left out
+        print(f"the paper's path alone: {len(path)} functions, {sum(a != b for a, b in zip(path, path[1:]))} "
+              f"file switches, {len(set(path))} files")
         small = [f"{m}.{n}" for m, n in seq if lines_of(m, n) <= 8]
-        print(f"{len(small)} of them are 8 lines or fewer (def to last line): {' '.join(small)}")
+        print(f"{len(small)} of the {len(seq)} are 8 lines or fewer (def to last line): {' '.join(small)}")
         os._exit(0)
     return real_open(path, mode, *args, **kwargs)
 def lines_of(module, name):   # the shortest def of that name in module.py (ast spans)

@@ -14,7 +14,8 @@ sys.path.insert(0, os.getcwd())
 import train
 REPO = {os.path.abspath(f) for f in glob.glob(os.path.join(os.getcwd(), "*.py"))}
 seq = []
-PAPER_PATH = {"envace", "world", "rollout", "reward", "rehearse", "train", "evaluate"}   # the design card's files: f01e109's step touched no other
+# the design card's files (f01e109's step touched no other)
+PAPER_PATH = {"envace", "world", "rollout", "reward", "rehearse", "train", "evaluate"}
 def prof(frame, event, arg):
     f, name = os.path.abspath(frame.f_code.co_filename), frame.f_code.co_name
     if event == "call" and f in REPO and not name.startswith("<") and not name.startswith("__"):

@@ -32,9 +32,9 @@ Truncation is explicit: a tag sampled in the wrong role ("bad_act", "bad_rehears
 longer than max_act_tokens / max_env_tokens ("act_limit", "env_limit"), more than max_turns calls
 over the whole episode, all user turns together ("turn_limit"), or more than max_tokens in all
 ("token_limit") ends the row with reward 0.
-With `rehearse_check` (a guard, off by default: a function, rehearse.check_rehearsal) a simulated response of the wrong form for its
-call (a number where a number goes, the schema's error for a call the
-schema rejects) also ends the row, with cause "rehearse_check".
+With `rehearse_check` (a guard, off by default: a function, rehearse.check_rehearsal) a simulated
+response of the wrong form for its call (a number where a number goes, the schema's error for a
+call the schema rejects) also ends the row, with cause "rehearse_check".
 
 Logprobs are recorded for every token the policy sampled, in fp32 from the full distribution at
 the sampling temperature, i.e. exactly what a teacher-forced forward at that temperature gives
@@ -104,18 +104,16 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
                     world=toy_world, temperature=1.0, top_p=1.0, max_turns=6, max_act_tokens=8,
                     max_env_tokens=6, max_tokens=96, generator=None, plans=None, tags=None,
                     rehearse_check=None, rows=None):
-    """Paper, world rehearsal: sample one episode per prompt (repeat a prompt G times for a
-    group), the policy acting and, in rehearse mode, writing the environment's responses too.
-    Returns a list of dicts with ids, roles, logprobs (0 where not sampled by the policy), calls
-    and responses as text, call_turns (per call, the user turn it was made in; 0 but in
-    multi-turn chat tasks), answers (per finished user turn), answer (the last), cause ('answer'
-    or why it was truncated) and finished.
-    plans: optional, per row a list of (call, expected response) that the row commits to: each
-    call is forced as the row's action while every response so far was the expected one; from
-    the first surprise on, the policy acts on its own (re-plans). Used by rehearse.py.
-    rehearse_check: None, or check(call, response, world) (rehearse.check_rehearsal): end a row
-    whose simulated response has the wrong form for its call (cause "rehearse_check").
-    Chat format (chat.py): prompts are id lists, `world` one world per row, `tags` from the template.
+    """Paper, world rehearsal: sample one episode per prompt (repeat a prompt G times for a group),
+    the policy acting and, in rehearse mode, writing the environment's responses too. Returns dicts
+    with ids, roles, logprobs (0 where the policy did not sample), calls and responses as text,
+    call_turns (per call, its user turn: 0 but in multi-turn chat), answers (per finished user
+    turn), answer (the last), cause ('answer' or why it was truncated) and finished.
+    plans: optional, per row a list of (call, expected response) the row commits to (rehearse.py): each
+    call is forced while every response so far was the expected one; from the first surprise, it re-plans.
+    rehearse_check: None, or check(call, response, world) (rehearse.check_rehearsal): end a row whose
+    simulated response has the wrong form for its call (cause "rehearse_check"). Chat format
+    (chat.py): prompts are id lists, `world` one world per row, `tags` from the template.
     rows: rows already started (instead of prompts), continued in place: sample_separate's rounds."""
     assert env_mode in ("rehearse", "real", "frozen", "none"), env_mode
     assert (env_model is not None) == (env_mode == "frozen"), "env_model is for frozen mode"

@@ -69,10 +69,9 @@ hf_logging.disable_progress_bar()     # transformers' save/load bars: keep the t
 
 def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, OBS), rank=0, world_size=1,
                stop=None):
-    """Paper, the warm start before RL: teacher-forced cross-entropy on the targets whose role is in `roles`
-    (ACT, REHEARSE and the logged responses OBS: environment tokens are trained too, the initial
-    world model; separate rows train ACT and REHEARSE, features.py), token mean over the global
-    batch, AdamW with cosine decay from sft_lr to sft_lr / 10.
+    """Paper, the warm start before RL: teacher-forced cross-entropy on the targets whose role is in
+    `roles` (ACT, REHEARSE and the logged responses OBS: the initial world model; separate rows train
+    ACT and REHEARSE), token mean over the global batch, AdamW, cosine decay from sft_lr to sft_lr / 10.
     Every rank draws the same global batch (same seed) and trains on its slice of it, in
     length-grouped micro-batches. A sequence may be a group of rows ({"rows": [...]}, separate
     context): drawn as one, so sft_batch_size counts logged episodes in both contexts.

@@ -1,4 +1,5 @@
-"""`world: choice`: a task family where private rehearsal can pay (issue 15 part 2, claim 4).
+"""`world: choice`: a task family where private rehearsal can pay (the paper's claim 4;
+docs/imagination.md).
 
 The paper's claim (4): imagining N episodes before the one real execution adds success at a
 moderate budget. On the toy demo it cannot show: the errors left are decisions imagination does

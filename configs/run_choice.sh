@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Private rehearsal where imagination carries information (issue 15, part 2, claim 4;
+# Private rehearsal where imagination carries information (the paper's claim 4;
 # docs/imagination.md): per seed, the warm start and RL with rehearsal memories of
 # configs/choice3.yaml (three options), then success at N = 0, 1, 2, 4 imagined episodes (parallel and sequential)
 # on the warm start (as its own rehearser) and on the RL model (itself, and the warm start playing

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The world-learned-from-reward experiment (issue 15, part 1; docs/uncertain.md): one warm start
+# The world-learned-from-reward experiment (docs/uncertain.md): one warm start
 # per seed on the stale logs of configs/world_uncertain.yaml, then four RL arms of 200 steps
 # from it: rehearse (EnvACE), frozen (the warm start plays the world), act_only (rehearse_coef 0),
 # real (the real world answers). After each seed, the tables, the paired bootstrap and the

@@ -174,7 +174,7 @@ def test_actor_rows_keep_their_cache_across_rounds():
     assert all(e["responses"] == ["3", "3"] for e in eps) and not any("saved_kv" in e for e in eps)
     prefills = [shape for seen, shape in calls if seen == 0]
     # three prompts (one shared by two rows) once, then per call the 4 rehearse rows (the two
-    # "buy apple" rows ask the same), never the actor rows again (7 prefills before issue 16)
+    # "buy apple" rows ask the same), never the actor rows again (7 prefills when every round re-prefilled them)
     assert [p[0] for p in prefills] == [3, 3, 3]
     # each resumption feeds the actors, in one forward, only the ids not in their cache: the
     # copied <env> 3 </env> and the forced <act> (the call's </act> went in before they waited)

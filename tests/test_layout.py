@@ -1,0 +1,59 @@
+"""The paper's path stays readable in one sitting: the shape the reorganisation gave it, held.
+
+The design card's files (plus the toy world) are the paper's path: at most 400 lines each and
+1,600 together, no function over 60 lines, no branch on a feature chosen at setup (the format,
+the rehearsal layout, FSDP), and code that points to docs, not to issue numbers."""
+import ast
+import glob
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAPER_PATH = ["envace.py", "world.py", "rollout.py", "reward.py", "rehearse.py", "train.py", "evaluate.py"]
+FEATURE_WORDS = ("format", "rehearsal_context", "fsdp")
+
+
+def source(name):
+    return open(os.path.join(ROOT, name)).read()
+
+
+def long_functions(src, limit=60):
+    """[(name, lines)] of the functions longer than `limit` lines, def line to last line."""
+    return [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(ast.parse(src))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > limit]
+
+
+def feature_branches(src):
+    """[(line, test)] of the if / while / conditional expressions whose test names a feature."""
+    return [(n.lineno, ast.get_source_segment(src, n.test)) for n in ast.walk(ast.parse(src))
+            if isinstance(n, (ast.If, ast.IfExp, ast.While))
+            and any(w in ast.get_source_segment(src, n.test) for w in FEATURE_WORDS)]
+
+
+def test_the_paper_path_is_short_enough_to_read_in_one_sitting():
+    lines = {f: source(f).count("\n") for f in PAPER_PATH}
+    assert {f: n for f, n in lines.items() if n > 400} == {}
+    assert sum(lines.values()) <= 1600
+    assert {f: long_functions(source(f)) for f in PAPER_PATH if long_functions(source(f))} == {}
+
+
+def test_the_checks_see_a_long_function_and_a_feature_branch():
+    body = "".join(f"    x = {i}\n" for i in range(60))          # def line + 60 = 61 lines
+    assert long_functions(f"def f():\n{body}") == [("f", 61)]
+    assert long_functions(f"def f():\n{body[:-10]}") == []          # 60 lines
+    src = 'def step(cfg):\n    if cfg["format"] == "chat":\n        return 1\n    return 2 if cfg["fsdp"] else 3\n'
+    assert feature_branches(src) == [(2, 'cfg["format"] == "chat"'), (4, 'cfg["fsdp"]')]
+
+
+def test_core_functions_do_not_branch_on_a_feature_chosen_at_setup():
+    assert {f: feature_branches(source(f)) for f in PAPER_PATH if feature_branches(source(f))} == {}
+
+
+def test_code_and_configs_point_to_docs_not_to_issue_numbers():
+    files = [f for pattern in ("*.py", "*.yaml", "configs/*", "tests/*.py", ".ci/*")
+             for f in glob.glob(os.path.join(ROOT, pattern))]
+    assert len(files) > 60
+    issue = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+    hits = [f"{os.path.relpath(f, ROOT)}:{i}" for f in files for i, line in enumerate(open(f), 1)
+            if issue.search(line)]
+    assert hits == []

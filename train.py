@@ -293,7 +293,7 @@ def run_phases(cfg, resume, overwrite, phase, stop):
         return 2
     reference = reference_model(model, cfg, device, world_size, os.path.join(out, "warmstart"), state is None,
                                 uses_kl(cfg) or cfg["env_mode"] == "frozen")     # the frozen warm start
-    simulator = reference if cfg["env_mode"] == "frozen" else None
+    simulator, kl_reference = (reference if cfg["env_mode"] == "frozen" else None), (reference if uses_kl(cfg) else None)
     opt, generator, task_rng, progress, first_step = rl_state(model, tokenizer, cfg, state, before, rank, log, phase)
     metrics_path, config_text = start_metrics(out, first_step, rank), yaml.safe_dump(cfg, sort_keys=False)
     per_rank, G = cfg["tasks_per_step"] // world_size, cfg["group_size"]
@@ -316,7 +316,7 @@ def run_phases(cfg, resume, overwrite, phase, stop):
             rewards = [fx.reward(e, t) for e, t in zip(episodes, episode_tasks, strict=True)]
             rows, row_rewards, row_groups = training_rows(episodes, rewards, group_ids, cfg["advantage_groups"])
             sums, status = rl_step(model, ddp_model, opt, rows, row_rewards, row_groups, cfg,
-                                   tokenizer.pad_token_id, reference if uses_kl(cfg) else None, world_size)
+                                   tokenizer.pad_token_id, kl_reference, world_size)
             sums.update(episode_sums(episodes, rewards), **fx.rl_diagnostics(episodes, episode_tasks))  # logged only
             record = {**step_record(step, status, progress, sums, time_sample, time.time() - t0), **extras}
             if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < cfg["rl_steps"]:

@@ -38,9 +38,10 @@ def test_the_paper_path_is_short_enough_to_read_in_one_sitting():
 
 
 def test_the_checks_see_a_long_function_and_a_feature_branch():
-    body = "".join(f"    x = {i}\n" for i in range(60))          # def line + 60 = 61 lines
-    assert long_functions(f"def f():\n{body}") == [("f", 61)]
-    assert long_functions(f"def f():\n{body[:-10]}") == []          # 60 lines
+    def function(n_lines):                                          # def line + n_lines - 1 lines
+        return "def f():\n" + "".join(f"    x = {i}\n" for i in range(n_lines - 1))
+    assert long_functions(function(61)) == [("f", 61)]
+    assert long_functions(function(60)) == []
     src = 'def step(cfg):\n    if cfg["format"] == "chat":\n        return 1\n    return 2 if cfg["fsdp"] else 3\n'
     assert feature_branches(src) == [(2, 'cfg["format"] == "chat"'), (4, 'cfg["fsdp"]')]
 

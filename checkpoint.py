@@ -317,7 +317,7 @@ WARM_START_KEYS = ("format", "world", "seed", "data_seed", "n_logged", "n_new_lo
 def save_state(out, model, tokenizer, opt, step, config_text, progress, generator, task_rng):
     """The resumable checkpoint <out>/ckpt: model + tokenizer (save_pretrained), config.yaml and
     trainer_state.pt (step, optimizer, every rank's RNG states, counters). Collective: every rank
-    calls it (to hand in its RNG states); rank 0 writes, atomically (envace.save_checkpoint); a
+    calls it (to hand in its RNG states); rank 0 writes, atomically (save_checkpoint); a
     write refused there raises on every rank (from_rank0), so none waits at the next collective."""
     rngs = all_gather({"python": random.getstate(), "numpy": np.random.get_state(),
                        "torch": torch.get_rng_state(), "generator": generator.get_state(),

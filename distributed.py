@@ -293,5 +293,3 @@ def reuse_sampler_logprobs(cfg, device):
 def load_device(cfg, device, world_size):
     """Where a model is loaded: the CPU under FSDP (each rank moves its own shard), else `device`."""
     return "cpu" if cfg["fsdp"] and world_size > 1 else device
-
-

@@ -172,8 +172,6 @@ def first_target(mask):
     return int(needed.int().argmax()) if bool(needed.any()) else 0
 
 
-
-
 # ----------------------------------------------------------------------------- the loss
 
 

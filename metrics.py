@@ -59,7 +59,6 @@ def episode_sums(episodes, rewards):
             "causes": cause_counts(episodes)}
 
 
-
 def metrics_record(step, s, status, counters, times):
     """One metrics.jsonl line from the summed-over-ranks metric sums."""
     n = s["n_episodes"]
@@ -89,7 +88,6 @@ def metrics_record(step, s, status, counters, times):
     record.update(times)
     record["tok_per_s"] = s["n_tok"] / times["time_step"]
     return record
-
 
 
 def start_metrics(out, first_step, rank):

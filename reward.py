@@ -13,10 +13,10 @@ Worked example, two tasks x G = 3:
     mean     1/3            1
     A        2/3 -1/3 -1/3  0    0    0      group 1 is all-equal: zero signal, counted
 
-Chat-format tasks (chat.py) are scored by `chat_reward`: the final answer (normalised string or
-number match), the tool calls against gold calls compared AST-style as BFCL does (type-aware
-values, in order or in any order), and optionally the paper's checklist judge: a local causal LM
-asked each yes/no question, scored by p(yes) / (p(yes) + p(no)) of its next token.
+Chat-format tasks (chat.py) are scored by `chat_reward` (chat_reward.py): the final answer
+(normalised string or number match), the tool calls against gold calls compared AST-style as BFCL
+does (type-aware values, in order or in any order), and optionally the paper's checklist judge: a
+local causal LM asked each yes/no question, scored by p(yes) / (p(yes) + p(no)) of its next token.
 
 With rehearsal_context separate an episode is several rows (`training_rows`): its actor row and
 one rehearse row per call, each with the episode's reward. `advantage_groups: task_role` (the
@@ -79,10 +79,7 @@ def cause_counts(episodes):
     return dict(Counter(e["cause"] for e in episodes))
 
 
-# ----------------------------------------------------------------------------- chat-format rewards
-
-
-
+# ----------------------------------------------------------------------------- what an evaluation reports
 
 def outcome_record(tasks, episodes, rewards):
     """What every evaluation reports about outcomes (eval.json): success, how episodes ended

@@ -36,8 +36,9 @@ def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
                     max_env_tokens=6, max_tokens=96, generator=None, tags=None, rehearse_check=None,
                     rehearse_prompt=None, plans=None):
     """rehearsal_context separate (the official implementation's choice): every rehearsal is its
-    own row with its own prompt (rehearse.rehearse_prompt: the tool's signature, `examples(call)`
-    logged examples if given, the dialogue so far and the call), which the actor never sees.
+    own row with its own prompt (toy format: separate.rehearse_prompt, the tool's signature,
+    `examples(call)` logged examples if given, the dialogue so far and the call), which the actor
+    never sees.
     Sampled in rounds with sample_episodes: the actor rows run until they end or finish a call;
     then the pending rehearse rows are sampled together (role REHEARSE, stopping at </env>); each
     response is copied into its actor row as `<env>` (TAG) + response + `</env>` (OBS: context

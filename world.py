@@ -266,7 +266,6 @@ def _lead(rng, items, spend):
     return calls
 
 
-
 ERROR_WORDS = ("item", "args", "funds", "call")
 
 

@@ -134,7 +134,7 @@ def hand_batch(cfg):
 
 
 def record_of(totals):
-    """train.metrics_record over one rank's sums (the episode-level figures are placeholders)."""
+    """metrics.metrics_record over one rank's sums (the episode-level figures are placeholders)."""
     s = {"n_episodes": 2, "reward_sum": 1.0, "calls_sum": 3, "causes": {}, "all_equal_groups": 0,
          "n_tok": 10, **{f"{k}_{r}": 0 for k in ("tokens", "adv_sum") for r in ("act", "rehearse", "obs")},
          **totals}

@@ -231,7 +231,7 @@ def test_the_comparison_of_runs_reads_finished_and_running_arms(tmp_path):
     assert "| rehearse - frozen | +1.000 [+1.000, +1.000] **called** |" in text
     assert "{'real': {'seed1': 7}}" in text and (tmp_path / "uncertain.png").is_file()
     assert "| rehearse | 1.000 | 0.500 | - | - | - | - |" in text and "| frozen | 0.000 | 0.500 | - |" in text
-    assert f"| frozen | 1 | 0.000 [0.000, 0.000] |" in text and subsets.count("uncertain") + subsets.count("faithful") == 4
+    assert "| frozen | 1 | 0.000 [0.000, 0.000] |" in text and subsets.count("uncertain") + subsets.count("faithful") == 4
 
 
 def test_the_configs_logs_hold_50_new_phrasing_episodes_per_family_and_position_made_stale_like_the_rest():

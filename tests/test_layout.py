@@ -5,8 +5,10 @@ The design card's files (plus the toy world) are the paper's path: at most 400 l
 the rehearsal layout, FSDP), and code that points to docs, not to issue numbers."""
 import ast
 import glob
+import io
 import os
 import re
+import tokenize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_PATH = ["envace.py", "world.py", "rollout.py", "reward.py", "rehearse.py", "train.py", "evaluate.py"]
@@ -57,4 +59,50 @@ def test_code_and_configs_point_to_docs_not_to_issue_numbers():
     issue = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
     hits = [f"{os.path.relpath(f, ROOT)}:{i}" for f in files for i, line in enumerate(open(f), 1)
             if issue.search(line)]
+    assert hits == []
+
+
+def module_names(src):
+    """What `module.name` can name in a module: its top-level functions, classes, assignments and imports."""
+    names = set()
+    for n in ast.parse(src).body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in n.names)
+        elif isinstance(n, (ast.Assign, ast.AnnAssign)):
+            names.update(t.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                         if isinstance(t, ast.Name))
+    return names
+
+
+def stale_references(text, modules):
+    """[(line, 'module.name')] where prose names a module's function that the module does not define."""
+    ref = re.compile(r"(?<![\w/.-])(" + "|".join(map(re.escape, modules)) + r")\.([A-Za-z_]\w*)\b")
+    files = {"py", "md", "yaml", "json", "jsonl", "png", "txt", "sh", "pt"}
+    return [(i, f"{m}.{name}") for i, line in enumerate(text.split("\n"), 1) for m, name in ref.findall(line)
+            if name not in modules[m] and name not in files]
+
+
+def prose(path):
+    """A file's prose with its line numbers kept: a .py file's strings and comments (code blanked), else all of it."""
+    text = open(path).read()
+    if not path.endswith(".py"):
+        return text
+    lines = [""] * (text.count("\n") + 1)
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type in (tokenize.STRING, tokenize.COMMENT):
+            for k, part in enumerate(tok.string.split("\n")):
+                lines[tok.start[0] - 1 + k] += " " + part
+    return "\n".join(lines)
+
+
+def test_docs_and_docstrings_name_functions_where_they_live():
+    modules = {os.path.basename(f)[:-3]: module_names(open(f).read()) for f in glob.glob(os.path.join(ROOT, "*.py"))}
+    src = '"""See envace.clipped_pg_loss and envace.save_checkpoint (moved); envace.py is a file."""\nx = envace.gone\n'
+    assert stale_references(src, modules) == [(1, "envace.save_checkpoint"), (2, "envace.gone")]
+    files = [f for pattern in ("*.py", "tests/*.py", "docs/*.md", "README.md", "*.yaml", "configs/*.yaml")
+             for f in glob.glob(os.path.join(ROOT, pattern)) if f != os.path.abspath(__file__)]   # (its fixture)
+    assert len(files) > 80
+    hits = [f"{os.path.relpath(f, ROOT)}:{i}: {name}" for f in files for i, name in stale_references(prose(f), modules)]
     assert hits == []

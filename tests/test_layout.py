@@ -53,9 +53,13 @@ def test_core_functions_do_not_branch_on_a_feature_chosen_at_setup():
     assert {f: feature_branches(source(f)) for f in PAPER_PATH if feature_branches(source(f))} == {}
 
 
+def repo_files(*patterns):
+    """The repository's files matching any of the glob patterns (relative to ROOT), as absolute paths."""
+    return [f for pattern in patterns for f in glob.glob(os.path.join(ROOT, pattern))]
+
+
 def test_code_and_configs_point_to_docs_not_to_issue_numbers():
-    files = [f for pattern in ("*.py", "*.yaml", "configs/*", "tests/*.py", ".ci/*")
-             for f in glob.glob(os.path.join(ROOT, pattern))]
+    files = repo_files("*.py", "*.yaml", "configs/*", "tests/*.py", ".ci/*")
     assert len(files) > 60
     issue = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
     hits = [f"{os.path.relpath(f, ROOT)}:{i}" for f in files for i, line in enumerate(open(f), 1)
@@ -99,13 +103,13 @@ def prose(path):
 
 
 def test_docs_and_docstrings_name_functions_where_they_live(tmp_path):
-    modules = {os.path.basename(f)[:-3]: module_names(open(f).read()) for f in glob.glob(os.path.join(ROOT, "*.py"))}
+    modules = {os.path.basename(f)[:-3]: module_names(source(f)) for f in repo_files("*.py")}
     fixture = tmp_path / "m.py"       # a moved function in a docstring and a comment; code is left to import
     fixture.write_text('"""See envace.clipped_pg_loss\nand envace.save_checkpoint; envace.py is a file."""\n'
                        'x = envace.gone   # or reward.gone\n')
     assert stale_references(prose(str(fixture)), modules) == [(2, "envace.save_checkpoint"), (3, "reward.gone")]
-    files = [f for pattern in ("*.py", "tests/*.py", "docs/*.md", "README.md", "*.yaml", "configs/*.yaml")
-             for f in glob.glob(os.path.join(ROOT, pattern)) if f != os.path.abspath(__file__)]   # (its fixture)
+    files = [f for f in repo_files("*.py", "tests/*.py", "docs/*.md", "README.md", "*.yaml", "configs/*.yaml")
+             if f != os.path.abspath(__file__)]   # this file holds the fixture's names
     assert len(files) > 80
     hits = [f"{os.path.relpath(f, ROOT)}:{i}: {name}" for f in files for i, name in stale_references(prose(f), modules)]
     assert hits == []

@@ -34,18 +34,16 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
-
-import chat
-import chat_setup
-import chat_tasks
+from chat import format as chat
+from chat import setup as chat_setup
+from chat import tasks as chat_tasks
 import world
-from checkpoint import build_tokenizer, load_policy
-from config import DEFAULTS
-from distributed import memory_estimate
+from machinery.checkpoint import build_tokenizer, load_policy
+from machinery.config import DEFAULTS
+from machinery.distributed import memory_estimate
 from envace import encode, first_target, tag_ids, token_logprobs
 from rollout import _append, new_row, sample_episodes
-from separate import SEPARATE_WORDS, sample_separate
+from rehearsal.separate import SEPARATE_WORDS, sample_separate
 from train import make_batch, rl_step
 
 QWEN3_1_7B = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
@@ -249,7 +247,7 @@ def padding_tools(n):
 
 def chat_workload(args):
     """BFCL scale: toy tasks in the chat format with ~2k-token prompts of tool schemas, 16 x 4."""
-    from helpers import chat_tokenizer
+    from tests.helpers import chat_tokenizer
     tokenizer = chat_tokenizer()
     cuda = args.device.startswith("cuda")
     if args.size in ("1.7b", "qwen3-tiny"):       # the GPU script's model; qwen3-tiny: its CPU test

@@ -13,12 +13,11 @@ first `n_collusion` test tasks the imagined world's success and collusion rate (
 the format and the rehearsal layout comes from `fx` (features.py); chat tasks with no executor are
 rehearsed by the policy, their figure "rehearsed success (no executor)" (`success_name`).
 """
-import os
 import runpy
 
 import torch
 
-import honesty
+from rehearsal import honesty
 import rehearse
 from reward import outcome_record
 from rollout import sample_episodes
@@ -105,5 +104,5 @@ def imagined_summary(m):
             f"({c['colluding']} of {c['wrong']} wrong calls)")
 
 
-if __name__ == "__main__":    # the command line is evaluate_cli.py, which imports this module: run as a script
-    runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "evaluate_cli.py"), run_name="__main__")
+if __name__ == "__main__":    # the command line is machinery/evaluate_cli.py, which imports this module
+    runpy.run_module("machinery.evaluate_cli", run_name="__main__")

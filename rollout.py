@@ -47,7 +47,7 @@ from collections import deque
 import torch
 import torch.nn.functional as F
 
-import kvcache
+from machinery import kvcache
 import world as toy_world
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, NonFiniteError, encode, tag_ids
 

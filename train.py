@@ -46,19 +46,19 @@ import yaml
 from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
-import features
-from checkpoint import (build_policy, check_out_dir, reference_model, rl_state, save_state,
+from formats import features
+from machinery.checkpoint import (build_policy, check_out_dir, reference_model, rl_state, save_state,
                         save_warm_start, write_file)
-from config import check_lengths, check_splits, command_line, load_config
-from distributed import (all_sum, autocast, from_rank0, gathered, in_step, memory_estimate, memory_line, parallel_model,
+from machinery.config import check_lengths, check_splits, command_line, load_config
+from machinery.distributed import (all_sum, autocast, from_rank0, gathered, in_step, memory_estimate, memory_line, parallel_model,
                          reuse_sampler_logprobs, setup_distributed)
 from envace import (ACT, OBS, REHEARSE, NonFiniteError, batch_logprobs, clipped_pg_loss, collate, first_target,
                     loss_mask, micro_batches, padded_fraction, token_advantages, token_kl_coefs, token_logprobs)
 from evaluate import summary
-from faults import (Interrupted, StopRequest, exit_status, interrupted_line, nonfinite, restore_snapshot,
+from machinery.faults import (Interrupted, StopRequest, exit_status, interrupted_line, nonfinite, restore_snapshot,
                     rl_stop_line, signalled, training_snapshot)
-from honesty import fidelity_gate
-from metrics import (add_micro_batch, episode_sums, eval_during_rl, final_report, real_world_eval, role_sums,
+from rehearsal.honesty import fidelity_gate
+from machinery.metrics import (add_micro_batch, episode_sums, eval_during_rl, final_report, real_world_eval, role_sums,
                      start_metrics, step_record)
 from reward import group_advantages, training_rows
 

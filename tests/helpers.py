@@ -6,8 +6,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import world
-from checkpoint import build_tokenizer
-from config import DEFAULTS
+from machinery.checkpoint import build_tokenizer
+from machinery.config import DEFAULTS
 
 
 def toy_tokenizer():
@@ -186,3 +186,27 @@ class Bigram(torch.nn.Module):
         out = self.model(input_ids=input_ids, **kw)
         out.logits = out.logits + self.bias[input_ids[:, -out.logits.shape[1]:]]
         return out
+
+
+def import_graph(root):
+    """{module: the repo's modules it imports anywhere in its file}, dotted as Python names them:
+    the files at the root ("train") and in its packages ("chat.format"); `from chat import format`
+    counts as importing chat.format, `from chat.format import x` too."""
+    import ast
+    import glob
+    import os
+    files = {os.path.relpath(f, root)[:-3].replace(os.sep, "."): f
+             for f in glob.glob(os.path.join(root, "*.py")) + glob.glob(os.path.join(root, "*", "*.py"))
+             if not os.path.relpath(f, root).startswith(("tests", "docs"))
+             and not f.endswith("__init__.py")}
+    graph = {}
+    for m, f in files.items():
+        names = set()
+        for node in ast.walk(ast.parse(open(f).read())):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module)
+                names |= {f"{node.module}.{a.name}" for a in node.names}
+        graph[m] = names & set(files) - {m}
+    return graph

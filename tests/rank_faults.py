@@ -12,9 +12,9 @@ import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import checkpoint  # noqa: E402
-import faults  # noqa: E402
-import metrics  # noqa: E402
+from machinery import checkpoint  # noqa: E402
+from machinery import faults  # noqa: E402
+from machinery import metrics  # noqa: E402
 import train  # noqa: E402
 
 TORCH_FULL_DISK = "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"

@@ -1,6 +1,6 @@
 """BFCL-v4 multi-turn (bfcl.py): the converter, the executor, the check against the package's own
 checker, and the oracle through evaluate.py. Needs bfcl-eval (installed by .ci/run)."""
-import evaluate_cli
+from machinery import evaluate_cli
 import builtins
 import itertools
 import json
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-import bfcl
-from config import ConfigError
+from benchmarks import bfcl
+from machinery.config import ConfigError
 
 bfcl_eval = pytest.importorskip("bfcl_eval")
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker  # noqa: E402
@@ -82,7 +82,7 @@ def test_converter_writes_the_first_base_task_as_a_multi_turn_chat_task(bfcl_dir
     assert len(names) == 31 and "post_tweet" in names and "mv" in names and "cp" not in names  # cp is excluded
     mv = next(tool for tool in t["tools"] if tool["function"]["name"] == "mv")["function"]["parameters"]
     assert mv["type"] == "object" and mv["required"] == ["source", "destination"]
-    assert t["env"] == "bfcl:BFCLEnv" and t["check"] == "bfcl:check"
+    assert t["env"] == "benchmarks.bfcl:BFCLEnv" and t["check"] == "benchmarks.bfcl:check"
     assert t["env_config"]["involved_classes"] == ["TwitterAPI", "GorillaFileSystem"]
     assert "long_context" not in t["env_config"]
     heldout, rl = lines(bfcl_dir / "multi_turn_base_heldout.jsonl"), lines(bfcl_dir / "multi_turn_base_rl.jsonl")
@@ -95,17 +95,17 @@ def test_converter_writes_the_first_base_task_as_a_multi_turn_chat_task(bfcl_dir
 
 
 def test_every_converted_line_passes_check_task(bfcl_dir):
-    import chat_tasks
+    from chat import tasks as chat_tasks
     for category in ("multi_turn_base", "multi_turn_miss_param", "multi_turn_long_context"):
         tasks = chat_tasks.read_chat_jsonl(str(bfcl_dir / f"{category}.jsonl"), "tasks")
         assert len(tasks) == 200
         assert all(len(t["gold_calls"]) == 1 + len(t.get("turns", [])) for t in tasks)
-        assert tasks[0]["check"] == "bfcl:check" and tasks[0]["env_config"]["involved_classes"]
+        assert tasks[0]["check"] == "benchmarks.bfcl:check" and tasks[0]["env_config"]["involved_classes"]
 
 
 def test_missing_package_refuses_bfcl_only_with_the_install_line(bfcl_dir, monkeypatch, tmp_path):
-    import chat_tasks
-    from taskfiles import DataError
+    from chat import tasks as chat_tasks
+    from machinery.taskfiles import DataError
     real_import = builtins.__import__
 
     def no_bfcl(name, *args, **kwargs):
@@ -119,7 +119,7 @@ def test_missing_package_refuses_bfcl_only_with_the_install_line(bfcl_dir, monke
     with pytest.raises(ConfigError, match="bfcl-eval package, not installed"):
         bfcl.BFCLEnv({}, ["GorillaFileSystem"])
     assert bfcl.main(["--out", str(tmp_path)]) == 2
-    with pytest.raises(DataError, match=r"line 1: env 'bfcl:BFCLEnv': BFCLEnv\(\*\*env_config\) raised ConfigError: "
+    with pytest.raises(DataError, match=r"line 1: env 'benchmarks.bfcl:BFCLEnv': BFCLEnv\(\*\*env_config\) raised ConfigError: "
                                         r"BFCL tasks need the bfcl-eval package, not installed: pip install --no-deps"):
         chat_tasks.read_chat_jsonl(str(bfcl_dir / "multi_turn_base.jsonl"), "tasks")
     toy = os.path.join(os.path.dirname(__file__), "..", "data", "toy_chat_example.jsonl")
@@ -253,11 +253,11 @@ def write_task(tmp_path, row):
 
 
 def test_check_task_reads_turns_gold_calls_per_turn_and_check(base, tmp_path):
-    import chat_tasks
-    from taskfiles import DataError
+    from chat import tasks as chat_tasks
+    from machinery.taskfiles import DataError
     row = {k: base[1][k] for k in ("messages", "turns", "tools", "gold_calls", "env", "env_config", "check")}
     task = chat_tasks.read_chat_jsonl(write_task(tmp_path, row), "tasks")[0]
-    assert task["check"] == "bfcl:check" and len(task["turns"]) == 3 and task["env_class"] is bfcl.BFCLEnv
+    assert task["check"] == "benchmarks.bfcl:check" and len(task["turns"]) == 3 and task["env_class"] is bfcl.BFCLEnv
     assert [len(t) for t in task["gold_calls"]] == [1, 2, 2, 1]
     (tmp_path / "mycheck.py").write_text("def score(task, episode):\n    return 0.5\n")
     task = chat_tasks.read_chat_jsonl(write_task(tmp_path, {**row, "check": "mycheck.py:score"}), "tasks")[0]
@@ -265,15 +265,15 @@ def test_check_task_reads_turns_gold_calls_per_turn_and_check(base, tmp_path):
     bad = {"gold_calls": (row["gold_calls"][:3], "'gold_calls' has 3 turns but the task has 4 user turns "
                                                  "(the opening and 3 in 'turns')"),
            "turns": ([[{"role": "assistant", "content": "x"}]] * 3, "turn 1 of 'turns', message 1: expected"),
-           "check": ("bfcl:nope", "'check' 'bfcl:nope': bfcl has no class or function 'nope'")}
+           "check": ("benchmarks.bfcl:nope", "'check' 'benchmarks.bfcl:nope': benchmarks.bfcl has no class or function 'nope'")}
     for key, (value, message) in bad.items():
         with pytest.raises(DataError, match=f"t.jsonl line 1: {message}".replace("(", r"\(").replace(")", r"\)")):
             chat_tasks.read_chat_jsonl(write_task(tmp_path, {**row, key: value}), "tasks")
 
 
 def test_chat_reward_scores_a_task_by_its_own_check(base, tmp_path):
-    import chat_tasks
-    import chat_reward
+    from chat import tasks as chat_tasks
+    from chat import reward as chat_reward
     row = {k: base[0][k] for k in ("messages", "turns", "tools", "gold_calls", "env", "env_config", "check")}
     task = chat_tasks.read_chat_jsonl(write_task(tmp_path, row), "tasks")[0]
     episode = gold_episode(task)
@@ -289,10 +289,10 @@ def test_chat_reward_scores_a_task_by_its_own_check(base, tmp_path):
 
 
 def test_a_prompt_that_does_not_fit_max_tokens_is_one_line(base, bfcl_dir):
-    import chat
-    import chat_setup
-    import chat_tasks
-    from config import DEFAULTS
+    from chat import format as chat
+    from chat import setup as chat_setup
+    from chat import tasks as chat_tasks
+    from machinery.config import DEFAULTS
     from helpers import chat_tokenizer
     tokenizer = chat_tokenizer()
     task = chat_tasks.read_chat_jsonl(str(bfcl_dir / "multi_turn_base_heldout.jsonl"), "tasks")[0]   # base task 0

@@ -10,18 +10,18 @@ import pytest
 import torch
 from transformers import Qwen2Config
 
-import chat
-import chat_reward
-import chat_setup
-import chat_tasks
-import checkpoint
-import config
+from chat import format as chat
+from chat import reward as chat_reward
+from chat import setup as chat_setup
+from chat import tasks as chat_tasks
+from machinery import checkpoint
+from machinery import config
 import evaluate
-import evaluate_cli
-import features
+from machinery import evaluate_cli
+from formats import features
 import reward
 import train
-import taskfiles
+from machinery import taskfiles
 import world
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, loss_mask
 from helpers import CHAT_TEMPLATE, chat_tokenizer, scripted_rows, tiny_qwen

@@ -12,23 +12,23 @@ import pytest
 import torch
 from transformers import Qwen2Config
 
-import chat
-import chat_reward
-import chat_separate
-import chat_setup
-import chat_tasks
-import config
+from chat import format as chat
+from chat import reward as chat_reward
+from chat import separate as chat_separate
+from chat import setup as chat_setup
+from chat import tasks as chat_tasks
+from machinery import config
 import evaluate
-import evaluate_cli
-import features
-import honesty
+from machinery import evaluate_cli
+from formats import features
+from rehearsal import honesty
 import reward
-import separate
+from rehearsal import separate
 import train
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask
 from helpers import assert_rehearse_logprobs_match_a_forward, chat_tokenizer, scripted_rows, tiny_qwen
 from rollout import sample_episodes
-from separate import _chat_rehearse_row, sample_separate
+from rehearsal.separate import _chat_rehearse_row, sample_separate
 
 chat_separate_warm_start = chat_separate.separate_warm_start_sequences
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -3,7 +3,7 @@ permission, a full disk) is one line naming the path, leaves no <path>.tmp or <p
 keeps the last good checkpoint loadable; a damaged checkpoint (a truncated weights file, a corrupt
 trainer_state.pt, a missing or broken config.json / config.yaml / tokenizer file) is one line
 naming the damaged file, and find_checkpoint / --resume fall back to a whole <path>.old."""
-import evaluate_cli
+from machinery import evaluate_cli
 import errno
 import os
 import random
@@ -14,10 +14,10 @@ import pytest
 import torch
 import yaml
 
-import checkpoint
+from machinery import checkpoint
 import train
-from checkpoint import CheckpointError, find_checkpoint, load_policy, load_state, save_checkpoint, save_state
-from config import ConfigError
+from machinery.checkpoint import CheckpointError, find_checkpoint, load_policy, load_state, save_checkpoint, save_state
+from machinery.config import ConfigError
 from helpers import tiny_cfg, tiny_llama, toy_tokenizer
 
 TOK = toy_tokenizer()

@@ -1,6 +1,6 @@
 """evaluate.py --compare: the table's arithmetic on made-up metrics, and the files it writes."""
-import honesty
-import experiments
+from rehearsal import honesty
+from experiments import compare as experiments
 import json
 from types import SimpleNamespace
 

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-import config
+from machinery import config
 import train
-from config import DEFAULTS, ConfigError, check_value, load_config
+from machinery.config import DEFAULTS, ConfigError, check_value, load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -8,9 +8,9 @@ import warnings
 
 import pytest
 
-import chat
-import chat_tasks
-import taskfiles
+from chat import format as chat
+from chat import tasks as chat_tasks
+from machinery import taskfiles
 import train
 from helpers import chat_tokenizer, tiny_qwen
 

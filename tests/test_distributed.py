@@ -1,7 +1,7 @@
 """Several processes (gloo on CPU): 2 ranks x B/2 rows make the same update as 1 rank x B rows,
 and a 2-process torchrun run of a small config finishes and writes one metrics file."""
 import envace
-import config
+from machinery import config
 import json
 import os
 import random
@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 import yaml
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import checkpoint
+from machinery import checkpoint
 import train
 import world
 from envace import REHEARSE, encode_episode

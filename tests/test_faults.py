@@ -2,12 +2,12 @@
 stop the run with the last good state (RL and warm start; several PPO epochs are undone whole);
 non-finite weights are never saved and non-finite logits stop sampling with one line; malformed
 data files stop the run before training with the line and what is wrong; bf16 autocast only on CUDA."""
-import features
+from formats import features
 import envace
-import distributed
-import config
-import checkpoint
-import faults
+from machinery import distributed
+from machinery import config
+from machinery import checkpoint
+from machinery import faults
 import copy
 import json
 import math
@@ -19,7 +19,7 @@ import pytest
 import torch
 import yaml
 
-import evaluate_cli
+from machinery import evaluate_cli
 import rollout
 import train
 from envace import REHEARSE, encode_episode

@@ -2,12 +2,12 @@
 (same loss and gradients, sampler untouched), model_init random (architecture without weights),
 FSDP2 on gloo (2 ranks make the one-rank update; a full-state save loads with from_pretrained;
 gathered weights let ranks sample different numbers of steps) and every config under configs/."""
-import features
+from formats import features
 import envace
-import distributed
-import config
-import checkpoint
-from config import ConfigError
+from machinery import distributed
+from machinery import config
+from machinery import checkpoint
+from machinery.config import ConfigError
 import datetime
 import glob
 import json
@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import train
-from checkpoint import save_checkpoint
+from machinery.checkpoint import save_checkpoint
 from helpers import tiny_cfg, tiny_llama, toy_tokenizer
 from rollout import sample_episodes
 from test_distributed import BUDGET, fixed_step_inputs, one_update

@@ -1,10 +1,10 @@
 """Keeping the rehearsed world honest: the collusion count on hand-made episodes, the
 `rehearse_check` guard (form of a rehearsed response), the per-role KL to the warm start
 (`kl_rehearse_coef`), and their plumbing through a few-step run."""
-import features
+from formats import features
 import envace
-import distributed
-import config
+from machinery import distributed
+from machinery import config
 import json
 import math
 import os
@@ -12,14 +12,14 @@ import os
 import pytest
 import torch
 
-import evaluate_cli
-import metrics
-import honesty
+from machinery import evaluate_cli
+from machinery import metrics
+from rehearsal import honesty
 import rehearse
-import separate
+from rehearsal import separate
 import train
 import world
-from checkpoint import build_tokenizer
+from machinery.checkpoint import build_tokenizer
 from envace import ACT, PROMPT, REHEARSE, TAG, encode_episode, token_logprobs
 from helpers import ScriptedModel, tiny_cfg, tiny_llama, toy_tokenizer
 from reward import cause_counts, task_reward

@@ -1,6 +1,6 @@
 """evaluate.py --compare, the honesty part: pooled fidelity and collusion from made-up
 metrics.jsonl lines, the honesty table's arithmetic, and the figure it writes."""
-import experiments
+from experiments import compare as experiments
 import json
 
 import pytest

@@ -9,10 +9,10 @@ import os
 import pytest
 import yaml
 
-import evaluate_cli
-import features
+from machinery import evaluate_cli
+from formats import features
 import train
-from config import ConfigError, load_config
+from machinery.config import ConfigError, load_config
 from helpers import tiny_cfg
 
 
@@ -62,7 +62,7 @@ def test_a_key_given_twice_is_one_line_naming_key_and_file(tmp_path, capsys, in_
 
 
 def test_keys_given_once_and_yaml_merge_keys_still_load(tmp_path):
-    from config import UniqueKeyLoader
+    from machinery.config import UniqueKeyLoader
     assert load_config(write_config(tmp_path, "seed: 2\nlr: 0.01\n"))["lr"] == 0.01
     # a merge key may override what it merges: that is not a key given twice
     assert yaml.load("a: &x {k: 1, j: 2}\nb:\n  <<: *x\n  k: 3\n", Loader=UniqueKeyLoader) == \
@@ -113,8 +113,8 @@ def test_max_tokens_that_does_not_fit(tmp_path, capsys, max_tokens, message):
 
 
 def test_the_longest_prompt_with_its_bos_is_what_must_fit(tmp_path):
-    from checkpoint import build_tokenizer
-    from config import check_lengths
+    from machinery.checkpoint import build_tokenizer
+    from machinery.config import check_lengths
     tok = build_tokenizer(features.tiny_words({"rehearsal_context": "inline"}))
     model_config = type("C", (), {"max_position_embeddings": 256})
     tasks = [{"prompt": "price apple"}, {"prompt": "what is the price of apple"}]

@@ -10,10 +10,10 @@ import pytest
 import torch
 import yaml
 
-import checkpoint
-import evaluate_cli
-import features
-import metrics as metrics_module
+from machinery import checkpoint
+from machinery import evaluate_cli
+from formats import features
+from machinery import metrics as metrics_module
 import train
 from helpers import tiny_cfg
 

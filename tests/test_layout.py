@@ -102,13 +102,34 @@ def prose(path):
     return "\n".join(lines)
 
 
+def module_aliases():
+    """{name prose may use for a module: the names its module defines or imports}: a root module by
+    its own name (`rollout`), a package module by its dotted name (`chat.format`) and by every name
+    other modules import it as (`from chat import reward as chat_reward` -> `chat_reward`)."""
+    files = {os.path.relpath(f, ROOT)[:-3].replace(os.sep, "."): f
+             for f in repo_files("*.py", "*/*.py") if not os.path.relpath(f, ROOT).startswith(("tests", "docs"))
+             and not f.endswith("__init__.py")}
+    modules = {m: module_names(open(f).read()) for m, f in files.items()}
+    for f in list(files.values()) + repo_files("tests/*.py"):
+        for n in ast.walk(ast.parse(open(f).read())):
+            if isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+                for a in n.names:
+                    if f"{n.module}.{a.name}" in files:
+                        modules.setdefault(a.asname or a.name, set()).update(modules[f"{n.module}.{a.name}"])
+    for m in files:                        # a package names its modules: chat.format
+        if "." in m:
+            modules.setdefault(m.split(".")[0], set()).add(m.split(".")[1])
+    return dict(sorted(modules.items(), key=lambda kv: -len(kv[0])))   # the regex tries chat.format before chat
+
+
 def test_docs_and_docstrings_name_functions_where_they_live(tmp_path):
-    modules = {os.path.basename(f)[:-3]: module_names(source(f)) for f in repo_files("*.py")}
+    modules = module_aliases()
+    assert {"rollout", "chat.format", "chat_reward", "honesty"} <= set(modules)
     fixture = tmp_path / "m.py"       # a moved function in a docstring and a comment; code is left to import
     fixture.write_text('"""See envace.clipped_pg_loss\nand envace.save_checkpoint; envace.py is a file."""\n'
                        'x = envace.gone   # or reward.gone\n')
     assert stale_references(prose(str(fixture)), modules) == [(2, "envace.save_checkpoint"), (3, "reward.gone")]
-    files = [f for f in repo_files("*.py", "tests/*.py", "docs/*.md", "README.md", "*.yaml", "configs/*.yaml")
+    files = [f for f in repo_files("*.py", "*/*.py", "tests/*.py", "docs/*.md", "README.md", "*.yaml", "configs/*.yaml")
              if f != os.path.abspath(__file__)]   # this file holds the fixture's names
     assert len(files) > 80
     hits = [f"{os.path.relpath(f, ROOT)}:{i}: {name}" for f in files for i, name in stale_references(prose(f), modules)]

@@ -8,15 +8,15 @@ import os
 import pytest
 import torch
 
-import chat
-import chat_reward
-import chat_setup
-import chat_tasks
-import config
+from chat import format as chat
+from chat import reward as chat_reward
+from chat import setup as chat_setup
+from chat import tasks as chat_tasks
+from machinery import config
 import evaluate
-import evaluate_cli
-import features
-import multiturn
+from machinery import evaluate_cli
+from formats import features
+from chat import multiturn
 import train
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, loss_mask
 from helpers import CHAT_TEMPLATE, chat_tokenizer, tiny_qwen

@@ -1,7 +1,7 @@
 """Gaps a mutation test found: each test here passes on the code and fails on a one-line mutation
 of it (the mutation named in each docstring). Expectations are computed by hand, never read back
 from the code under test."""
-import config
+from machinery import config
 import math
 import os
 import random
@@ -14,18 +14,18 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 from transformers import LlamaForCausalLM
 
-import checkpoint
+from machinery import checkpoint
 import envace
-import features
-import metrics
-import honesty
+from formats import features
+from machinery import metrics
+from rehearsal import honesty
 import train
 import world
 from envace import ACT, PROMPT, REHEARSE, encode_episode
-from checkpoint import find_checkpoint, save_checkpoint
+from machinery.checkpoint import find_checkpoint, save_checkpoint
 from evaluate import evaluate
 from helpers import ScriptedModel, tiny_llama, toy_tokenizer
-from chat_reward import calls_match, value_match
+from chat.reward import calls_match, value_match
 from rollout import sample_episodes, sample_token
 
 TOK = toy_tokenizer()

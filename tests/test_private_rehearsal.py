@@ -2,14 +2,14 @@
 makes no more real calls than an unrehearsed one, the vote and the re-planning rule."""
 from types import SimpleNamespace
 
-import features
+from formats import features
 import rehearse
 import world
 from envace import ACT, OBS, PROMPT, TAG
 from evaluate import evaluate
 from helpers import ScriptedModel, toy_tokenizer
 from rollout import sample_episodes
-from config import DEFAULTS
+from machinery.config import DEFAULTS
 
 TOK = toy_tokenizer()
 # the policy prices the distractor (a wrong plan); imagined episodes answer 6, the real world 3
@@ -92,7 +92,7 @@ def test_the_sweep_of_a_run_folder_writes_every_setting(tmp_path):
     import json
     import os
 
-    import evaluate_cli
+    from machinery import evaluate_cli
     import train
     from helpers import tiny_cfg
     cfg = tiny_cfg(tmp_path, rl_steps=1, n_test=4, n_collusion=0)

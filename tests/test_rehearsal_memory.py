@@ -2,9 +2,9 @@
 and that the toy tokenizer with MEMORY_WORDS reads a memory word by word (no <unk>)."""
 import pytest
 
-import rehearsal_memory as rm
+from rehearsal import memory as rm
 import world
-from checkpoint import build_tokenizer
+from machinery.checkpoint import build_tokenizer
 
 
 def imagined(calls, responses, answer=None):

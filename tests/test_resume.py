@@ -1,9 +1,9 @@
 """Checkpoints: a stopped-and-resumed run writes the same metrics as one never stopped; bad
 --resume requests get one clear line; a crash mid-save never breaks the latest checkpoint;
 Ctrl-C during RL saves and exits 0."""
-import features
-import config
-import checkpoint
+from formats import features
+from machinery import config
+from machinery import checkpoint
 import json
 import os
 import signal
@@ -16,7 +16,7 @@ import torch
 import yaml
 
 import train
-from checkpoint import find_checkpoint, save_checkpoint
+from machinery.checkpoint import find_checkpoint, save_checkpoint
 from helpers import tiny_cfg, tiny_llama, toy_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import torch
 
-import honesty
+from rehearsal import honesty
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask, token_logprobs
 from helpers import Bigram, ScriptedModel, tiny_llama, toy_tokenizer
 from rollout import sample_episodes

@@ -10,21 +10,21 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import config
+from machinery import config
 import envace
-import evaluate_cli
-import features
-import honesty
+from machinery import evaluate_cli
+from formats import features
+from rehearsal import honesty
 import rehearse
-import separate
+from rehearsal import separate
 import train
 import world
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask, tag_ids
-from checkpoint import build_tokenizer
+from machinery.checkpoint import build_tokenizer
 from helpers import assert_rehearse_logprobs_match_a_forward, Bigram, ScriptedModel, tiny_cfg, tiny_llama
 from reward import group_advantages, training_rows
 from rollout import sample_episodes
-from separate import _rehearse_row, sample_separate
+from rehearsal.separate import _rehearse_row, sample_separate
 
 P, A, R, O, T = PROMPT, ACT, REHEARSE, OBS, TAG
 TOK = build_tokenizer(world.WORDS + separate.SEPARATE_WORDS)

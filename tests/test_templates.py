@@ -11,10 +11,10 @@ import pytest
 import torch
 from transformers import Qwen2Config
 
-import chat
-import chat_reward
-import chat_setup
-import config
+from chat import format as chat
+from chat import reward as chat_reward
+from chat import setup as chat_setup
+from machinery import config
 import train
 from envace import ACT, PROMPT, REHEARSE, TAG, loss_mask
 from families import family_tokenizer

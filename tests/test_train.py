@@ -1,10 +1,10 @@
 """The update: micro-batch accumulation equals one big batch, role coefficients, skipped steps,
 and a few-step end-to-end run of train.py that changes the weights and writes finite metrics."""
-import features
+from formats import features
 import envace
-import distributed
-import config
-import checkpoint
+from machinery import distributed
+from machinery import config
+from machinery import checkpoint
 import json
 import math
 import os
@@ -12,10 +12,10 @@ import os
 import pytest
 import torch
 
-import evaluate_cli
+from machinery import evaluate_cli
 import train
 from envace import ACT, REHEARSE, encode_episode, token_logprobs
-from helpers import tiny_cfg, tiny_llama, toy_tokenizer
+from helpers import import_graph, tiny_cfg, tiny_llama, toy_tokenizer
 from rollout import sample_episodes
 
 TOK = toy_tokenizer()
@@ -197,7 +197,7 @@ def test_evaluate_without_a_checkpoint_is_one_line(tmp_path, capsys):
 
 def test_python_evaluate_py_runs_its_command_line_from_any_folder(tmp_path):
     """`python evaluate.py` as a user types it (a process, started in another folder): its `__main__`
-    runs evaluate_cli.py as a script, which imports evaluate.py; no module imports the other back."""
+    runs machinery/evaluate_cli.py as a module, which imports evaluate.py; no module imports the other back."""
     import subprocess
     import sys
     proc = subprocess.run([sys.executable, os.path.join(REPO, "evaluate.py"), "--ckpt", str(tmp_path)],
@@ -205,28 +205,11 @@ def test_python_evaluate_py_runs_its_command_line_from_any_folder(tmp_path):
     assert (proc.returncode, proc.stdout, proc.stderr) == (
         2, "", f"error: no checkpoint written by train.py in {tmp_path}\n")
     graph = import_graph(REPO)
-    assert "evaluate" in graph["evaluate_cli"] and "evaluate_cli" not in graph["evaluate"]
+    assert "evaluate" in graph["machinery.evaluate_cli"] and "machinery.evaluate_cli" not in graph["evaluate"]
     while graph:                  # peel off the modules that import nothing left: a cycle never peels
         leaves = {m for m, deps in graph.items() if not deps}
         assert leaves, f"import cycle among {sorted(graph)}"
         graph = {m: deps - leaves for m, deps in graph.items() if m not in leaves}
-
-
-def import_graph(root):
-    """{module: the top-level modules it imports anywhere in its file, __main__ block included}."""
-    import ast
-    import glob
-    mods = {os.path.basename(f)[:-3]: f for f in glob.glob(os.path.join(root, "*.py"))}
-    graph = {}
-    for m, f in mods.items():
-        names = set()
-        for node in ast.walk(ast.parse(open(f).read())):
-            if isinstance(node, ast.Import):
-                names |= {a.name.split(".")[0] for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names.add(node.module.split(".")[0])
-        graph[m] = names & set(mods) - {m}
-    return graph
 
 
 def test_fidelity_gate_stops_rl(tmp_path, capsys):

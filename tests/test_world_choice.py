@@ -6,12 +6,12 @@ world (a counting world), sequential imagination stops at two agreeing `good` ep
 import pytest
 import torch
 
-import features
+from formats import features
 import world
-import choice_sweep
-import world_choice as wc
-from checkpoint import build_tokenizer
-from config import DEFAULTS, ConfigError, load_config
+from experiments import choice_sweep
+from experiments import choice as wc
+from machinery.checkpoint import build_tokenizer
+from machinery.config import DEFAULTS, ConfigError, load_config
 from envace import ACT, OBS, PROMPT, TAG, loss_mask
 from helpers import ScriptedModel, tiny_cfg
 

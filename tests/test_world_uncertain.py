@@ -8,11 +8,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import experiments
-import features
+from experiments import compare as experiments
+from formats import features
 import world
-import world_uncertain as wu
-from config import DEFAULTS, ConfigError, load_config
+from experiments import uncertain as wu
+from machinery.config import DEFAULTS, ConfigError, load_config
 from envace import encode_episode
 from helpers import toy_tokenizer
 
@@ -329,6 +329,6 @@ def test_the_report_cli_names_a_missing_run_in_one_line(tmp_path):
     import subprocess
     import sys
     for args in ([], ["--failures", str(tmp_path / "nope")]):
-        p = subprocess.run([sys.executable, "uncertain_report.py", *args], capture_output=True, text=True,
+        p = subprocess.run([sys.executable, "-m", "experiments.uncertain_report", *args], capture_output=True, text=True,
                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stderr.startswith("error: "), p.stderr

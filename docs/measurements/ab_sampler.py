@@ -9,7 +9,8 @@ same episodes, so equal tokens before and after say the change kept the draws)."
 import os, sys, time
 sys.path.insert(0, os.getcwd())
 import torch
-import rollout, separate, world
+import rollout, world
+from rehearsal import separate
 from transformers import AutoModelForCausalLM, AutoTokenizer
 layout, calls = sys.argv[1], int(sys.argv[2])
 torch.set_num_threads(1)

@@ -4,7 +4,7 @@ sys.path.insert(0, "."); sys.path.insert(0, "tests")
 torch.set_num_threads(1)
 import bench
 from rollout import sample_episodes
-from separate import sample_separate
+from rehearsal.separate import sample_separate
 which = sys.argv[1]; tasks = int(sys.argv[2]); reps = int(sys.argv[3])
 args = argparse.Namespace(ckpt="/tmp/speed2_ckpt", device="cpu", tasks=tasks, group_size=None, size="tiny", pad_tools=6, max_new=320)
 model, tok, w, cfg, name = (bench.toy_workload if which == "toy" else bench.chat_workload)(args)

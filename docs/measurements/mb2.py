@@ -1,8 +1,8 @@
 import sys, time, torch
 sys.path.insert(0, ".")
 torch.set_num_threads(1)
-from checkpoint import load_policy
-from kvcache import Decoder
+from machinery.checkpoint import load_policy
+from machinery.kvcache import Decoder
 model, tok = load_policy("/tmp/speed2_ckpt", "cpu"); model.eval()
 V = model.config.vocab_size
 for B, P, W in ((1, 10, 1), (128, 10, 1), (128, 30, 1), (128, 30, 4), (16, 30, 1), (16, 1, 30), (32, 1, 30), (128, 1, 30)):

@@ -2,10 +2,10 @@ import sys, hashlib, json, torch
 sys.path.insert(0, "."); sys.path.insert(0, "tests")
 torch.set_num_threads(1)
 import world
-from checkpoint import load_policy
-from config import DEFAULTS
+from machinery.checkpoint import load_policy
+from machinery.config import DEFAULTS
 from rollout import sample_episodes
-from separate import sample_separate
+from rehearsal.separate import sample_separate
 model, tok = load_policy("/tmp/speed2_ckpt", "cpu"); model.eval()
 tasks = world.make_splits(0, 10, 0, 200, 10)["rl"][:16]
 prompts = [t["prompt"] for t in tasks for _ in range(8)]

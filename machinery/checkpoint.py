@@ -29,8 +29,8 @@ import torch.distributed as dist
 import yaml
 from safetensors import SafetensorError, safe_open
 
-from config import DEFAULTS, ConfigError
-from distributed import (all_gather, all_sum, autocast, from_rank0, full_state_dict, load_device,
+from machinery.config import DEFAULTS, ConfigError
+from machinery.distributed import (all_gather, all_sum, autocast, from_rank0, full_state_dict, load_device,
                          load_optimizer_state, optimizer_state, shard)
 from envace import TAGS, NonFiniteError
 

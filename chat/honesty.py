@@ -19,10 +19,10 @@ from types import SimpleNamespace
 
 import torch
 
-import executor
-import honesty
-import kvcache
-from chat import _call, _json, has_executor
+from chat import executor
+from rehearsal import honesty
+from machinery import kvcache
+from chat.format import _call, _json, has_executor
 from envace import OBS
 
 

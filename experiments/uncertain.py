@@ -47,7 +47,7 @@ price is drawn uniformly from the other prices that keep the task affordable.
 import random
 
 import world
-from honesty import collusion_counts
+from rehearsal.honesty import collusion_counts
 
 PROBE_PROMPTS = ("price {item}", "cost 2 {item}", "not {other} buy {item}")
 

@@ -18,14 +18,14 @@ import sys
 
 import torch
 
-import features
-import oracle
-from checkpoint import find_checkpoint, load_policy, write_file
-from config import ConfigError, check_lengths, load_config
-from distributed import pick_device
+from formats import features
+from benchmarks import oracle
+from machinery.checkpoint import find_checkpoint, load_policy, write_file
+from machinery.config import ConfigError, check_lengths, load_config
+from machinery.distributed import pick_device
 from envace import NonFiniteError
 from evaluate import evaluate, imagined_summary, summary
-from faults import error_line
+from machinery.faults import error_line
 
 
 def rehearsal_sweep(model, tokenizer, tasks, cfg, fx, rehearsers, budgets=(0, 1, 2, 4),

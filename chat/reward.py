@@ -12,7 +12,7 @@ import json
 
 import torch
 
-import executor
+from chat import executor
 from envace import encode
 
 

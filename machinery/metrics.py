@@ -11,12 +11,12 @@ import os
 
 import torch
 
-import honesty
-from checkpoint import write_file
-from distributed import add_up, all_gather, from_rank0, gathered
+from rehearsal import honesty
+from machinery.checkpoint import write_file
+from machinery.distributed import add_up, all_gather, from_rank0, gathered
 from envace import ACT, OBS, REHEARSE, ROLE_NAMES
 from evaluate import evaluate, success_name, summary
-from faults import rank0_interruptible
+from machinery.faults import rank0_interruptible
 from reward import cause_counts
 
 

@@ -43,20 +43,20 @@ from types import SimpleNamespace
 
 import torch
 
-import chat
-import chat_honesty
-import chat_reward
-import chat_separate
-import chat_setup
-import honesty
-import multiturn
+from chat import format as chat
+from chat import honesty as chat_honesty
+from chat import reward as chat_reward
+from chat import separate as chat_separate
+from chat import setup as chat_setup
+from rehearsal import honesty
+from chat import multiturn
 import rehearse
-import separate
-import taskfiles
+from rehearsal import separate
+from machinery import taskfiles
 import world
-import world_choice
-import world_uncertain
-from config import ConfigError
+from experiments import choice as world_choice
+from experiments import uncertain as world_uncertain
+from machinery.config import ConfigError
 from envace import ACT, OBS, PROMPT, REHEARSE, encode_episode, tag_ids
 from reward import task_reward
 from rollout import sample_episodes

@@ -28,7 +28,7 @@ import re
 import sys
 import threading
 
-from config import ConfigError
+from machinery.config import ConfigError
 
 _FILES = {}                               # real path of a tools file -> its module, loaded once
 

@@ -19,9 +19,9 @@ additionalProperties, items: what OpenAI function schemas use); other keywords (
 import json
 import os
 
-import executor
-import taskfiles
-from config import ConfigError
+from chat import executor
+from machinery import taskfiles
+from machinery.config import ConfigError
 
 
 class DataError(taskfiles.DataError):

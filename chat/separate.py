@@ -13,10 +13,10 @@ rehearser sees the dialogue as JSON lines, not as the actor's rendered conversat
 """
 import json
 
-import honesty
-from chat import _call, _json, assemble, prompt_ids
+from rehearsal import honesty
+from chat.format import _call, _json, assemble, prompt_ids
 from envace import PROMPT, REHEARSE, encode
-from templates import render
+from chat.templates import render
 
 
 REHEARSE_SYSTEM = ("You play the tool {name!r}, not the assistant. The assistant has called it: answer with "

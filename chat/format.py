@@ -44,13 +44,13 @@ import json
 from types import SimpleNamespace
 
 import world as toy_world
-import executor
-import taskfiles
-import templates
-from chat_tasks import check_value, tool_schemas
-from config import DEFAULTS
+from chat import executor
+from machinery import taskfiles
+from chat import templates
+from chat.tasks import check_value, tool_schemas
+from machinery.config import DEFAULTS
 from envace import ACT, OBS, PROMPT, TAG, encode
-from templates import TemplateError, format_call, render
+from chat.templates import TemplateError, format_call, render
 
 
 # ----------------------------------------------------------------------------- the template

@@ -17,7 +17,7 @@ import os
 import statistics
 import sys
 
-import honesty
+from rehearsal import honesty
 
 
 def mean_and_range(values):
@@ -327,9 +327,9 @@ def paired_table(runs, pairs=(("rehearse", "frozen"), ("rehearse", "act_only"), 
 def uncertain_runs(results):
     """{arm: {seed: eval.json}} and {arm: {seed: [metric lines]}} of results/<arm>/<seed>, and the
     test tasks' subset ('uncertain' / 'faithful') from the first run's config (same data for all)."""
-    import world_uncertain
-    from config import load_config
-    from features import build_tasks
+    from experiments import uncertain as world_uncertain
+    from machinery.config import load_config
+    from formats.features import build_tasks
     evals, lines, subsets = {}, {}, None
     for arm, seed, folder in run_folders(results, partial=True):
         if os.path.isfile(os.path.join(folder, "eval.json")):      # a run still going has none yet

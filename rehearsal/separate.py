@@ -15,11 +15,11 @@ from collections import defaultdict, deque
 
 import torch
 
-import chat
-import chat_separate
-import honesty
+from chat import format as chat
+from chat import separate as chat_separate
+from rehearsal import honesty
 import world as toy_world
-from config import ConfigError
+from machinery.config import ConfigError
 from envace import OBS, PROMPT, REHEARSE, TAG, encode, encode_episode, tag_ids
 from rollout import _next_turn, new_row, sample_episodes
 

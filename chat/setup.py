@@ -11,15 +11,15 @@ multiturn.py, which it joins, so that imports run one way.
 
 Simplified: a judge model is loaded once per path and kept for the process (`_JUDGES`).
 """
-import taskfiles
-from chat import _call, _json, assemble, chat_format, has_executor, prompt_ids, task_world
-from chat_reward import make_judge
-from chat_tasks import read_chat_jsonl
-from checkpoint import load_policy
-from config import DEFAULTS, ConfigError
+from machinery import taskfiles
+from chat.format import _call, _json, assemble, chat_format, has_executor, prompt_ids, task_world
+from chat.reward import make_judge
+from chat.tasks import read_chat_jsonl
+from machinery.checkpoint import load_policy
+from machinery.config import DEFAULTS, ConfigError
 from envace import PROMPT
-from multiturn import assemble_dialogue, multiturn, turn_ids, turn_tags
-from templates import TemplateError
+from chat.multiturn import assemble_dialogue, multiturn, turn_ids, turn_tags
+from chat.templates import TemplateError
 
 
 def chat_tasks(cfg):

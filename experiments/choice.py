@@ -75,7 +75,7 @@ from types import SimpleNamespace
 
 import torch
 
-import rehearsal_memory
+from rehearsal import memory as rehearsal_memory
 import world
 from envace import ACT, PROMPT, TAG, encode, encode_episode, tag_ids
 from rollout import sample_episodes
@@ -180,7 +180,7 @@ def make_splits(cfg):
     """test: n_test distinct item sets (choice: costs: option sets), each in one random order; rl
     (n_rl_tasks) and logged (n_logged): random orders of the OTHER sets, drawn with replacement.
     RNG data_seed + 6."""
-    from config import ConfigError
+    from machinery.config import ConfigError
     rng = random.Random(cfg["data_seed"] + 6)
     costs = cfg["choice_kind"] == "costs"
     sets = option_sets(cfg["choice_items"]) if costs else item_sets(cfg["choice_items"])

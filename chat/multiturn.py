@@ -13,10 +13,10 @@ Simplified: the later user turns are fixed in the task file (no simulated user);
 must be the same after every answer; rehearsal_context separate and private rehearsal
 (rehearsal_budget > 0) do not support multi-turn tasks (features.py refuses them).
 """
-import templates
-from chat import SAMPLE_OPENING, SAMPLE_TOOL, SAMPLE_TURNS, _tok, assemble, first_difference, prompt_ids
+from chat import templates
+from chat.format import SAMPLE_OPENING, SAMPLE_TOOL, SAMPLE_TURNS, _tok, assemble, first_difference, prompt_ids
 from envace import ACT, OBS, PROMPT, TAG, encode
-from templates import TemplateError, render
+from chat.templates import TemplateError, render
 
 
 SAMPLE_ANSWERS = ["An apple is a fruit.", "I could not find it."]

@@ -15,12 +15,12 @@ import sys
 
 import torch
 
-import features
-from checkpoint import find_checkpoint, load_policy
-from config import ConfigError, load_config
+from formats import features
+from machinery.checkpoint import find_checkpoint, load_policy
+from machinery.config import ConfigError, load_config
 from reward import task_reward
 from rollout import sample_episodes
-from world_uncertain import copy_counts, failure_table, looked_up, uncertain_set
+from experiments.uncertain import copy_counts, failure_table, looked_up, uncertain_set
 
 
 def failures(folder, split="test", n=500):

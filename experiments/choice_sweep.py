@@ -19,15 +19,15 @@ import sys
 
 import torch
 
-from checkpoint import load_policy
-from config import ConfigError
-from distributed import pick_device
-from evaluate_cli import load_run
-from experiments import cell, paired_bootstrap
-import rehearsal_memory
+from machinery.checkpoint import load_policy
+from machinery.config import ConfigError
+from machinery.distributed import pick_device
+from machinery.evaluate_cli import load_run
+from experiments.compare import cell, paired_bootstrap
+from rehearsal import memory as rehearsal_memory
 import world
 from rollout import sample_episodes
-from world_choice import BUDGETS, TOOL_KINDS, choice_reward, commit_prompt, counting_world, imagine, parse_call, replay
+from experiments.choice import BUDGETS, TOOL_KINDS, choice_reward, commit_prompt, counting_world, imagine, parse_call, replay
 
 
 def committed_success(model, tokenizer, tasks, cfg, budget, mode="parallel", rehearser=None, seed=0,

@@ -26,8 +26,8 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from config import ConfigError
-from distributed import RankFailed, all_sum, from_rank0
+from machinery.config import ConfigError
+from machinery.distributed import RankFailed, all_sum, from_rank0
 from envace import NonFiniteError
 
 

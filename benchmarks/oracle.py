@@ -20,13 +20,13 @@ import json
 import os
 import sys
 
-import chat
-import chat_tasks
-import taskfiles
-from chat_reward import chat_reward
-from checkpoint import write_file
-from config import DEFAULTS, ConfigError
-from executor import is_error
+from chat import format as chat
+from chat import tasks as chat_tasks
+from machinery import taskfiles
+from chat.reward import chat_reward
+from machinery.checkpoint import write_file
+from machinery.config import DEFAULTS, ConfigError
+from chat.executor import is_error
 
 
 def gold_turns(task):

@@ -6,10 +6,12 @@ the rehearsal layout, FSDP), code that points to docs, not to issue numbers, and
 comments, docs) that names each function where it lives now."""
 import ast
 import glob
+import inspect
 import io
 import os
 import re
 import tokenize
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_PATH = ["envace.py", "world.py", "rollout.py", "reward.py", "rehearse.py", "train.py", "evaluate.py"]
@@ -113,3 +115,42 @@ def test_docs_and_docstrings_name_functions_where_they_live(tmp_path):
     assert len(files) > 80
     hits = [f"{os.path.relpath(f, ROOT)}:{i}: {name}" for f in files for i, name in stale_references(prose(f), modules)]
     assert hits == []
+
+
+def interface_drift(modules, names):
+    """[(module, name, why)] where a format module's `name` is not a def of that name (a lambda, a
+    partial, missing) or its signature differs from the first module's."""
+    first = {name: inspect.signature(getattr(modules[0], name)) for name in names}
+    drift = []
+    for module in modules:
+        for name in names:
+            f = getattr(module, name, None)
+            if not (inspect.isfunction(f) and f.__name__ == name):
+                drift.append((module.__name__, name, "not a def"))
+            elif inspect.signature(f) != first[name]:
+                drift.append((module.__name__, name, str(inspect.signature(f))))
+    return drift
+
+
+def test_every_format_defines_the_interface_with_one_signature():
+    import features
+    assert features.INTERFACE[:3] == ("setup", "inputs", "sample") and len(features.INTERFACE) == 16
+    assert [m.__name__ for m in features.FORMATS] == ["format_plain", "format_uncertain", "format_choice",
+                                                      "format_chat"]
+    assert interface_drift(features.FORMATS, features.INTERFACE) == []
+    # the check sees a default that drifted, a lambda and a missing name
+    plain = types.SimpleNamespace(__name__="plain", coverage=lambda setting, pairs=None: 0)
+    chat = types.SimpleNamespace(__name__="chat", coverage=lambda setting, pairs=(): 0)
+    plain.coverage.__name__ = chat.coverage.__name__ = "coverage"
+    assert interface_drift([plain, chat], ["coverage"]) == [("chat", "coverage", "(setting, pairs=())")]
+    odd = types.SimpleNamespace(__name__="odd", coverage=lambda setting, pairs=None: 0)
+    assert interface_drift([plain, odd, types.SimpleNamespace(__name__="none")], ["coverage"]) == [
+        ("odd", "coverage", "not a def"), ("none", "coverage", "not a def")]
+
+
+def test_the_format_is_chosen_once_from_the_config():
+    import features
+    chosen = {(fmt, w): features.choose({"format": fmt, "world": w}).__name__
+              for fmt, w in (("plain", "toy"), ("plain", "uncertain"), ("plain", "choice"), ("chat", "toy"))}
+    assert chosen == {("plain", "toy"): "format_plain", ("plain", "uncertain"): "format_uncertain",
+                      ("plain", "choice"): "format_choice", ("chat", "toy"): "format_chat"}

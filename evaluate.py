@@ -10,9 +10,11 @@ first `n_collusion` test tasks the imagined world's success and collusion rate (
     python evaluate.py --ckpt out/small/warmstart       # the warm start it came from
     python evaluate.py --ckpt out/small --sweep         # private rehearsal at N = 0, 1, 2, 4
 (--coverage, --collusion, --oracle and the command line itself: evaluate_cli.py). What depends on
-the format and the rehearsal layout comes from `fx` (features.py); chat tasks with no executor are
-rehearsed by the policy, their figure "rehearsed success (no executor)" (`success_name`).
+the format and the rehearsal layout comes from the format module `fmt` and its `setting`
+(features.setup; format_plain.py for the demo); chat tasks with no executor are rehearsed by the
+policy, their figure "rehearsed success (no executor)" (`success_name`).
 """
+import functools
 import runpy
 
 import torch
@@ -23,53 +25,53 @@ from reward import outcome_record
 from rollout import sample_episodes
 
 
-def evaluate(model, tokenizer, tasks, cfg, fx, batch_size=512, seed=0, rehearser=None):
+def evaluate(model, tokenizer, tasks, cfg, fmt, setting, batch_size=512, seed=0, rehearser=None):
     """Paper, evaluation by real execution: run `tasks` in the REAL world (sampling per cfg eval_temperature/top_p) and measure
     success, how episodes ended, and would-rehearse fidelity per tool kind. Tasks no executor can
-    run (fx.executes) are rehearsed by the policy instead, and counted apart. With cfg
+    run (fmt.executes) are rehearsed by the policy instead, and counted apart. With cfg
     rehearsal_budget N > 0, each task is first privately rehearsed N times (rehearse.py;
     `rehearser` plays the world in imagination instead of the policy if given) and the real
     execution commits to the plan. Returns the eval.json dict, with `task_rewards` (per task, in
-    order: experiments.paired_bootstrap) and the world's own figures in `extras` (fx.eval_extras:
+    order: experiments.paired_bootstrap) and the world's own figures in `extras` (fmt.eval_extras:
     world: uncertain's per-subset truth probe and success; absent for the demo's world)."""
     model.eval()
     generator = torch.Generator().manual_seed(seed)
     limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
     sampling = {"temperature": cfg["eval_temperature"], "top_p": cfg["top_p"], "generator": generator, **limits}
-    executed = [i for i, t in enumerate(tasks) if fx.executes(t)]
+    executed = [i for i, t in enumerate(tasks) if fmt.executes(setting, t)]
     episodes, imagined = [None] * len(tasks), [0] * len(tasks)
     for mode, index in (("real", executed), ("rehearse", [i for i in range(len(tasks)) if i not in set(executed)])):
         for k in range(0, len(index), batch_size):
             part = index[k:k + batch_size]
-            prompts, worlds, tags = fx.inputs([tasks[i] for i in part])
+            prompts, worlds, tags = fmt.inputs(setting, [tasks[i] for i in part])
             if mode == "rehearse":             # no executor: the policy plays the world
-                out = fx.sample(model, tokenizer, prompts, mode, world=worlds, tags=tags, **sampling)
+                out = fmt.sample(setting, model, tokenizer, prompts, mode, world=worlds, tags=tags, **sampling)
             else:
                 plans, used = None, [0] * len(part)
                 if cfg["rehearsal_budget"]:
                     plans, used = rehearse.private_rehearsal_plans(
                         model, tokenizer, prompts, cfg["rehearsal_budget"], cfg["rehearsal_mode"], rehearser,
                         temperature=cfg["imagine_temperature"], generator=generator, world=worlds,
-                        sample=fx.sample, **limits)
+                        sample=functools.partial(fmt.sample, setting), **limits)   # the layout's sampler
                 out = sample_episodes(model, tokenizer, prompts, mode, world=worlds, tags=tags, plans=plans,
                                       **sampling)
                 for i, n in zip(part, used):
                     imagined[i] = n
             for i, e in zip(part, out):
                 episodes[i] = e
-    rewards = [fx.reward(e, t) for e, t in zip(episodes, tasks)]
-    pairs = fx.would_rehearse(model, tokenizer, [tasks[i] for i in executed], [episodes[i] for i in executed])
-    fidelity = fx.by_kind(pairs, [tasks[i] for i in executed])
+    rewards = [fmt.reward(setting, e, t) for e, t in zip(episodes, tasks)]
+    pairs = fmt.would_rehearse(setting, model, tokenizer, [tasks[i] for i in executed], [episodes[i] for i in executed])
+    fidelity = fmt.by_kind(setting, pairs, [tasks[i] for i in executed])
     result = {**outcome_record(tasks, episodes, rewards),
               "fidelity": honesty.rates(fidelity), "fidelity_counts": fidelity,
               "executed_tasks": len(executed),
               "rehearsed_tasks": len(tasks) - len(executed),
               "rehearsal_budget": cfg["rehearsal_budget"], "rehearsal_mode": cfg["rehearsal_mode"],
               "imagined_per_task": sum(imagined) / len(tasks),
-              "fidelity_by_coverage": fx.coverage(model, tokenizer, tasks, pairs)}
+              "fidelity_by_coverage": fmt.coverage(setting, model, tokenizer, tasks, pairs)}
     if cfg["n_collusion"]:
-        result.update(fx.honesty(model, tokenizer, tasks[:cfg["n_collusion"]], cfg, generator))
-    extras = fx.eval_extras(model, tasks, episodes, rewards)      # the world's own figures, or {}
+        result.update(fmt.imagined_world(setting, model, tokenizer, tasks[:cfg["n_collusion"]], cfg, generator))
+    extras = fmt.eval_extras(setting, model, tasks, episodes, rewards)      # the world's own figures, or {}
     if extras:
         result["extras"] = extras
     result["task_rewards"] = rewards          # per test task, in order: the paired bootstrap's input

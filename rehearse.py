@@ -49,7 +49,7 @@ def private_rehearsal_plans(policy, tokenizer, prompts, budget, mode="parallel",
                 answer (or the budget is spent), so it spends imagination only where the
                 earlier attempts disagreed. Same vote, at most `budget` imaginations.
     An imagined episode that ends without an answer (bad call, truncation) has no vote.
-    sample: the sampler of the imagined episodes, the model's rehearsal layout (features.py):
+    sample: the sampler of the imagined episodes, the model's rehearsal layout (format_plain.sample):
     rollout.sample_episodes (inline), or separate.sample_separate; the committed one is the same.
     Returns (plans, imaginations used per task)."""
     env_mode = "rehearse" if rehearser is None else "frozen"

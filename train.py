@@ -11,7 +11,7 @@
 
 One run, top to bottom (`run`):
   1. Setup: processes (distributed.py), the tasks, the model, and the features chosen once
-     (features.py: the format and the rehearsal layout, as a small object of functions).
+     (features.py: the format and the rehearsal layout, as a module of plain functions and its setting).
   2. Warm start (`warm_start`) on logged expert episodes and logged tool traffic, with the RL
      role masks; act AND environment tokens are trained, so the policy starts with a world model.
   3. The gate: real-world evaluation and rehearsal fidelity per tool kind. Rehearsed rewards are
@@ -282,13 +282,14 @@ def run_phases(cfg, resume, overwrite, phase, stop):
     # 1. setup: processes, tasks, model, the features chosen once; what cannot run stops here
     rank, world_size, device = setup_distributed(cfg)
     log = print if rank == 0 else (lambda *a, **k: None)
-    model, ddp_model, tokenizer, splits, fx, state, warm = setup(cfg, resume, overwrite, phase, device, world_size, log)
+    model, ddp_model, tokenizer, splits, fmt, setting, state, warm = setup(cfg, resume, overwrite, phase, device,
+                                                                           world_size, log)
     out, t_start, amp = cfg["out_dir"], time.time(), autocast(cfg, device)
 
     # 2-3. warm start, evaluation in the real world (rank0_eval(path, **extra): eval.json), the fidelity gate
-    rank0_eval = functools.partial(real_world_eval, model, tokenizer, splits["test"], cfg, fx, amp, stop=stop)
-    before = warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, rank, world_size, stop,
-                                 phase, warm) if state is None else None
+    rank0_eval = functools.partial(real_world_eval, model, tokenizer, splits["test"], cfg, fmt, setting, amp, stop=stop)
+    before = warm_start_and_gate(model, ddp_model, tokenizer, fmt, setting, cfg, rank0_eval, log, rank, world_size,
+                                 stop, phase, warm) if state is None else None
     if state is None and before is None:        # the gate stopped the run
         return 2
     reference = reference_model(model, cfg, device, world_size, os.path.join(out, "warmstart"), state is None,
@@ -307,17 +308,16 @@ def run_phases(cfg, resume, overwrite, phase, stop):
             tasks = task_rng.sample(splits["rl"], cfg["tasks_per_step"])[rank * per_rank:(rank + 1) * per_rank]
             group_ids = [i // G for i in range(len(tasks) * G)]   # a task's G samples; all ranks draw alike, then slice
             episode_tasks = [tasks[g] for g in group_ids]
-            prompts, worlds, tags = fx.inputs(tasks, G)                       # one per episode
+            prompts, worlds, tags = fmt.inputs(setting, tasks, G)             # one per episode
             with amp, gathered(model), gathered(simulator):
-                episodes = fx.rl_sample(model, tokenizer, prompts, world=worlds, tags=tags, env_model=simulator,
-                                        generator=generator)
-                extras = fx.step_extras(model, episodes, episode_tasks)
+                episodes = fmt.rl_sample(setting, model, tokenizer, prompts, worlds, tags, simulator, generator)
+                extras = fmt.step_extras(setting, model, episodes, episode_tasks)
             time_sample = time.time() - t0
-            rewards = [fx.reward(e, t) for e, t in zip(episodes, episode_tasks, strict=True)]
+            rewards = [fmt.reward(setting, e, t) for e, t in zip(episodes, episode_tasks, strict=True)]
             rows, row_rewards, row_groups = training_rows(episodes, rewards, group_ids, cfg["advantage_groups"])
             sums, status = rl_step(model, ddp_model, opt, rows, row_rewards, row_groups, cfg,
                                    tokenizer.pad_token_id, kl_reference, world_size)
-            sums.update(episode_sums(episodes, rewards), **fx.rl_diagnostics(episodes, episode_tasks))  # logged only
+            sums.update(episode_sums(episodes, rewards), **fmt.rl_diagnostics(setting, episodes, episode_tasks))
             record = {**step_record(step, status, progress, sums, time_sample, time.time() - t0), **extras}
             if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < cfg["rl_steps"]:
                 bar.write(eval_during_rl(rank0_eval(), record, progress, cfg, step))
@@ -340,9 +340,9 @@ def run_phases(cfg, resume, overwrite, phase, stop):
 
 
 def setup(cfg, resume, overwrite, phase, device, world_size, log):
-    """Step 1: the tasks, the model (new, or the checkpoint to resume), the features chosen once
-    (features.setup), the parallel wrapper; config.yaml written. What cannot run stops here with
-    one line (a bad data file, a prompt too long, a template that does not fit)."""
+    """Step 1: the tasks, the model (new, or the checkpoint to resume), the format chosen once (features.setup:
+    its module, format_plain in the demo, and its setting), the parallel wrapper; config.yaml written. What
+    cannot run stops here with one line (a bad data file, a prompt too long, a template that does not fit)."""
     if not resume and not overwrite:
         check_out_dir(cfg["out_dir"])                 # finished work is never overwritten silently
     splits = features.build_tasks(cfg)                # bad data files stop the run here
@@ -356,7 +356,7 @@ def setup(cfg, resume, overwrite, phase, device, world_size, log):
     elif warm is not None:
         phase["saved"] = "warmstart"
     check_lengths(cfg, tokenizer, model.config, splits["rl"] + splits["test"])
-    fx = features.setup(cfg, tokenizer, splits, device)
+    fmt, setting = features.setup(cfg, tokenizer, splits, device)
     n_params = sum(p.numel() for p in model.parameters())
     if cfg["model"] != "tiny":                # the demo's 1M-parameter model needs no estimate
         log(memory_line(memory_estimate(n_params, cfg, model.config, world_size), cfg, world_size))
@@ -365,11 +365,11 @@ def setup(cfg, resume, overwrite, phase, device, world_size, log):
     from_rank0(lambda: write_file(os.path.join(cfg["out_dir"], "config.yaml"), config_text))  # unwritable: one line
     log(f"model: {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)} | tasks: {len(splits['logged'])} "
         f"logged, {len(splits['rl'])} RL, {len(splits['test'])} test | device {device} x {world_size} process(es)")
-    return model, ddp_model, tokenizer, splits, fx, state, warm
+    return model, ddp_model, tokenizer, splits, fmt, setting, state, warm
 
 
-def warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, rank, world_size, stop, phase,
-                        warm=None):
+def warm_start_and_gate(model, ddp_model, tokenizer, fmt, setting, cfg, rank0_eval, log, rank, world_size, stop,
+                        phase, warm=None):
     """Steps 2 and 3: the warm start, saved as out_dir/warmstart, its real-world evaluation, and
     the fidelity gate. Returns the evaluation, or None when the gate stops the run. `stop` (the
     run's StopRequest): a signal during the warm start stops it between steps, one during the
@@ -378,8 +378,8 @@ def warm_start_and_gate(model, ddp_model, tokenizer, fx, cfg, rank0_eval, log, r
     t0, skipped = time.time(), 0
     if warm is None:
         phase["name"], stop.immediate = "warm start", False        # stop between steps, not mid-step
-        skipped = warm_start(model, ddp_model, fx.warm_start_sequences(), cfg, tokenizer.pad_token_id,
-                             fx.warm_start_roles, rank, world_size, stop)
+        skipped = warm_start(model, ddp_model, fmt.warm_start_sequences(setting), cfg, tokenizer.pad_token_id,
+                             fmt.warm_start_roles(setting), rank, world_size, stop)
         save_warm_start(model, tokenizer, cfg)
         phase["saved"], stop.immediate = "warmstart", True
         if signalled(stop):                # signalled during the last step or the save

@@ -5,8 +5,8 @@ imagined world, for chat tasks whose `env` names an executor (the toy's are in h
   written each real response? Compared as normalised JSON (executor.same_response).
 - an RL step's rehearsed episodes against a replay of their calls on a fresh executor
   (`diagnostics`): fidelity per tool kind (`replay_fidelity`) and collusion (`collusion_counts`).
-- the imagined world (`imagined_world`): the policy acts and rehearses with no real call in the
-  loop; its success, fidelity and collusion are scored against the executor.
+- the imagined world (format_chat.imagined_world, which samples it): the policy acts and rehearses
+  with no real call in the loop; its success, fidelity and collusion are scored against the executor.
 Separate rehearse rows are asked in chat_separate.would_rehearse_separate.
 
 Simplified: tasks without an executor are not measured (no truth to compare with); collusion
@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import torch
 
+from chat import reward as chat_reward
 from chat import executor
 from rehearsal import honesty
 from machinery import kvcache
@@ -107,9 +108,10 @@ def replay_fidelity(pairs):
     return dict(counts)
 
 
-def collusion_counts(pairs, reward):
+def collusion_counts(pairs, judge=None):
     """honesty.collusion_counts for chat tasks with an executor and (flat) gold_calls, against
-    that executor; `reward(episode, task)` is the run's. For an episode e of task t:
+    that executor; success is the run's reward (chat_reward.chat_reward with its `judge`). For an
+    episode e of task t:
       path      = {(tool, normalised real response) of each gold call, replayed on a fresh executor}
       call i is WRONG     iff its real response (a replay of e's calls) is an error (executor.is_error)
                           or (tool_i, real_i) is not in path: the real world would have answered
@@ -128,7 +130,7 @@ def collusion_counts(pairs, reward):
         world = t["world"]
         norm = executor.normalised
         path = {(c["name"], norm(r)) for c, r in zip(gold, world.replay([_json(_call(c)) for c in gold]))}
-        success = reward(e, t) == 1
+        success = chat_reward.chat_reward(e, t, judge=judge) == 1
         real = world.replay(e["calls"][:len(e["responses"])])
         for call, imagined, truth in zip(e["calls"], e["responses"], real):
             tool = json.loads(call)["name"]
@@ -139,32 +141,10 @@ def collusion_counts(pairs, reward):
     return counts
 
 
-def diagnostics(episodes, tasks, reward):
+def diagnostics(episodes, tasks, judge=None):
     """An RL step's rehearsal fidelity and collusion against a real replay, over the episodes whose
-    task has an executor (`has_executor`); {} when none has."""
+    task has an executor (`has_executor`); {} when none has. `judge`: the reward's (collusion_counts)."""
     pairs = [(e, t) for e, t in zip(episodes, tasks) if has_executor(t)]
     if not pairs:
         return {}
-    return {"fidelity": replay_fidelity(pairs), "collusion": collusion_counts(pairs, reward)}
-
-
-def imagined_world(model, tokenizer, tasks, cfg, generator, fx, batch_size=512):
-    """honesty.imagined_world for chat tasks: on those of `tasks` with an executor, the policy acts
-    and rehearses (rehearse mode, eval sampling, fx.sample: the layout's sampler, no real call in
-    the loop); scored against a replay on each task's executor: imagined success (fx.reward),
-    imagined fidelity per tool kind, collusion (`collusion_counts`). {} when no task has one."""
-    tasks = [t for t in tasks if has_executor(t)]
-    if not tasks:
-        return {}
-    model.eval()
-    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
-    episodes = []
-    for i in range(0, len(tasks), batch_size):
-        prompts, worlds, tags = fx.inputs(tasks[i:i + batch_size])
-        episodes += fx.sample(model, tokenizer, prompts, "rehearse", world=worlds, tags=tags,
-                              temperature=cfg["eval_temperature"], top_p=cfg["top_p"], generator=generator, **limits)
-    pairs = list(zip(episodes, tasks))
-    fidelity = replay_fidelity(pairs)
-    return {"imagined_success": sum(fx.reward(e, t) for e, t in pairs) / len(tasks), "imagined_tasks": len(tasks),
-            "imagined_fidelity": honesty.rates(fidelity), "imagined_fidelity_counts": fidelity,
-            "collusion": honesty.collusion_rate(collusion_counts(pairs, fx.reward))}
+    return {"fidelity": replay_fidelity(pairs), "collusion": collusion_counts(pairs, judge)}

@@ -11,7 +11,7 @@ are read in chat_tasks.py.
 
 Simplified: the later user turns are fixed in the task file (no simulated user); the hand-off
 must be the same after every answer; rehearsal_context separate and private rehearsal
-(rehearsal_budget > 0) do not support multi-turn tasks (features.py refuses them).
+(rehearsal_budget > 0) do not support multi-turn tasks (format_chat.setup refuses them).
 """
 from chat import templates
 from chat.format import SAMPLE_OPENING, SAMPLE_TOOL, SAMPLE_TURNS, _tok, assemble, first_difference, prompt_ids

@@ -1,4 +1,4 @@
-"""What a `format: chat` run sets up from the chat files (features.py calls these).
+"""What a `format: chat` run sets up from the chat files (format_chat.py calls these).
 
 The splits read and checked (`chat_tasks`: chat_tasks.read_chat_jsonl); the template's
 hand-offs derived and checked (`chat_tags`: chat.chat_format, and multiturn.turn_tags when a task

@@ -46,7 +46,7 @@ target `buy CHEAPEST` (ACT). Those imagined episodes are SYNTHETIC (`imagined_ep
 imperfect imaginer whose each imagined price is wrong with probability memory_noise (its product
 follows it), which stops before its purchase with probability memory_noise (unfinished), and
 which buys the cheapest of what it imagined; each self-assessed by rehearsal_memory.self_assess.
-Then RL (features.py: `choice_features`, rehearse mode, no real world): for each episode N is drawn uniformly from
+Then RL (format_choice.py, rehearse mode, no real world): for each episode N is drawn uniformly from
 0..memory_max, the CURRENT policy imagines N episodes and the committed episode reads their
 memory; its reward is the choice's.
 
@@ -322,7 +322,7 @@ def agreed(episodes):
 
 def sample_with_memory(policy, tokenizer, prompts, env_mode="rehearse", *, memory_max=4, imagine_temperature=1.0,
                        env_model=None, world=None, generator=None, temperature=1.0, **kw):
-    """The RL sampler of this world (features.choice_features' `sample`; train.py uses it in
+    """The RL sampler of this world (format_choice's setting["sampler"]; train.py uses it in
     rehearse and frozen modes): for each commit prompt N is drawn uniformly from 0..memory_max,
     the current policy imagines N parallel episodes of the task (the simulator plays the world
     there too in frozen mode), and the committed episode, the one returned and trained, reads

@@ -253,7 +253,7 @@ def main(argv=None):
     try:
         if not args.ckpt:
             raise ConfigError("give --ckpt RUN (a run folder of train.py) or --report RESULTS")
-        cfg, model, tokenizer, tasks, fx, _ = load_run(args.ckpt, overrides)
+        cfg, model, tokenizer, tasks, _, _, _ = load_run(args.ckpt, overrides)
         if cfg["world"] != "choice":
             raise ConfigError(f"{args.ckpt} was trained with world: {cfg['world']}; this sweep is for world: choice")
         if args.n_test is not None and args.n_test < 1:

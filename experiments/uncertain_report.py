@@ -34,9 +34,9 @@ def failures(folder, split="test", n=500):
     model, tokenizer = load_policy(path, "cpu")
     model.eval()
     splits = features.build_tasks(cfg)
-    fx = features.setup(cfg, tokenizer, splits, "cpu")
+    fmt, setting = features.setup(cfg, tokenizer, splits, "cpu")
     tasks = splits[split][:n]
-    prompts, worlds, tags = fx.inputs(tasks)
+    prompts, worlds, tags = fmt.inputs(setting, tasks)
     limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
     episodes = sample_episodes(model, tokenizer, prompts, "real", world=worlds, tags=tags, temperature=0.0,
                                top_p=1.0, generator=torch.Generator().manual_seed(0), **limits)
@@ -71,8 +71,8 @@ def write_lookups(results):
         model, tokenizer = load_policy(path, "cpu")
         model.eval()
         splits = features.build_tasks(cfg)
-        tasks, fx = splits["test"], features.setup(cfg, tokenizer, splits, "cpu")
-        prompts, worlds, tags = fx.inputs(tasks)
+        tasks, (fmt, setting) = splits["test"], features.setup(cfg, tokenizer, splits, "cpu")
+        prompts, worlds, tags = fmt.inputs(setting, tasks)
         limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
         episodes = sample_episodes(model, tokenizer, prompts, "real", world=worlds, tags=tags, temperature=0.0,
                                    top_p=1.0, generator=torch.Generator().manual_seed(cfg["seed"]), **limits)

@@ -28,7 +28,7 @@ from evaluate import evaluate, imagined_summary, summary
 from machinery.faults import error_line
 
 
-def rehearsal_sweep(model, tokenizer, tasks, cfg, fx, rehearsers, budgets=(0, 1, 2, 4),
+def rehearsal_sweep(model, tokenizer, tasks, cfg, fmt, setting, rehearsers, budgets=(0, 1, 2, 4),
                     modes=("parallel", "sequential")):
     """Success against the private-rehearsal budget N, for each mode and each model that plays the
     world in imagination ({name: model or None for the policy itself}). One row per setting."""
@@ -37,14 +37,15 @@ def rehearsal_sweep(model, tokenizer, tasks, cfg, fx, rehearsers, budgets=(0, 1,
         for mode in modes:
             for n in budgets:
                 m = evaluate(model, tokenizer, tasks, {**cfg, "rehearsal_budget": n, "rehearsal_mode": mode,
-                                                       "n_collusion": 0}, fx, seed=cfg["seed"], rehearser=rehearser)
+                                                       "n_collusion": 0}, fmt, setting, seed=cfg["seed"],
+                             rehearser=rehearser)
                 rows.append({"rehearser": name, "mode": mode, "budget": n, "success": m["success"],
                              "imagined_per_task": m["imagined_per_task"], "mean_calls": m["mean_calls"]})
     return rows
 
 
 def load_run(folder, overrides, rehearser_path=None):
-    """(cfg, model, tokenizer, test tasks, fx, rehearser) of a run folder of train.py (its latest
+    """(cfg, model, tokenizer, test tasks, fmt, setting, rehearser) of a run folder of train.py (its latest
     checkpoint ckpt/) or of a checkpoint folder itself (warmstart/). ConfigError if there is none."""
     path = find_checkpoint(os.path.join(folder, "ckpt")) or find_checkpoint(folder)
     if path is None or not os.path.isfile(os.path.join(path, "config.yaml")):
@@ -53,9 +54,9 @@ def load_run(folder, overrides, rehearser_path=None):
     model, tokenizer = load_policy(path, pick_device(cfg))
     rehearser = load_policy(rehearser_path, pick_device(cfg))[0] if rehearser_path else None
     splits = features.build_tasks(cfg)
-    fx = features.setup(cfg, tokenizer, splits, pick_device(cfg))    # a template that does not fit: one line
+    fmt, setting = features.setup(cfg, tokenizer, splits, pick_device(cfg))   # a template that does not fit: one line
     check_lengths(cfg, tokenizer, model.config, splits["test"])      # an override of max_tokens: one line
-    return cfg, model, tokenizer, splits["test"], fx, rehearser
+    return cfg, model, tokenizer, splits["test"], fmt, setting, rehearser
 
 
 def write(folder, name, value):
@@ -98,7 +99,7 @@ def run_main(args, overrides, phase):
             raise ConfigError("give --ckpt <run folder> (runs are compared by experiments.py --compare)")
         if args.n_test is not None and args.n_test < 1:
             raise ConfigError(f"--n_test must be at least 1, got {args.n_test}")
-        cfg, model, tokenizer, tasks, fx, rehearser = load_run(args.ckpt, overrides, args.rehearser)
+        cfg, model, tokenizer, tasks, fmt, setting, rehearser = load_run(args.ckpt, overrides, args.rehearser)
         warm = load_policy(os.path.join(args.ckpt, "warmstart"), pick_device(cfg))[0] if args.coverage else None
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -106,7 +107,7 @@ def run_main(args, overrides, phase):
     tasks = tasks[:args.n_test] if args.n_test else tasks
     phase[0] = "evaluation"
     try:
-        measure(args, cfg, model, tokenizer, tasks, fx, rehearser, warm)
+        measure(args, cfg, model, tokenizer, tasks, fmt, setting, rehearser, warm)
     except NonFiniteError as e:                    # broken weights: one line, nothing written
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -116,28 +117,28 @@ def run_main(args, overrides, phase):
     return 0
 
 
-def measure(args, cfg, model, tokenizer, tasks, fx, rehearser, warm):
+def measure(args, cfg, model, tokenizer, tasks, fmt, setting, rehearser, warm):
     """What main runs once the checkpoint is loaded: one of the measures, printed and written."""
     if args.coverage:
-        result = {when: fx.coverage(m, tokenizer, tasks) for when, m in (("before", warm), ("after", model))}
+        result = {when: fmt.coverage(setting, m, tokenizer, tasks) for when, m in (("before", warm), ("after", model))}
         for when, buckets in result.items():
             print(f"{when}: " + ", ".join(f"{b} {m}/{n}" for b, (m, n) in buckets.items()))
         write(args.ckpt, "coverage.json", result)
     elif args.collusion:
-        metrics = fx.honesty(model, tokenizer, tasks[:cfg["n_collusion"] or len(tasks)], cfg,
-                             torch.Generator().manual_seed(cfg["seed"]))
+        metrics = fmt.imagined_world(setting, model, tokenizer, tasks[:cfg["n_collusion"] or len(tasks)], cfg,
+                                     torch.Generator().manual_seed(cfg["seed"]))
         print(imagined_summary(metrics) if metrics else "no task has an executor: no real response to "
               "compare imagined ones with (docs/tools.md)")
         write(args.ckpt, "collusion.json", metrics)
     elif args.sweep:
         rehearsers = {"policy": None, **({"rehearser": rehearser} if rehearser is not None else {})}
-        rows = rehearsal_sweep(model, tokenizer, tasks, cfg, fx, rehearsers)
+        rows = rehearsal_sweep(model, tokenizer, tasks, cfg, fmt, setting, rehearsers)
         for r in rows:
             print(f"{r['rehearser']:9s} {r['mode']:10s} N={r['budget']}: success {r['success']:.3f}, "
                   f"{r['imagined_per_task']:.2f} imagined and {r['mean_calls']:.2f} real calls per task")
         write(args.ckpt, "private_rehearsal.json", rows)
     else:
-        metrics = evaluate(model, tokenizer, tasks, cfg, fx, seed=cfg["seed"], rehearser=rehearser)
+        metrics = evaluate(model, tokenizer, tasks, cfg, fmt, setting, seed=cfg["seed"], rehearser=rehearser)
         print(summary(metrics))
         name = "evaluate.json" if os.path.exists(os.path.join(args.ckpt, "eval.json")) else "eval.json"
         write(args.ckpt, name, metrics)        # train.py's eval.json (with `before`) is kept as it is

@@ -129,13 +129,13 @@ def final_report(progress, after, cfg, seconds):
             f"{progress['nonfinite_steps']} non-finite, {seconds:.0f}s); saved to {cfg['out_dir']}/ckpt")
 
 
-def real_world_eval(model, tokenizer, tasks, cfg, fx, amp, path=None, stop=None, **extra):
+def real_world_eval(model, tokenizer, tasks, cfg, fmt, setting, amp, path=None, stop=None, **extra):
     """evaluate.evaluate on rank 0 (FSDP: every rank gathers the weights first), written to
     `path` with `extra`; the result on every rank. A failure or a signal there stops every rank
     (faults.rank0_interruptible, with the run's `stop` outside the RL loop)."""
     def on_rank0():
         with amp:
-            result = evaluate(model, tokenizer, tasks, cfg, fx, seed=cfg["seed"])
+            result = evaluate(model, tokenizer, tasks, cfg, fmt, setting, seed=cfg["seed"])
         if path:
             write_file(path, json.dumps({**result, **extra}, indent=1))    # a full disk: one line
         return result

@@ -167,21 +167,30 @@ def would_rehearse_rows(model, rows, pad_id, token_budget=4096):
 def coverage_fidelity(model, tokenizer, tasks, warm_start_counts, would_rehearse=would_rehearse_calls,
                       world=toy_world):
     """The coverage caveat: would-rehearse fidelity on the EXPERT's calls of `tasks` (their real
-    responses replayed), bucketed by how often each exact call was in the warm-start data. The
-    expert's calls, not the policy's: a policy that never calls an unseen item would hide it."""
+    responses replayed, `expert_episodes`), bucketed by how often each exact call was in the
+    warm-start data. The expert's calls, not the policy's: a policy that never calls an unseen
+    item would hide it."""
+    return fidelity_by_coverage(would_rehearse(model, tokenizer, expert_episodes(tokenizer, tasks, world)),
+                                warm_start_counts)
+
+
+def expert_episodes(tokenizer, tasks, world=toy_world):
+    """The expert's episodes of the tasks that have calls: their calls, the real responses replayed
+    on `world`, their answer, as rows with calls and responses (what coverage asks the model)."""
     expert = []
     for t in tasks:
         if t.get("calls"):
             responses = world.replay(t["calls"])
             expert.append({**encode_episode(tokenizer, t["prompt"], t["calls"], responses, t["answer"]),
                            "calls": t["calls"], "responses": responses})
-    return fidelity_by_coverage(would_rehearse(model, tokenizer, expert), warm_start_counts)
+    return expert
 
 
 def imagined_world(model, tokenizer, tasks, cfg, generator=None, world=toy_world, batch_size=512,
-                   sample=rollout.sample_episodes):
+                   sample=rollout.sample_episodes, **sample_args):
     """The world model's honesty on `tasks`: the policy acts and rehearses (rehearse mode, the
-    eval sampling, no real call in the loop; `sample` is the layout's sampler), and the episodes
+    eval sampling, no real call in the loop; `sample` is the layout's sampler, `sample_args` its
+    own arguments, e.g. separate.sample_separate's grounding examples), and the episodes
     are scored against a real replay. Returns imagined_success (the task reward in that imagined
     world), imagined_fidelity (per tool kind) and collusion ({calls, wrong, colluding, rate},
     collusion_counts)."""
@@ -191,7 +200,7 @@ def imagined_world(model, tokenizer, tasks, cfg, generator=None, world=toy_world
     for i in range(0, len(tasks), batch_size):
         episodes += sample(model, tokenizer, [t["prompt"] for t in tasks[i:i + batch_size]], "rehearse",
                            world=world, temperature=cfg["eval_temperature"], top_p=cfg["top_p"],
-                           generator=generator, **limits)
+                           generator=generator, **limits, **sample_args)
     fidelity = replay_fidelity(episodes, world)
     return {"imagined_success": sum(task_reward(e, t) for e, t in zip(episodes, tasks)) / len(tasks),
             "imagined_fidelity": rates(fidelity), "imagined_fidelity_counts": fidelity,

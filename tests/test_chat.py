@@ -423,8 +423,8 @@ def test_evaluation_of_tasks_without_an_executor_scores_by_criteria_and_judge(tm
     script = chat.assemble(TOK, tags, prompts[0], [{"name": "pay", "arguments": {"amount": 3}}], ["6"], "6")
     cfg = {**config.DEFAULTS, "format": "chat", "judge_model": str(tmp_path / "judge"), "max_act_tokens": 40,
            "max_tokens": 200}
-    fx = features.setup(cfg, TOK, {"logged": [], "rl": [task], "test": [task]})   # loads the judge
-    result = evaluate.evaluate(Script(script["ids"][len(prompts[0]):]), TOK, [task], cfg, fx)
+    fmt, setting = features.setup(cfg, TOK, {"logged": [], "rl": [task], "test": [task]})   # loads the judge
+    result = evaluate.evaluate(Script(script["ids"][len(prompts[0]):]), TOK, [task], cfg, fmt, setting)
     judge = checkpoint.load_policy(str(tmp_path / "judge"))[0]
     episode = {"calls": ['{"name": "pay", "arguments": {"amount": 3}}'], "responses": ["6"], "answer": "6"}
     want = chat_reward.make_judge(judge, TOK)(episode, task)

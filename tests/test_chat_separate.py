@@ -193,13 +193,13 @@ def test_warm_start_rows_are_the_rows_rl_samples():
               "responses": ["6", "4"], "answer": "4", "examples": task["examples"]}
     cfg = {**config.DEFAULTS, "format": "chat", "rehearsal_context": "separate", "grounding_examples": 1,
            "max_tokens": 300}
-    fx = features.setup(cfg, TOK, {"logged": [logged], "rl": [task], "test": [task]})
-    groups = fx.warm_start_sequences()
+    fmt, setting = features.setup(cfg, TOK, {"logged": [logged], "rl": [task], "test": [task]})
+    groups = fmt.warm_start_sequences(setting)
     (actor, w1, w2), examples = groups[0]["rows"], groups[1]["rows"]
     assert actor["ids"] == e["ids"] and actor["roles"] == e["roles"]
     for w, r in ((w1, e["rehearsals"][0]), (w2, e["rehearsals"][1])):
         assert w["ids"] == r["ids"] and w["roles"] == r["roles"]
-    assert fx.warm_start_roles == (ACT, REHEARSE)                  # the actor row's OBS: context only
+    assert fmt.warm_start_roles(setting) == (ACT, REHEARSE)        # the actor row's OBS: context only
     # the task's examples: a rehearse row each (empty dialogue, the example's call and result)
     assert [x["call"] for x in examples] == [json.dumps(c) for c, _ in task["examples"]]
     assert TOK.convert_ids_to_tokens(examples[0]["ids"][-2:]) == ["8", "<|im_end|>"]
@@ -322,8 +322,8 @@ def test_chat_evaluation_asks_would_rehearse_in_separate_rows(monkeypatch):
     monkeypatch.setattr(honesty, "would_rehearse_rows", spy)
     cfg = {**config.DEFAULTS, "format": "chat", "rehearsal_context": "separate", "grounding_examples": 2,
            "max_act_tokens": 40, "max_env_tokens": 8, "max_tokens": 300}
-    fx = features.setup(cfg, TOK, {"logged": [], "rl": [task], "test": [task]})
-    result = evaluate.evaluate(PrefixScript(scripts_for(task, 2)), TOK, [task], cfg, fx)
+    fmt, setting = features.setup(cfg, TOK, {"logged": [], "rl": [task], "test": [task]})
+    result = evaluate.evaluate(PrefixScript(scripts_for(task, 2)), TOK, [task], cfg, fmt, setting)
     assert result["success"] == 1.0 and result["fidelity_counts"] == {"stateful": [1, 2]}
     assert result["executed_tasks"] == 1 and result["rehearsed_tasks"] == 0
     want = chat_separate.rehearse_rows(TOK, TAGS, task, CALLS, ["6", "4"], 2)
@@ -340,15 +340,15 @@ def test_config_accepts_separate_chat(tmp_path, monkeypatch):
     assert cfg["rehearsal_context"] == "separate" and cfg["format"] == "chat"
     asked = []                                               # the toy's words are not asked of a chat model
     monkeypatch.setattr(separate, "check_vocabulary", lambda *a: asked.append(a))
-    fx = features.setup(cfg, TOK, {"logged": [], "rl": [pay_task()], "test": [pay_task()]})
+    fmt, setting = features.setup(cfg, TOK, {"logged": [], "rl": [pay_task()], "test": [pay_task()]})
     assert asked == []
-    assert fx.sample.func is separate.sample_separate
-    prompt = fx.sample.keywords["rehearse_prompt"]
+    assert setting["sampler"] is separate.sample_separate
+    prompt = setting["sampler_args"]["rehearse_prompt"]
     assert prompt.func is chat_separate.separate_prompt and prompt.args == (TOK, 1)
     plain = {**config.DEFAULTS, "rehearsal_context": "separate", "grounding_examples": 1}
-    fx = features.setup(plain, TOK, {"logged": []})          # the toy's plain rehearse prompt: no chat builder
+    fmt, setting = features.setup(plain, TOK, {"logged": []})   # the toy's plain rehearse prompt: no chat builder
     assert asked == [(plain, TOK)]
-    assert fx.sample.func is separate.sample_separate and "rehearse_prompt" not in fx.sample.keywords
+    assert setting["sampler"] is separate.sample_separate and "rehearse_prompt" not in setting["sampler_args"]
 
 
 def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
@@ -367,7 +367,7 @@ def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
     def sample_spy(*args, **kw):                              # RL samples in separate rows
         sampled.append((kw["tags"]["act_end"], kw["rehearse_prompt"].args[1]))
         return sample_separate(*args, **kw)
-    monkeypatch.setattr(separate, "sample_separate", sample_spy)     # features binds it at setup
+    monkeypatch.setattr(separate, "sample_separate", sample_spy)     # the format's setup reads it
     monkeypatch.setattr(chat_separate, "separate_warm_start_sequences",
                         lambda *a: built.append(a[-1]) or chat_separate_warm_start(*a))
     tiny_qwen(TOK, tmp_path / "qwen")
@@ -382,7 +382,7 @@ def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
     assert [m["step"] for m in lines] == [1, 2]
     for m in lines:           # every episode samples at least its first token as the actor
         assert sum(m["causes"].values()) == 4 and m["tokens_act"] >= 4
-    # two RL steps, and the imagined world (fx.honesty: env toy executes) before and after RL
+    # two RL steps, and the imagined world (format_chat.imagined_world: env toy executes) before and after RL
     assert sampled == [(TAGS["act_end"], 1)] * 4 and built == [1]
     assert len(asked) == 2                     # before and after RL (coverage reuses the same answers)
     os.remove(os.path.join(out, "eval.json"))

@@ -263,9 +263,9 @@ def test_replay_fidelity_and_collusion_against_the_executor_by_hand(bank_dir):
     pairs = [(e, task) for e in episodes]
     assert [chat_reward.chat_reward(e, task) for e in episodes] == [1.0, 1.0, 0.0]
     assert chat_honesty.replay_fidelity(pairs) == {"withdraw": [2, 3], "deposit": [2, 3]}
-    assert chat_honesty.collusion_counts(pairs, chat_reward.chat_reward) == {"calls": 6, "wrong": 2, "colluding": 1}
+    assert chat_honesty.collusion_counts(pairs) == {"calls": 6, "wrong": 2, "colluding": 1}
     sums = chat_honesty.diagnostics(episodes + [{"calls": [W], "responses": ["x"]}], [task] * 3 + [
-        {**task, "env": ""}], chat_reward.chat_reward)          # a task without executor: left out
+        {**task, "env": ""}])                                   # a task without executor: left out
     assert sums == {"fidelity": {"withdraw": [2, 3], "deposit": [2, 3]},
                     "collusion": {"calls": 6, "wrong": 2, "colluding": 1}}
 
@@ -299,15 +299,15 @@ def test_evaluation_executes_and_measures_would_rehearse_fidelity_per_tool(bank_
     known = chat.assemble(TOK, tags, prompt, actions, [funds, '{"balance": 10}', '{"balance": 3}'], "2")["ids"]
     cfg = {**config.DEFAULTS, "format": "chat", "max_act_tokens": 40, "max_env_tokens": 40, "max_tokens": 400,
            "n_collusion": 0}
-    fx = features.setup(cfg, TOK, {"logged": [], "rl": [task], "test": [task]})
-    result = evaluate.evaluate(Oracle(known[len(prompt):], known), TOK, [task], cfg, fx)
+    fmt, setting = features.setup(cfg, TOK, {"logged": [], "rl": [task], "test": [task]})
+    result = evaluate.evaluate(Oracle(known[len(prompt):], known), TOK, [task], cfg, fmt, setting)
     assert result["executed_tasks"] == 1 and result["rehearsed_tasks"] == 0 and result["success"] == 1.0
     assert result["fidelity_counts"] == {"withdraw": [1, 2], "deposit": [1, 1]}
     assert result["fidelity"] == {"deposit": 1.0, "withdraw": 0.5}
     assert evaluate.summary(result).startswith("success 1.000 on 1 tasks")
     # --coverage without pairs: the gold calls (the same three) replayed on a fresh bank, asked of
     # the model; no warm-start data saw them; the oracle would write the first two responses only
-    assert fx.coverage(Oracle([0], known), TOK, [task]) == {"seen 0 times": [2, 3], "seen 1-49 times": [0, 0],
+    assert fmt.coverage(setting, Oracle([0], known), TOK, [task]) == {"seen 0 times": [2, 3], "seen 1-49 times": [0, 0],
                                                             "seen 50+ times": [0, 0]}
 
 
@@ -361,19 +361,19 @@ def test_would_rehearse_fidelity_compares_responses_as_normalised_json(bank_dir)
 
 
 def test_the_imagined_world_of_an_executor_task(bank_dir):
-    """fx.honesty on the bank: the policy rehearses episode A of the collusion test (withdraw 8
+    """format_chat.imagined_world on the bank: the policy rehearses episode A of the collusion test (withdraw 8
     imagined as {"balance": 2}, deposit 5 as {"balance": 7}, answer 2): imagined success 1, 1 of 1
     wrong calls colluding, fidelity 0 on both tools."""
     task = read_one(bank_dir)
     W, D = call("withdraw", amount=8), call("deposit", amount=5)
     tags, prompt, model = scripted(task, [W, D], ['{"balance": 2}', '{"balance": 7}'], "2")
     cfg = {**config.DEFAULTS, "format": "chat", "max_act_tokens": 40, "max_env_tokens": 40, "max_tokens": 400}
-    fx = features.setup(cfg, TOK, {"logged": [], "rl": [task], "test": [task]})
-    got = fx.honesty(model, TOK, [task, {**task, "env": ""}], cfg, None)
+    fmt, setting = features.setup(cfg, TOK, {"logged": [], "rl": [task], "test": [task]})
+    got = fmt.imagined_world(setting, model, TOK, [task, {**task, "env": ""}], cfg, None)
     assert got["imagined_success"] == 1.0 and got["imagined_tasks"] == 1
     assert got["collusion"] == {"calls": 2, "wrong": 1, "colluding": 1, "rate": 1.0}
     assert got["imagined_fidelity_counts"] == {"withdraw": [0, 1], "deposit": [0, 1]}
-    assert fx.honesty(model, TOK, [{**task, "env": ""}], cfg, None) == {}
+    assert fmt.imagined_world(setting, model, TOK, [{**task, "env": ""}], cfg, None) == {}
 
 
 def test_success_wording_with_and_without_an_executor():

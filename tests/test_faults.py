@@ -3,6 +3,7 @@ stop the run with the last good state (RL and warm start; several PPO epochs are
 non-finite weights are never saved and non-finite logits stop sampling with one line; malformed
 data files stop the run before training with the line and what is wrong; bf16 autocast only on CUDA."""
 from formats import features
+from formats import plain as format_plain
 import envace
 from machinery import distributed
 from machinery import config
@@ -64,7 +65,7 @@ def test_nonfinite_step_leaves_weights_and_optimizer_untouched(monkeypatch):
 
 
 def test_three_nonfinite_steps_in_a_row_stop_with_the_last_good_state(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(features, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    monkeypatch.setattr(format_plain, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
     nan_loss_on(monkeypatch, None)
     cfg = tiny_cfg(tmp_path, rl_steps=10)
     assert train.run(cfg) == 1
@@ -80,7 +81,7 @@ def test_three_nonfinite_steps_in_a_row_stop_with_the_last_good_state(tmp_path, 
 
 
 def test_one_nonfinite_step_is_counted_and_training_goes_on(tmp_path, monkeypatch):
-    monkeypatch.setattr(features, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    monkeypatch.setattr(format_plain, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
     nan_loss_on(monkeypatch, {0})               # the first micro-batch of step 1
     cfg = tiny_cfg(tmp_path, rl_steps=3)
     assert train.run(cfg) == 0

@@ -2,7 +2,7 @@
 (same loss and gradients, sampler untouched), model_init random (architecture without weights),
 FSDP2 on gloo (2 ranks make the one-rank update; a full-state save loads with from_pretrained;
 gathered weights let ranks sample different numbers of steps) and every config under configs/."""
-from formats import features
+from formats import plain as format_plain
 import envace
 from machinery import distributed
 from machinery import config
@@ -158,7 +158,7 @@ def test_model_init_random_builds_the_architecture_without_weights(tmp_path):
 
 def test_run_with_random_init_and_checkpointing_prints_the_memory_line(tmp_path, capsys, monkeypatch):
     saved_tiny_qwen2(tmp_path / "qwen")
-    monkeypatch.setattr(features, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    monkeypatch.setattr(format_plain, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
     cfg = tiny_cfg(tmp_path, model=str(tmp_path / "qwen"), model_init="random", gradient_checkpointing=True,
                    rl_steps=1, sft_steps=2, n_test=4)
     assert train.run(cfg) == 0
@@ -205,7 +205,7 @@ def _fsdp_worker(rank, world_size, init_file, out_dir):
     # the whole of train.run on this process group (as under torchrun): warm start, the frozen
     # reference sharded too, KL, checkpoints; then a resume that takes the optimizer back
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
-    features.task_reward = lambda e, t: float(len(e["ids"]) % 2)    # every group has variance
+    format_plain.task_reward = lambda e, t: float(len(e["ids"]) % 2)    # every group has variance
     cfg = tiny_cfg(Path(out_dir), fsdp=True, gradient_checkpointing=True, env_mode="frozen", kl_coef=0.1,
                    rl_steps=2, save_every=1, n_test=4)
     assert train.run(cfg) == 0

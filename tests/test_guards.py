@@ -2,6 +2,7 @@
 `rehearse_check` guard (form of a rehearsed response), the per-role KL to the warm start
 (`kl_rehearse_coef`), and their plumbing through a few-step run."""
 from formats import features
+from formats import plain as format_plain
 import envace
 from machinery import distributed
 from machinery import config
@@ -153,26 +154,37 @@ def test_rehearse_check_ends_the_episode_with_reward_0():
     assert on[2]["ids"] == off[2]["ids"]
 
 
-def test_the_rl_sampler_carries_the_config_chosen_once():
-    """features.setup binds env_mode and the config's sampling keys to fx.rl_sample: the guard and
-    the token budget reach RL's episodes with nothing passed at the call; env_mode picks the sampler."""
+def test_the_rl_sampler_carries_the_config_chosen_once(monkeypatch):
+    """features.setup puts env_mode and the config's sampling keys in the setting that rl_sample reads:
+    the guard and the token budget reach RL's episodes with nothing passed at the call; env_mode
+    picks the sampler (the layout's when the policy rehearses, inline rollout.sample_episodes else)."""
     scripts = CHECK_SCRIPTS                   # the check ends the first two
     policy, splits = ScriptedModel(TOK, scripts), {"logged": [], "rl": [], "test": []}
 
-    def rl_sample(**kw):                      # a vocabulary with the separate prompt's words
-        tok = build_tokenizer(world.WORDS + separate.SEPARATE_WORDS)
-        return features.setup({**config.DEFAULTS, "temperature": 0, **kw}, tok, splits).rl_sample
-
     def causes(**kw):
-        fx = features.setup({**config.DEFAULTS, "temperature": 0, **kw}, TOK, splits)
-        prompts, worlds, tags = fx.inputs([{"prompt": p} for p in scripts])
-        return cause_counts(fx.rl_sample(policy, TOK, prompts, world=worlds, tags=tags, env_model=None))
+        fmt, setting = features.setup({**config.DEFAULTS, "temperature": 0, **kw}, TOK, splits)
+        prompts, worlds, tags = fmt.inputs(setting, [{"prompt": p} for p in scripts])
+        return cause_counts(fmt.rl_sample(setting, policy, TOK, prompts, worlds, tags, None, None))
     assert causes() == {"answer": 3}
     assert causes(rehearse_check=True) == {"rehearse_check": 2, "answer": 1}
     assert causes(max_tokens=8) == {"token_limit": 3}     # "price 3": 3 prompt ids + <act> price 3 </act> <env>
-    assert rl_sample(env_mode="real").keywords["env_mode"] == "real"
-    assert rl_sample(env_mode="real", rehearsal_context="separate").func is sample_episodes  # real: inline
-    assert rl_sample(rehearsal_context="separate").func is separate.sample_separate
+    called = []
+
+    def spy(name):
+        return lambda model, tok, prompts, env_mode, **kw: called.append((name, env_mode, kw["max_tokens"])) or []
+    monkeypatch.setattr(format_plain, "sample_episodes", spy("inline"))
+    monkeypatch.setattr(separate, "sample_separate", spy("separate"))
+
+    def sampler(**kw):                        # a vocabulary with the separate prompt's words
+        tok = build_tokenizer(world.WORDS + separate.SEPARATE_WORDS)
+        fmt, setting = features.setup({**config.DEFAULTS, "max_tokens": 50, **kw}, tok, splits)
+        fmt.rl_sample(setting, policy, tok, [], world, None, None, None)
+        return called.pop()
+    assert sampler() == ("inline", "rehearse", 50)
+    assert sampler(env_mode="real") == ("inline", "real", 50)
+    assert sampler(env_mode="real", rehearsal_context="separate") == ("inline", "real", 50)   # real: inline
+    assert sampler(rehearsal_context="separate") == ("separate", "rehearse", 50)
+    assert sampler(env_mode="frozen", rehearsal_context="separate") == ("separate", "frozen", 50)
 
 
 # ----------------------------------------------------------------------------- KL per role
@@ -262,7 +274,7 @@ def test_rehearse_kl_changes_the_loss_only_through_rehearse_tokens():
 # ----------------------------------------------------------------------------- plumbing
 
 def test_guarded_run_logs_kl_per_role_collusion_and_fidelity(tmp_path, monkeypatch):
-    monkeypatch.setattr(features, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    monkeypatch.setattr(format_plain, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
     cfg = tiny_cfg(tmp_path, rl_steps=2, kl_rehearse_coef=0.1, rehearse_check=True, n_collusion=8)
     assert train.run(cfg) == 0
     out = cfg["out_dir"]

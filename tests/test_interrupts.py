@@ -13,6 +13,7 @@ import yaml
 from machinery import checkpoint
 from machinery import evaluate_cli
 from formats import features
+from formats import plain as format_plain
 from machinery import metrics as metrics_module
 import train
 from helpers import tiny_cfg
@@ -22,7 +23,7 @@ TIMING = ("time_sample", "time_logprobs", "time_update", "time_step", "tok_per_s
 
 def parity_reward(monkeypatch):
     # as in test_resume: rewards with variance, so that RL steps really update
-    monkeypatch.setattr(features, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    monkeypatch.setattr(format_plain, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
 
 
 def config_file(tmp_path, name, **kw):

@@ -8,10 +8,12 @@ now. Sizes (lines a file, lines a function) are guides for a reader, printed by
 `python docs/measurements/import_graph.py --sizes`, not limits held here."""
 import ast
 import glob
+import inspect
 import io
 import os
 import re
 import tokenize
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_PATH = ["envace.py", "world.py", "rollout.py", "reward.py", "rehearse.py", "train.py", "evaluate.py"]
@@ -128,3 +130,42 @@ def test_the_root_holds_the_paper_path_and_the_commands_users_type():
     assert root_modules == sorted(PAPER_PATH + ["bench.py", "bfcl.py"])
     for package in {os.path.dirname(os.path.relpath(f, ROOT)) for f in repo_files("*/*.py")} - {"tests", "docs", "data"}:
         assert os.path.isfile(os.path.join(ROOT, package, "__init__.py")), package
+
+
+def interface_drift(modules, names):
+    """[(module, name, why)] where a format module's `name` is not a def of that name (a lambda, a
+    partial, missing) or its signature differs from the first module's."""
+    first = {name: inspect.signature(getattr(modules[0], name)) for name in names}
+    drift = []
+    for module in modules:
+        for name in names:
+            f = getattr(module, name, None)
+            if not (inspect.isfunction(f) and f.__name__ == name):
+                drift.append((module.__name__, name, "not a def"))
+            elif inspect.signature(f) != first[name]:
+                drift.append((module.__name__, name, str(inspect.signature(f))))
+    return drift
+
+
+def test_every_format_defines_the_interface_with_one_signature():
+    from formats import features
+    assert features.INTERFACE[:3] == ("setup", "inputs", "sample") and len(features.INTERFACE) == 16
+    assert [m.__name__ for m in features.FORMATS] == ["formats.plain", "formats.uncertain", "formats.choice",
+                                                      "formats.chat"]
+    assert interface_drift(features.FORMATS, features.INTERFACE) == []
+    # the check sees a default that drifted, a lambda and a missing name
+    plain = types.SimpleNamespace(__name__="plain", coverage=lambda setting, pairs=None: 0)
+    chat = types.SimpleNamespace(__name__="chat", coverage=lambda setting, pairs=(): 0)
+    plain.coverage.__name__ = chat.coverage.__name__ = "coverage"
+    assert interface_drift([plain, chat], ["coverage"]) == [("chat", "coverage", "(setting, pairs=())")]
+    odd = types.SimpleNamespace(__name__="odd", coverage=lambda setting, pairs=None: 0)
+    assert interface_drift([plain, odd, types.SimpleNamespace(__name__="none")], ["coverage"]) == [
+        ("odd", "coverage", "not a def"), ("none", "coverage", "not a def")]
+
+
+def test_the_format_is_chosen_once_from_the_config():
+    from formats import features
+    chosen = {(fmt, w): features.choose({"format": fmt, "world": w}).__name__
+              for fmt, w in (("plain", "toy"), ("plain", "uncertain"), ("plain", "choice"), ("chat", "toy"))}
+    assert chosen == {("plain", "toy"): "formats.plain", ("plain", "uncertain"): "formats.uncertain",
+                      ("plain", "choice"): "formats.choice", ("chat", "toy"): "formats.chat"}

@@ -16,6 +16,7 @@ from machinery import config
 import evaluate
 from machinery import evaluate_cli
 from formats import features
+from formats import chat as format_chat
 from chat import multiturn
 import train
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, loss_mask
@@ -202,9 +203,9 @@ def test_evaluation_of_a_two_turn_task_without_an_executor():
     success by the per-turn gold calls and the final answer."""
     t = {k: v for k, v in task().items() if k != "env"}
     cfg = {**config.DEFAULTS, "format": "chat", "max_act_tokens": 40, "max_tokens": 400}
-    fx = features.setup(cfg, TOK, {"logged": [], "rl": [t], "test": [t]})
+    fmt, setting = features.setup(cfg, TOK, {"logged": [], "rl": [t], "test": [t]})
     script = Script(ids([tok for segment, _ in EPISODE for tok in segment]))
-    result = evaluate.evaluate(script, TOK, [t], cfg, fx)
+    result = evaluate.evaluate(script, TOK, [t], cfg, fmt, setting)
     assert result["causes"] == {"answer": 1} and result["success"] == 1.0 and result["mean_calls"] == 2.0
     assert result["rehearsed_tasks"] == 1 and result["executed_tasks"] == 0
 
@@ -305,14 +306,11 @@ def test_warm_start_rl_and_evaluation_on_two_turn_tasks(tmp_path, monkeypatch):
            "lr": 1e-2, "max_act_tokens": 24, "max_env_tokens": 6, "max_tokens": 300, "micro_batch_tokens": 2048,
            "min_fidelity": 0.0, "temperature": 2.0, "n_test": 3, "n_collusion": 0}
     seen = []
-    real_setup = features.setup
+    build = format_chat.warm_start_sequences
 
-    def setup(*args, **kw):                  # keep the warm-start rows train.py builds
-        fx = real_setup(*args, **kw)
-        build = fx.warm_start_sequences
-        fx.warm_start_sequences = lambda: seen.extend(build()) or seen
-        return fx
-    monkeypatch.setattr(features, "setup", setup)
+    def warm_start_sequences(setting):       # keep the warm-start rows train.py builds
+        return seen.extend(build(setting)) or seen
+    monkeypatch.setattr(format_chat, "warm_start_sequences", warm_start_sequences)
     assert train.run(cfg) == 0
     # the warm start trained the three two-turn conversations: each with a PROMPT user turn and two answers
     assert len(seen) == 3 and all(s["roles"].count(P) > 121 for s in seen)

@@ -16,7 +16,7 @@ from transformers import LlamaForCausalLM
 
 from machinery import checkpoint
 import envace
-from formats import features
+from formats import plain as format_plain
 from machinery import metrics
 from rehearsal import honesty
 import train
@@ -367,7 +367,7 @@ def test_evaluate_format_errors_over_real_causes():
     tasks = [{"prompt": p, "answer": a, "family": "price"} for p, a, _ in cases]
     model = ScriptedModel(TOK, {p: s for p, _, s in cases})
     cfg = {**config.DEFAULTS, "n_collusion": 0}
-    result = evaluate(model, TOK, tasks, cfg, features.plain_features(cfg, TOK, {"logged": []}))
+    result = evaluate(model, TOK, tasks, cfg, format_plain, format_plain.setup(cfg, TOK, {"logged": []}))
     assert result["causes"] == {"answer": 2, "bad_call": 1, "act_limit": 1, "bad_act": 1}
     assert result["format_errors"] == pytest.approx(3 / 5)
     assert result["success"] == pytest.approx(1 / 5)

@@ -2,7 +2,7 @@
 makes no more real calls than an unrehearsed one, the vote and the re-planning rule."""
 from types import SimpleNamespace
 
-from formats import features
+from formats import plain as format_plain
 import rehearse
 import world
 from envace import ACT, OBS, PROMPT, TAG
@@ -45,8 +45,8 @@ def test_rehearsed_evaluation_makes_the_same_real_calls_as_plain():
     for budget in (0, 2, 4):
         counted, calls = counting_world()
         cfg = {**DEFAULTS, "rehearsal_budget": budget}
-        fx = features.plain_features(cfg, TOK, {"logged": []}, world=counted)
-        result = evaluate(ScriptedModel(TOK, SCRIPTS), TOK, tasks, cfg, fx)
+        setting = {**format_plain.setup(cfg, TOK, {"logged": []}), "world": counted}
+        result = evaluate(ScriptedModel(TOK, SCRIPTS), TOK, tasks, cfg, format_plain, setting)
         real_calls[budget] = list(calls)
         assert result["success"] == 0.5 and result["imagined_per_task"] == budget
     assert real_calls[0] == real_calls[2] == real_calls[4] == ["price pear", "price apple", "pay 3"]

@@ -1,7 +1,7 @@
 """Checkpoints: a stopped-and-resumed run writes the same metrics as one never stopped; bad
 --resume requests get one clear line; a crash mid-save never breaks the latest checkpoint;
 Ctrl-C during RL saves and exits 0."""
-from formats import features
+from formats import plain as format_plain
 from machinery import config
 from machinery import checkpoint
 import json
@@ -26,7 +26,7 @@ TIMING = ("time_sample", "time_logprobs", "time_update", "time_step", "tok_per_s
 def parity_reward(monkeypatch):
     # a 5-step warm start answers nothing right: reward episode-length parity instead, so that
     # groups have variance and steps really update (optimizer state matters for the resume)
-    monkeypatch.setattr(features, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    monkeypatch.setattr(format_plain, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
 
 
 def metrics(cfg):

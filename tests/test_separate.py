@@ -13,7 +13,7 @@ import torch
 from machinery import config
 import envace
 from machinery import evaluate_cli
-from formats import features
+from formats import plain as format_plain
 from rehearsal import honesty
 import rehearse
 from rehearsal import separate
@@ -288,8 +288,8 @@ def test_warm_start_rows_are_the_rows_rl_samples():
     assert actor["ids"] == e["ids"] and actor["roles"] == e["roles"]
     assert r1["ids"] == e["rehearsals"][0]["ids"] and r1["roles"] == e["rehearsals"][0]["roles"]
     assert r2["ids"] == e["rehearsals"][1]["ids"] and r2["roles"] == e["rehearsals"][1]["roles"]
-    assert features.plain_features(cfg, TOK, splits).warm_start_roles == (ACT, REHEARSE)   # actor OBS: context
-    assert features.plain_features(config.DEFAULTS, TOK, splits).warm_start_roles == (ACT, REHEARSE, OBS)
+    assert format_plain.warm_start_roles(format_plain.setup(cfg, TOK, splits)) == (ACT, REHEARSE)   # actor OBS: context
+    assert format_plain.warm_start_roles(format_plain.setup(config.DEFAULTS, TOK, splits)) == (ACT, REHEARSE, OBS)
     # tool traffic: a group of rehearse rows per snippet, one per call
     cfg["snippet_repeats"] = 1
     groups = separate.warm_start_sequences(TOK, logged, snippets_of(cfg), EXAMPLES)[1:]
@@ -373,7 +373,7 @@ def test_grounding_needs_separate_context(tmp_path, capsys):
 
 def test_train_run_with_separate_rows(tmp_path, monkeypatch):
     # a short warm start answers little right: reward by episode length parity, so that groups vary
-    monkeypatch.setattr(features, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    monkeypatch.setattr(format_plain, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
     cfg = tiny_cfg(tmp_path, rehearsal_context="separate", grounding_examples=2, rl_steps=2,
                    sft_steps=40, sft_batch_size=32, sft_lr=1e-2, tasks_per_step=4, group_size=4)
     asked = []                        # evaluation asks would-rehearse in separate rows
@@ -381,7 +381,7 @@ def test_train_run_with_separate_rows(tmp_path, monkeypatch):
     def would_rehearse_separate(model, tokenizer, episodes, examples, world=world):
         asked.append((len(episodes), examples("price apple")))
         return []
-    monkeypatch.setattr(separate, "would_rehearse_separate", would_rehearse_separate)   # features binds it
+    monkeypatch.setattr(separate, "would_rehearse_separate", would_rehearse_separate)   # format_plain calls it
     assert train.run(cfg) == 0
     # the grounding examples: the first two distinct price calls in the logged data (not apple)
     logged = world.make_splits(0, 40, 2, 40, 16)["logged"]

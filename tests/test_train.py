@@ -1,6 +1,6 @@
 """The update: micro-batch accumulation equals one big batch, role coefficients, skipped steps,
 and a few-step end-to-end run of train.py that changes the weights and writes finite metrics."""
-from formats import features
+from formats import plain as format_plain
 import envace
 from machinery import distributed
 from machinery import config
@@ -142,7 +142,7 @@ def test_all_equal_groups_skip_the_step():
 def test_end_to_end_few_steps(tmp_path, monkeypatch, env_mode):
     # a 5-step warm start answers nothing right; reward by episode length parity instead, so
     # that every group has variance and every step updates (the plumbing is what is tested)
-    monkeypatch.setattr(features, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    monkeypatch.setattr(format_plain, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
     cfg = tiny_cfg(tmp_path, env_mode=env_mode, kl_coef=0.1 if env_mode == "rehearse" else 0.0)
     assert train.run(cfg) == 0
     out = cfg["out_dir"]

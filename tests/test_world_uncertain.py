@@ -81,8 +81,8 @@ def test_replay_with_answers_prices_from_the_given_catalogue_and_the_rest_really
 def test_features_train_on_the_stale_logs():
     cfg = dict(CFG)
     splits = features.build_tasks(cfg)
-    fx = features.setup(cfg, TOK, splits)
-    sequences = fx.warm_start_sequences()
+    fmt, setting = features.setup(cfg, TOK, splits)
+    sequences = fmt.warm_start_sequences(setting)
     stale = next(t for t in splits["logged"] if t["stale"])
     assert encode_episode(TOK, stale["prompt"], stale["calls"], stale["responses"], stale["answer"]) in sequences
     snippet = wu.tool_snippets(cfg)[0]
@@ -195,21 +195,22 @@ def test_the_hooks_log_every_subset_measure():
     from helpers import tiny_llama
     cfg = {**CFG, "env_mode": "rehearse", "n_collusion": 3}
     splits = features.build_tasks(cfg)
-    fx = features.setup(cfg, TOK, splits)
+    fmt, setting = features.setup(cfg, TOK, splits)
     model = tiny_llama(TOK)
     eps = [episode(["price fig"], ["9"], "9"), episode(["price apple"], ["3"], "3")]
     tasks = [{"prompt": "price fig", "answer": "4", "family": "price", "calls": ["price fig"]},
              {"prompt": "price apple", "answer": "3", "family": "price", "calls": ["price apple"]}]
-    extras = fx.step_extras(model, eps, tasks)
+    extras = fmt.step_extras(setting, model, eps, tasks)
     assert set(extras) == {"truth", "price_fidelity_subsets", "collusion_subsets"}
     assert extras["price_fidelity_subsets"] == {"uncertain": [0, 1], "faithful": [1, 1]}
     assert set(extras["truth"]) == {"uncertain", "faithful"} and 0 < extras["truth"]["uncertain"]["p_true"] < 1
-    assert set(features.setup({**cfg, "env_mode": "real"}, TOK, splits).step_extras(model, eps, tasks)) == {"truth"}
-    out = fx.eval_extras(model, tasks, eps, [0.0, 1.0])
+    assert set(fmt.step_extras(fmt.setup({**cfg, "env_mode": "real"}, TOK, splits), model, eps, tasks)) == {"truth"}
+    out = fmt.eval_extras(setting, model, tasks, eps, [0.0, 1.0])
     assert out["success_by_subset"] == {"uncertain": [0.0, 1], "faithful": [1.0, 1]}
     assert set(out) == {"truth", "success_by_subset", "imagined_sampled", "imagined_collusion_subsets"}
-    demo = features.setup({**DEFAULTS, "n_logged": 10}, TOK, world.make_splits(0, 10, 0, 20, 5))
-    assert demo.step_extras(model, eps, tasks) == {} and demo.eval_extras(model, tasks, eps, [0, 1]) == {}
+    demo, demo_setting = features.setup({**DEFAULTS, "n_logged": 10}, TOK, world.make_splits(0, 10, 0, 20, 5))
+    assert demo.step_extras(demo_setting, model, eps, tasks) == {}
+    assert demo.eval_extras(demo_setting, model, tasks, eps, [0, 1]) == {}
 
 
 def test_the_comparison_of_runs_reads_finished_and_running_arms(tmp_path):

@@ -1,0 +1,131 @@
+"""`format: chat`: a chat model on chat JSONL tool tasks (chat.py), rehearsals inline or in
+separate rows (chat_separate.py). The prompts are the model's own chat template (chat_setup.py),
+the worlds each task's executor (or none: the policy rehearses it at evaluation), the reward
+chat_reward.chat_reward (with the judge of cfg judge_model), the measures chat_honesty.py's.
+Same functions as every format module; the rest are the plain format's (format_plain.py).
+"""
+import functools
+import json
+from collections import Counter
+
+from chat import format as chat
+from chat import honesty as chat_honesty
+from chat import reward as chat_reward
+from chat import separate as chat_separate
+from chat import setup as chat_setup
+from formats import plain as format_plain
+from rehearsal import honesty
+from chat import multiturn
+from rehearsal import separate
+from machinery.config import ConfigError
+from formats.plain import eval_extras, rl_sample, sample, step_extras, warm_start_roles  # the rest: the plain format's
+from rollout import sample_episodes
+
+
+def setup(cfg, tokenizer, splits, device="cpu"):
+    """The setting: the template's tags (a template that does not fit: one line, here), the logged
+    trajectories and RL tasks the warm start reads, grounding_examples k, how often each call is in
+    the warm-start data (logged calls, the tasks' examples), the judge, and the layout's sampler
+    (separate: separate.sample_separate with the chat rehearse prompt, chat_separate.separate_prompt).
+    Multi-turn tasks (`turns`) refuse the separate layout and private rehearsal."""
+    multi_turn = multiturn.multiturn(splits["rl"] + splits["test"] + splits["logged"])
+    tags = chat_setup.chat_tags(tokenizer, cfg["think"], multi_turn)
+    if multi_turn and cfg["rehearsal_context"] == "separate":
+        raise ConfigError("rehearsal_context: separate does not support multi-turn tasks ('turns', or logged "
+                          "trajectories with several user turns): use rehearsal_context: inline")
+    if multi_turn and cfg["rehearsal_budget"]:
+        raise ConfigError("rehearsal_budget > 0 (private rehearsal) does not support multi-turn tasks ('turns'): "
+                          "its plans do not follow user turns; set rehearsal_budget: 0")
+    chat_setup.check_chat_prompts(cfg, tokenizer, splits["rl"] + splits["test"])
+    k = cfg["grounding_examples"]
+    counts = Counter([c for t in splits["logged"] for c in t["calls"]]
+                     + [json.dumps(c, ensure_ascii=False) for t in splits["rl"] for c, _ in t.get("examples", [])])
+    setting = {**format_plain.loop_keys(cfg), "tokenizer": tokenizer, "tags": tags, "logged": splits["logged"],
+               "tasks": splits["rl"], "k": k, "counts": counts, "tool_timeout": cfg["tool_timeout"],
+               "judge": chat_setup.load_judge(cfg, device), "sampler": sample_episodes, "sampler_args": {}}
+    if setting["separate"]:
+        setting.update(sampler=separate.sample_separate,      # the rehearse prompt, built per rehearsal
+                       sampler_args={"rehearse_prompt": functools.partial(chat_separate.separate_prompt, tokenizer, k)})
+    return setting
+
+
+def inputs(setting, tasks, repeat=1):
+    """(prompts, worlds, tags): each task's prompt ids and its world (chat_setup.episode_inputs),
+    `repeat` times each; the template's tags."""
+    prompts, worlds = chat_setup.episode_inputs(setting["tokenizer"], setting["tags"], tasks, setting["tool_timeout"])
+    return [p for p in prompts for _ in range(repeat)], [w for w in worlds for _ in range(repeat)], setting["tags"]
+
+
+def reward(setting, episode, task):
+    """chat_reward.chat_reward, with the judge if cfg judge_model names one."""
+    return chat_reward.chat_reward(episode, task, judge=setting["judge"])
+
+
+def warm_start_sequences(setting):
+    """The logged trajectories and the RL tasks' reference examples as rows: inline
+    (chat_setup.warm_start_sequences), or a group of actor and rehearse rows each
+    (chat_separate.separate_warm_start_sequences, k grounding examples)."""
+    tokenizer, tags, logged, tasks = setting["tokenizer"], setting["tags"], setting["logged"], setting["tasks"]
+    if setting["separate"]:
+        return chat_separate.separate_warm_start_sequences(tokenizer, tags, logged, tasks, setting["k"])
+    return chat_setup.warm_start_sequences(tokenizer, tags, logged, tasks)
+
+
+def diagnostics(setting, episodes, tasks):
+    """Rehearsal fidelity and collusion against a replay on each task's executor (chat_honesty.diagnostics)."""
+    return chat_honesty.diagnostics(episodes, tasks, setting["judge"])
+
+
+def rl_diagnostics(setting, episodes, tasks):
+    """An RL step's `diagnostics` when the policy (or the frozen warm start) played the world; {} for real / none."""
+    return diagnostics(setting, episodes, tasks) if setting["rehearsed"] else {}
+
+
+def executes(setting, task):
+    """Whether the task names an executor (chat.has_executor); the others are rehearsed at evaluation."""
+    return chat.has_executor(task)
+
+
+def would_rehearse(setting, model, tokenizer, tasks, episodes):
+    """[(call, matched)]: would the model, greedy, have written each real response (normalised
+    JSON)? Asked inline (chat_honesty.would_rehearse_inline) or in separate rehearse rows
+    (chat_separate.would_rehearse_separate, k grounding examples)."""
+    if setting["separate"]:
+        return chat_separate.would_rehearse_separate(model, tokenizer, tasks, episodes, tags=setting["tags"],
+                                                     k=setting["k"])
+    return chat_honesty.would_rehearse_inline(model, tokenizer, tasks, episodes, tags=setting["tags"])
+
+
+def by_kind(setting, pairs, tasks):
+    """[(call, matched)] -> {tool kind: [matches, total]}, kinds from the tasks' worlds (chat_honesty.by_kind)."""
+    return chat_honesty.by_kind(pairs, tasks)
+
+
+def coverage(setting, model, tokenizer, tasks, pairs=None):
+    """Fidelity by warm-start coverage on `pairs` (an evaluation's), or, when None, on the gold
+    calls of the tasks with an executor (chat_setup.expert_episodes)."""
+    if pairs is None:
+        pairs = would_rehearse(setting, model, tokenizer, *chat_setup.expert_episodes(tokenizer, setting["tags"], tasks))
+    return honesty.fidelity_by_coverage(pairs, setting["counts"])
+
+
+def imagined_world(setting, model, tokenizer, tasks, cfg, generator):
+    """honesty.imagined_world for chat tasks: on those of `tasks` with an executor, the policy acts
+    and rehearses (rehearse mode, eval sampling, `sample`: the layout's sampler, no real call in
+    the loop); scored against a replay on each task's executor: imagined success (`reward`),
+    imagined fidelity per tool kind, collusion (chat_honesty.collusion_counts). {} when no task has one."""
+    tasks, batch_size = [t for t in tasks if chat.has_executor(t)], 512
+    if not tasks:
+        return {}
+    model.eval()
+    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+    episodes = []
+    for i in range(0, len(tasks), batch_size):
+        prompts, worlds, tags = inputs(setting, tasks[i:i + batch_size])
+        episodes += sample(setting, model, tokenizer, prompts, "rehearse", world=worlds, tags=tags,
+                           temperature=cfg["eval_temperature"], top_p=cfg["top_p"], generator=generator, **limits)
+    pairs = list(zip(episodes, tasks))
+    fidelity = chat_honesty.replay_fidelity(pairs)
+    return {"imagined_success": sum(reward(setting, e, t) for e, t in pairs) / len(tasks), "imagined_tasks": len(tasks),
+            "imagined_fidelity": honesty.rates(fidelity), "imagined_fidelity_counts": fidelity,
+            "collusion": honesty.collusion_rate(chat_honesty.collusion_counts(pairs, setting["judge"]))}

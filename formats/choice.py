@@ -1,0 +1,59 @@
+"""`world: choice` (world_choice.py: buy the cheapest of K items, one real call per task, private
+rehearsal by a rehearsal memory). The sampler's prompts are the tasks' commit prompts with an
+empty memory (`... memory`: evaluate.py's real-world evaluation is N = 0); the reward is
+world_choice.choice_reward (the first act must be the right purchase); the warm start reads
+world_choice.warm_start_sequences (explore and memory-reading commit episodes, lookups); in
+rehearse and frozen RL the sampler is world_choice.sample_with_memory (the current policy imagines
+N = 0..memory_max episodes per row, the committed row reads their memory). Fidelity (the gate,
+would-rehearse, coverage) is read on the expert's lookups of the tasks, since a committed episode
+makes none; the imagined world is sampled on the explore prompts. Same functions as every format
+module; the rest are the plain format's (format_plain.py)."""
+from collections import Counter
+
+from formats import plain as format_plain
+from rehearsal import honesty
+from experiments import choice as world_choice
+from formats.plain import (by_kind, diagnostics, eval_extras, executes, rl_diagnostics, rl_sample,  # the rest: the
+                          sample, step_extras, warm_start_roles)                                 # plain format's
+
+
+def setup(cfg, tokenizer, splits, device="cpu"):
+    """The setting: this world, the splits and config the warm start reads, the warm-start counts
+    of each call (logged tasks and lookup snippets), and the sampler with its memory."""
+    counts = Counter([c for t in splits["logged"] for c in t["calls"]]
+                     + [c for s in world_choice.tool_snippets(cfg) for c in s["calls"]])
+    return {**format_plain.loop_keys(cfg), "separate": False, "world": world_choice, "tokenizer": tokenizer,
+            "splits": splits, "cfg": cfg, "counts": counts, "sampler": world_choice.sample_with_memory,
+            "sampler_args": {"memory_max": cfg["memory_max"], "imagine_temperature": cfg["imagine_temperature"]}}
+
+
+def inputs(setting, tasks, repeat=1):
+    """(prompts, worlds, tags): each task's commit prompt with an empty memory, `repeat` times; this world."""
+    return [world_choice.commit_prompt(t["prompt"], []) for t in tasks for _ in range(repeat)], world_choice, None
+
+
+def reward(setting, episode, task):
+    """world_choice.choice_reward: 1 iff the first act bought the cheapest item."""
+    return world_choice.choice_reward(episode, task)
+
+
+def warm_start_sequences(setting):
+    """world_choice.warm_start_sequences: explore and commit episodes of the logged tasks, lookups."""
+    return world_choice.warm_start_sequences(setting["tokenizer"], setting["splits"], setting["cfg"])
+
+
+def would_rehearse(setting, model, tokenizer, tasks, episodes):
+    """[(call, matched)] on the expert's lookups of `tasks` (world_choice.expert_episodes); the
+    `episodes` (committed: no lookups) are not read."""
+    return honesty.would_rehearse_calls(model, tokenizer, world_choice.expert_episodes(tokenizer, tasks))
+
+
+def coverage(setting, model, tokenizer, tasks, pairs=None):
+    """Fidelity by warm-start coverage on `pairs`, or when there are none on the expert's lookups."""
+    return honesty.fidelity_by_coverage(pairs or would_rehearse(setting, model, tokenizer, tasks, None),
+                                        setting["counts"])
+
+
+def imagined_world(setting, model, tokenizer, tasks, cfg, generator):
+    """honesty.imagined_world on the explore prompts, in this world (inline sampling, no memory)."""
+    return honesty.imagined_world(model, tokenizer, tasks, cfg, generator, world_choice)

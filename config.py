@@ -22,6 +22,7 @@ appears in the returned dict (so the resolved config a run saves as out_dir/conf
 its own), and it cannot be given as an override. The checks across keys (n_embd / n_head, the
 keys format: chat needs, ...) apply to the final config only: a base need not run by itself.
 """
+import argparse
 import difflib
 import math
 import os
@@ -119,6 +120,14 @@ UNIT = {"coverage", "top_p", "min_fidelity", "stale_rate", "memory_noise"}   # i
 
 class ConfigError(Exception):
     """A user mistake in a config, override, path or data file: one line, exit code 2."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for the scripts' command lines, a mistake in one as one line: a ConfigError (the
+    caller prints `error: ...`, exit 2) in place of argparse's usage block and its exit."""
+
+    def error(self, message):
+        raise ConfigError(f"{message} (--help lists the options)")
 
 
 def check_value(key, value):
@@ -227,8 +236,8 @@ def load_config(path, overrides=()):
         key, text = arg[2:].split("=", 1)
         if key == "base":
             raise ConfigError(f"'{arg}': base is not an override; write `base: FILE` in a config file")
-        try:
-            value = yaml.safe_load(text)
+        try:          # a text key takes the text as written: --logged_file= is "", --out_dir=2024 a name
+            value = text if isinstance(DEFAULTS.get(key), str) or not text else yaml.safe_load(text)
         except yaml.YAMLError:
             value = text
         cfg[key] = check_value(key, value)

@@ -306,7 +306,7 @@ def task_world(task, tags, tool_timeout=DEFAULTS["tool_timeout"]):
     fmt = tags.get("format", templates.HERMES)
     if has_executor(task) and not toy:
         def new_state():
-            return task["env_class"](**task["env_config"])
+            return executor.new_instance(task, tool_timeout)
 
         def step(state, call):
             return executor.call_tool(state, json.loads(call), schemas, tool_timeout)

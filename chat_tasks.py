@@ -235,6 +235,7 @@ def check_task(row, where, kind, base_dir="."):
     elif env:
         task.update(_check_env(env, row.get("env_config", {}), schemas, where, base_dir))
     task["examples"] = _check_examples(row.get("examples", {}), schemas, where)
+    task["where"] = where                 # "FILE line N": what a failing check or executor names
     return task
 
 
@@ -264,9 +265,9 @@ def _check_env(spec, env_config, schemas, where, base_dir):
                      f"got {json.dumps(env_config)}")
     try:
         instance = cls(**env_config)
-    except Exception as e:                # the user's constructor: its error, in one line
+        missing = [n for n in schemas if n.startswith("_") or not callable(getattr(instance, n, None))]
+    except executor.USER_ERRORS as e:     # the user's constructor (or a property): its error, in one line
         _fail(where, f"env {spec!r}: {spec.rpartition(':')[2]}(**env_config) raised {executor.error_text(e)}")
-    missing = [n for n in schemas if n.startswith("_") or not callable(getattr(instance, n, None))]
     if missing:
         _fail(where, f"env {spec!r} has no method for tool(s) {', '.join(missing)}")
     return {"env": spec, "env_class": cls, "env_config": env_config}

@@ -46,14 +46,14 @@ NOT_RUN = [
     # several processes per node or several nodes; tests/test_distributed.py runs torchrun on 2 CPU processes
     (r"^torchrun ", "8 processes per node (GPUs), or 2 nodes"),
     # an experiment's every arm and seed: hours of training here
-    (r"\bbash configs/run_\w+\.sh\b", "trains every arm and seed of an experiment (hours)"),
+    (r"\bbash (\S*/)?run_\w+\.sh\b", "trains every arm and seed of an experiment (hours)"),
     # real models: weights not here, a GPU
-    (r"^python train\.py --config configs/(bfcl-)?qwen3-", "a real Qwen3 model on a GPU"),
-    (r"^python evaluate\.py --ckpt out/bfcl-qwen3-", "the checkpoint of the GPU run above"),
+    (r"^python (\S*/)?train\.py --config (\S*/)?(bfcl-)?qwen3-", "a real Qwen3 model on a GPU"),
+    (r"^python (\S*/)?evaluate\.py --ckpt (\S*/)?bfcl-qwen3-", "the checkpoint of the GPU run above"),
     # the runs of run_uncertain.sh: the repo keeps their tables and eval.json files, not checkpoints;
     # experiments.py --uncertain on results_uncertain2's 20 runs took 131 s here (2 CPU cores)
-    (r"^python experiments\.py --uncertain ", "reads the runs of run_uncertain.sh (131 s on 20 runs)"),
-    (r"^python uncertain_report\.py ", "loads the checkpoints of run_uncertain.sh's runs (not in the repo)"),
+    (r"^python (\S*/)?experiments\.py --uncertain ", "reads the runs of run_uncertain.sh (131 s on 20 runs)"),
+    (r"^python (\S*/)?uncertain_report\.py ", "loads the checkpoints of run_uncertain.sh's runs (not in the repo)"),
 ]
 
 TINY = ["--sft_steps=2", "--sft_batch_size=4", "--rl_steps=1", "--tasks_per_step=2", "--group_size=2",
@@ -126,10 +126,14 @@ def tiny_model(tmp_path_factory):
 
 
 def layout(folder):
-    """A copy of the repository in `folder` (no .git, out/ or caches): a command writes where a
-    user's would, never into the repository itself (a link would let it write through)."""
-    shutil.copytree(ROOT, folder, dirs_exist_ok=True, symlinks=True,
-                    ignore=shutil.ignore_patterns(".git", "out", "__pycache__", ".pytest_cache"))
+    """A copy of the repository in `folder`: a command writes where a user's would, never into the
+    repository itself (a link would let it write through). Left out: dot folders at the top (.git,
+    a .venv), out/ and logs/, caches, virtual environments, checkpoints (a results folder's runs)."""
+    def left_out(where, names):
+        return {n for n in names if n in ("out", "logs", "__pycache__") or where == ROOT and n.startswith(".")
+                or os.path.isdir(os.path.join(where, n)) and (n.startswith(("ckpt", "warmstart"))
+                                                             or os.path.isfile(os.path.join(where, n, "pyvenv.cfg")))}
+    shutil.copytree(ROOT, folder, dirs_exist_ok=True, symlinks=True, ignore=left_out)
 
 
 def run_python(words, capsys):

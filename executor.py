@@ -16,10 +16,11 @@ The response: a str return as is, anything else `json.dumps` (default=str for wh
 hold: `None` is "null"); an exception, a value JSON cannot encode (a dict with tuple keys) and a
 call that ends with no result (sys.exit) are the response `{"error": "<Type>: <message>"}` and
 the episode goes on, as a real API answers an error. What a tool prints goes to the terminal as
-any Python code's prints; it is not the response. User code that runs in the process itself (a
-tools module's import, the constructor at load and per episode) raising or calling sys.exit is
-one line naming it: a ConfigError at load, an ExecutorError during a run. Names starting with `_` or not among the task's tools are never
-called. Simplified: the time limit runs the call in a worker thread and stops waiting after
+any Python code's prints; it is not the response. User code raising or calling sys.exit
+outside a tool call (a tools module's import, the constructor at load) is a ConfigError, one
+line naming it; the constructor of each episode runs as a tool call does (new_instance), and its
+failure is an ExecutorError naming the task. Names starting with `_` or not among the task's
+tools are never called. Simplified: the time limit runs the call in a worker thread and stops waiting after
 timeout_s (the answer is then an error response); the thread is NOT killed (Python cannot kill
 a thread): it runs on in the background and may still change the instance of that episode.
 A MODULE is imported as Python imports it (the current directory, then sys.path); a file is

@@ -4,14 +4,14 @@ The paper trains with rehearsal but reports success on real benchmarks; likewise
 figure here is measured with the real world answering the policy's calls, never with its own
 rehearsals (an imagined success can rise while the real one does not). Besides success: how
 episodes ended, the mean number of calls, the would-rehearse fidelity per tool kind, and on the
-first `n_collusion` test tasks the imagined world's success and collusion rate (honesty.py).
+first `n_collusion` test tasks the imagined world's success and collusion rate (rehearsal/honesty.py).
 
     python evaluate.py --ckpt out/small                 # the RL'd policy: <ckpt>/eval.json
     python evaluate.py --ckpt out/small/warmstart       # the warm start it came from
     python evaluate.py --ckpt out/small --sweep         # private rehearsal at N = 0, 1, 2, 4
-(--coverage, --collusion, --oracle and the command line itself: evaluate_cli.py). What depends on
+(--coverage, --collusion, --oracle and the command line itself: machinery/evaluate_cli.py). What depends on
 the format and the rehearsal layout comes from the format module `fmt` and its `setting`
-(features.setup; format_plain.py for the demo); chat tasks with no executor are rehearsed by the
+(features.setup; formats/plain.py for the demo); chat tasks with no executor are rehearsed by the
 policy, their figure "rehearsed success (no executor)" (`success_name`).
 """
 import functools

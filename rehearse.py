@@ -10,8 +10,8 @@ sequence (role REHEARSE) and closes it with `</env>` (rollout.py). This file hol
 - test-time private rehearsal (`private_rehearsal_plans`): the paper's use of the internal
   world model at test time: imagine whole episodes before committing one real execution.
 How faithful the rehearsals are (fidelity per tool kind, collusion, coverage) is measured in
-honesty.py, against a real replay, diagnostic only. What a well-formed rehearsed response is lives
-with its world (world.parse_response); the separate rehearse rows' prompt with its layout (separate.py).
+rehearsal/honesty.py, against a real replay, diagnostic only. What a well-formed rehearsed response is lives
+with its world (world.parse_response); the separate rehearse rows' prompt with its layout (rehearsal/separate.py).
 """
 import rollout
 import world as toy_world

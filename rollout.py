@@ -24,8 +24,8 @@ Per-row state machine (the sampler forces every hand-off; no role ever writes an
                 none:     no world at all: an empty response, </env> forced (the no_env arm)
     env  --</env>-->  validate the response (world.parse_response), force <act>, back to act
 
-The chat format (chat.py: hand-offs from the model's chat template, JSON tool calls, one world
-per row) and the separate layout (separate.py: each rehearsal a row of its own, in rounds) drive
+The chat format (chat/format.py: hand-offs from the model's chat template, JSON tool calls, one world
+per row) and the separate layout (rehearsal/separate.py: each rehearsal a row of its own, in rounds) drive
 this same machine; their files say how.
 
 Truncation is explicit: a tag sampled in the wrong role ("bad_act", "bad_rehearsal"), a segment
@@ -113,7 +113,7 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     call is forced while every response so far was the expected one; from the first surprise, it re-plans.
     rehearse_check: None, or check(call, response, world) (rehearse.check_rehearsal): end a row whose
     simulated response has the wrong form for its call (cause "rehearse_check"). Chat format
-    (chat.py): prompts are id lists, `world` one world per row, `tags` from the template.
+    (chat/format.py): prompts are id lists, `world` one world per row, `tags` from the template.
     rows: rows already started (instead of prompts), continued in place: sample_separate's rounds."""
     assert env_mode in ("rehearse", "real", "frozen", "none"), env_mode
     assert (env_model is not None) == (env_mode == "frozen"), "env_model is for frozen mode"

@@ -10,8 +10,8 @@
     torchrun --nproc_per_node=2 train.py --config small.yaml # several processes (GPUs or CPU)
 
 One run, top to bottom (`run`):
-  1. Setup: processes (distributed.py), the tasks, the model, and the features chosen once
-     (features.py: the format and the rehearsal layout, as a module of plain functions and its setting).
+  1. Setup: processes (machinery/distributed.py), the tasks, the model, and the features chosen once
+     (formats/features.py: the format and the rehearsal layout, as a module of plain functions and its setting).
   2. Warm start (`warm_start`) on logged expert episodes and logged tool traffic, with the RL
      role masks; act AND environment tokens are trained, so the policy starts with a world model.
   3. The gate: real-world evaluation and rehearsal fidelity per tool kind. Rehearsed rewards are
@@ -24,11 +24,11 @@ One run, top to bottom (`run`):
   5. Save (save_pretrained) and evaluate in the real world; print before/after.
 Only rank 0 prints, evaluates and saves. Ctrl-C or SIGTERM during RL saves the current step
 and exits 0 (`--resume` continues exactly); every other fault is one line and an exit status
-(faults.py; the table of faults tried: docs/faults.md). Each step's figures go to metrics.jsonl.
+(machinery/faults.py; the table of faults tried: docs/faults.md). Each step's figures go to metrics.jsonl.
 
 Simplified against the paper / official code: inline rehearsal by default (one row holds both
-roles; `rehearsal_context: separate`, separate.py, gives each rehearsal its own row and prompt);
-a toy world with exact-match success instead of a judge (`format: chat`, chat.py, runs a real
+roles; `rehearsal_context: separate`, rehearsal/separate.py, gives each rehearsal its own row and prompt);
+a toy world with exact-match success instead of a judge (`format: chat`, chat/format.py, runs a real
 chat model on JSONL tool tasks); one optimizer step per batch (`ppo_epochs` > 1 makes the clip
 bite); no dynamic sampling (steps whose groups all have equal rewards are skipped and counted).
 """

@@ -13,7 +13,7 @@ truth's calls must be among the model's results so far.
     python evaluate.py --oracle --test_file=data/bfcl/multi_turn_base.jsonl --out_dir=out/oracle
 
 What is here:
-- `convert` writes each category as chat task files (chat_tasks.py `check_task`): `messages` = a system
+- `convert` writes each category as chat task files (chat/tasks.py `check_task`): `messages` = a system
   message + the first user turn, `turns` = the later user turns, `tools` = the function docs of
   the task's classes (minus `excluded_function`) as OpenAI JSON schemas (`json_schema`),
   `gold_calls` = the ground truth per turn as `{"name", "arguments"}` (`parse_call`: call strings
@@ -43,15 +43,16 @@ Simplified or left out:
 - Results are compared as the official checker formats them (a str as is, a dict as JSON, else
   str()); the episode's own responses (executor.call_tool) are JSON for anything not a str.
 """
-import argparse
 import ast
 import copy
 import importlib
 import json
 import os
+import signal
 import sys
 
-from machinery.config import ConfigError
+from machinery.config import ArgumentParser, ConfigError
+from chat.executor import error_text
 
 INSTALL = "pip install --no-deps bfcl-eval==2026.3.23 mpmath"
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_param", "multi_turn_long_context")
@@ -299,42 +300,96 @@ def task_line(entry, ground_truth, category):
             "env": "benchmarks.bfcl:BFCLEnv", "env_config": env_config, "check": "benchmarks.bfcl:check"}
 
 
-def write_lines(path, lines):
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+def jsonl_text(lines):
+    return "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
 
 
-def convert(out_dir, categories=CATEGORIES):
+def write_whole(path, text):
+    """`text` into `path` through PATH.tmp renamed over it: never half-written (a signal, a full
+    disk), the temporary file removed if the write does not finish."""
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    except BaseException:
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
+        raise
+
+
+def convert(out_dir, categories=CATEGORIES, written=None):
     """Write each category as OUT_DIR/<category>.jsonl, and multi_turn_base split in two for a
     training config: multi_turn_base_heldout.jsonl (every HELDOUT_EVERY-th task, from the first)
-    and multi_turn_base_rl.jsonl (the others). {file stem: number of tasks}."""
-    os.makedirs(out_dir, exist_ok=True)
-    counts = {}
+    and multi_turn_base_rl.jsonl (the others). {file stem: number of tasks}. Every file is
+    converted before any is written; a file already there with other content (edited by hand, or
+    from another package version) is a ConfigError and nothing is written; one with the same
+    content is left as it is. Each file is written whole (`write_whole`); `written` (a list)
+    collects the paths written, for the line of an interrupted run."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ConfigError(f"--out {out_dir} is a file, not a folder")
+    files = {}
     for category in categories:
         entries = read_lines(os.path.join(data_dir(), f"BFCL_v4_{category}.json"))
         answers = {r["id"]: r["ground_truth"] for r in
                    read_lines(os.path.join(data_dir(), "possible_answer", f"BFCL_v4_{category}.json"))}
-        lines = [task_line(e, answers[e["id"]], category) for e in entries]
-        write_lines(os.path.join(out_dir, f"{category}.jsonl"), lines)
-        counts[category] = len(lines)
+        files[category] = [task_line(e, answers[e["id"]], category) for e in entries]
         if category == "multi_turn_base":
-            parts = {"multi_turn_base_rl": [t for k, t in enumerate(lines) if k % HELDOUT_EVERY],
-                     "multi_turn_base_heldout": lines[::HELDOUT_EVERY]}
-            for stem, part in parts.items():
-                write_lines(os.path.join(out_dir, f"{stem}.jsonl"), part)
-                counts[stem] = len(part)
-    return counts
+            files["multi_turn_base_rl"] = [t for k, t in enumerate(files[category]) if k % HELDOUT_EVERY]
+            files["multi_turn_base_heldout"] = files[category][::HELDOUT_EVERY]
+    texts = {os.path.join(out_dir, f"{stem}.jsonl"): jsonl_text(lines) for stem, lines in files.items()}
+    for path, text in texts.items():
+        if os.path.isdir(path) or os.path.exists(path) and not same_text(path, text):
+            raise ConfigError(f"{path} is already there and is not what bfcl.py writes (edited, or from another "
+                              f"bfcl-eval version): move it away or give another --out; nothing written")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        for path, text in texts.items():
+            if not os.path.exists(path):
+                write_whole(path, text)
+                if written is not None:
+                    written.append(path)
+    except OSError as e:
+        raise ConfigError(f"cannot write {e.filename or out_dir}: {e.strerror or e}") from None
+    return {stem: len(lines) for stem, lines in files.items()}
+
+
+def same_text(path, text):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read() == text
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    """python bfcl.py --out DIR -> exit status: 0 written; 2 a user mistake (no package, --out a
+    file or holding other files of these names, a refused write); 1 anything else; 130 Ctrl-C or
+    SIGTERM (files written so far are whole, none half-written). Each one line."""
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="folder for the chat task files")
-    args = parser.parse_args(argv)
     try:
-        counts = convert(args.out)
+        args = parser.parse_args(argv)            # (--help prints and exits 0 here)
+        if not args.out:
+            raise ConfigError("--out is empty: give a folder for the chat task files")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    written = []
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)    # SIGTERM as Ctrl-C
+    try:
+        counts = convert(args.out, written=written)
+    except KeyboardInterrupt:
+        done = f"{len(written)} files written whole ({', '.join(written)})" if written else "nothing written"
+        print(f"\ninterrupted: {done}, none half-written; run the same command again to finish", file=sys.stderr)
+        return 130
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (Exception, SystemExit) as e:
+        print(f"error while converting BFCL: {error_text(e)}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     for stem, n in counts.items():
         print(f"{stem}: {n} tasks -> {os.path.join(args.out, stem + '.jsonl')}")
     for category, why in LEFT_OUT.items():

@@ -1,7 +1,7 @@
 """The oracle: every task's gold calls replayed through its executor and scored by its own reward.
 
 A check of the benchmark's plumbing, not of a model: a task file whose tasks give `gold_calls`
-and an executor (`env`: "toy" or "MODULE:CLASS", executor.py) should score 1.0 when exactly the
+and an executor (`env`: "toy" or "MODULE:CLASS", chat/executor.py) should score 1.0 when exactly the
 gold calls are made, turn by turn. Each task's gold calls are run through the same world the
 evaluation uses (chat.task_world: the toy world, or executor.call_tool on a fresh
 CLASS(**env_config)), the episode is built as the sampler would build it (calls, responses,
@@ -11,11 +11,13 @@ when it names one). Tasks without gold calls or an executor are not replayed.
 
     python evaluate.py --oracle --test_file=data/bfcl/multi_turn_base.jsonl --out_dir=out/oracle
 
-Writes OUT_DIR/eval.json: success (mean reward over the replayed tasks), n_tasks,
-executed_tasks, and `failures` (per task scoring under 1: its line, reward, and the first error
-response of its replay); each failure is also printed.
+Writes OUT_DIR/oracle.json (not eval.json, so that an out_dir holding a train.py run keeps its
+eval.json): success (mean reward over the replayed tasks), n_tasks, executed_tasks, and
+`failures` (per task scoring under 1: its line, reward, and the first error response of its
+replay); each failure is also printed. It is written whole once every task is scored, or not at
+all (Ctrl-C / SIGTERM: exit 130, one line); a task's check returning a reward outside [0, 1], or
+raising, is one line naming the task (exit 2).
 """
-import argparse
 import json
 import os
 import sys
@@ -25,8 +27,11 @@ from chat import tasks as chat_tasks
 from machinery import taskfiles
 from chat.reward import chat_reward
 from machinery.checkpoint import write_file
-from machinery.config import DEFAULTS, ConfigError
+from machinery.config import DEFAULTS, ArgumentParser, ConfigError, check_value
 from chat.executor import is_error
+from machinery.faults import StopRequest, error_line
+
+RESULT = "oracle.json"      # not eval.json: --out_dir may be a run of train.py, whose eval.json stays
 
 
 def gold_turns(task):
@@ -73,23 +78,45 @@ def run_oracle(test_file, tool_timeout=DEFAULTS["tool_timeout"]):
 
 
 def main(argv):
-    """evaluate.py --oracle: --test_file=F --out_dir=D; 0, or 2 with one line for a user mistake."""
-    parser = argparse.ArgumentParser(prog="evaluate.py --oracle", description=__doc__.split("\n")[0])
-    parser.add_argument("--test_file", required=True, help="a chat task file with gold_calls and env")
-    parser.add_argument("--out_dir", required=True, help="where eval.json is written")
-    parser.add_argument("--tool_timeout", type=float, default=DEFAULTS["tool_timeout"])
-    args = parser.parse_args(argv)
+    """evaluate.py --oracle: --test_file=F --out_dir=D -> exit status: 0 written; 2 a user mistake
+    (a bad task file, option or check, an unwritable out_dir); 1 anything else (one line naming
+    it; user code exiting too); 130 Ctrl-C / SIGTERM (nothing written). Each one line."""
     try:
-        result = run_oracle(args.test_file, args.tool_timeout)
-        for f in result["failures"]:
-            why = f"first error response {f['first_error'][:120]}" if f["first_error"] else "no error response"
-            print(f"{args.test_file} line {f['line']}: reward {f['reward']:.3f} ({why})")
-        os.makedirs(args.out_dir, exist_ok=True)
-        path = os.path.join(args.out_dir, "eval.json")
-        write_file(path, json.dumps(result, indent=1))
-    except (ConfigError, OSError) as e:
+        args = command_line(argv)                 # (--help prints and exits 0 here)
+    except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    phase = "the oracle's replay"
+    try:
+        with StopRequest(immediate=True):         # SIGTERM too: KeyboardInterrupt at once
+            result = run_oracle(args.test_file, args.tool_timeout)
+            for f in result["failures"]:
+                why = f"first error response {f['first_error'][:120]}" if f["first_error"] else "no error response"
+                print(f"{args.test_file} line {f['line']}: reward {f['reward']:.3f} ({why})")
+            phase, path = "writing the result", os.path.join(args.out_dir, RESULT)
+            write_file(path, json.dumps(result, indent=1))      # whole or not at all
+    except KeyboardInterrupt:
+        print(f"\ninterrupted during {phase}: nothing written", file=sys.stderr)
+        return 130
+    except ConfigError as e:                      # CheckpointError (an unwritable out_dir) is one too
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (Exception, SystemExit) as e:          # a library, user code raising or exiting: one line
+        print(error_line(e, phase), file=sys.stderr)
+        return 1
     print(f"oracle success {result['success']:.3f} on {result['executed_tasks']} replayed of "
           f"{result['n_tasks']} tasks; written to {path}")
     return 0
+
+
+def command_line(argv):
+    """The oracle's options, checked: ConfigError (one line) for a missing or bad one."""
+    parser = ArgumentParser(prog="evaluate.py --oracle", description=__doc__.split("\n")[0])
+    parser.add_argument("--test_file", required=True, help="a chat task file with gold_calls and env")
+    parser.add_argument("--out_dir", required=True, help=f"where {RESULT} is written")
+    parser.add_argument("--tool_timeout", type=float, default=DEFAULTS["tool_timeout"])
+    args = parser.parse_args(argv)
+    if not args.out_dir:
+        raise ConfigError("--out_dir is empty: give the folder for " + RESULT)
+    args.tool_timeout = check_value("tool_timeout", args.tool_timeout)     # > 0 and finite, as the key
+    return args

@@ -20,7 +20,7 @@ turns. This file lets the same inline rehearsal run on such a model (`format: ch
   At start, a sample conversation assembled token by token the sampler's way must equal the
   template's own tokens (`check_assembly`); a template that does not fit stops the run with one
   line saying which hand-off and the first differing token.
-- actions: the template's own call form, derived with sentinels (templates.py: Hermes
+- actions: the template's own call form, derived with sentinels (chat/templates.py: Hermes
   `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, Llama's bare
   `{"name": ..., "parameters": {...}}`, Mistral's `[TOOL_CALLS] [...]`), parsed strictly against
   the tool's JSON schema (`read_act`, chat_tasks.check_value); anything else in an assistant turn
@@ -28,15 +28,15 @@ turns. This file lets the same inline rehearsal run on such a model (`format: ch
   bad_arguments or several_calls; reward 0). Think blocks: `think` keep or disable (docs/chat.md).
 - the world of a task (`task_world`): reads actions against the task's tools and rehearsed
   responses, and executes calls where the task's `env` names an executor: "toy" (the toy world of
-  world.py; its tools as JSON schemas, TOY_TOOLS) or "MODULE:CLASS" (executor.py, docs/tools.md).
+  world.py; its tools as JSON schemas, TOY_TOOLS) or "MODULE:CLASS" (chat/executor.py, docs/tools.md).
   With either, real-world evaluation, `env_mode: real`, fidelity and collusion exist
-  (`has_executor`); without, the policy rehearses. `python chat.py --export data/toy_chat`
+  (`has_executor`); without, the policy rehearses. `python -m chat.format --export data/toy_chat`
   writes the toy world's splits as chat task files (`export_toy`).
 
-The rest of the chat format is in files of their own: below this one, chat_tasks.py (a task
-file line checked field by field); above it, multiturn.py (later user turns), chat_separate.py
-(rehearsal_context separate), chat_honesty.py (fidelity and collusion in chat rows) and
-chat_setup.py (what a chat run sets up from them).
+The rest of the chat format is in files of their own: below this one, chat/tasks.py (a task
+file line checked field by field); above it, chat/multiturn.py (later user turns), chat/separate.py
+(rehearsal_context separate), chat/honesty.py (fidelity and collusion in chat rows) and
+chat/setup.py (what a chat run sets up from them).
 Simplified: one tool call per assistant turn (several end the episode); every hand-off must be
 the same after each turn (a template whose glue depends on the turn is refused at start).
 """
@@ -299,14 +299,14 @@ def task_world(task, tags, tool_timeout=DEFAULTS["tool_timeout"]):
     """The sampler's world for one chat task: reads actions against the task's tools, reads a
     rehearsed response, and executes calls: env "toy" in the toy world, env "MODULE:CLASS" on a
     fresh CLASS(**env_config) per episode (`new_state`; executor.call_tool, tool_timeout seconds
-    a call). Also what honesty.py's fidelity functions need (TOOL_KINDS, parse_call, replay),
+    a call). Also what rehearsal/honesty.py's fidelity functions need (TOOL_KINDS, parse_call, replay),
     by tool name."""
     schemas = tool_schemas(task["tools"])
     toy = task.get("env") == "toy"
     fmt = tags.get("format", templates.HERMES)
     if has_executor(task) and not toy:
         def new_state():
-            return task["env_class"](**task["env_config"])
+            return executor.new_instance(task, tool_timeout)
 
         def step(state, call):
             return executor.call_tool(state, json.loads(call), schemas, tool_timeout)

@@ -1,5 +1,5 @@
 """Rehearsal honesty in the chat format: would-rehearse fidelity, replay fidelity, collusion and the
-imagined world, for chat tasks whose `env` names an executor (the toy's are in honesty.py).
+imagined world, for chat tasks whose `env` names an executor (the toy's are in rehearsal/honesty.py).
 
 - would-rehearse (`would_rehearse_inline`): on real-world episodes, would the model, greedy, have
   written each real response? Compared as normalised JSON (executor.same_response).

@@ -7,7 +7,7 @@ template's rendering). Each later turn's forced ids (glue TAG, user content PROM
 once per task (`turn_ids`), and the task's world hands them to the sampler after each answer
 (chat.task_world's `next_turn`). Logged trajectories may hold several user turns: their rows
 are built turn by turn (`assemble_dialogue`); the task file's `turns` and per-turn `gold_calls`
-are read in chat_tasks.py.
+are read in chat/tasks.py.
 
 Simplified: the later user turns are fixed in the task file (no simulated user); the hand-off
 must be the same after every answer; rehearsal_context separate and private rehearsal

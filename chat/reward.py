@@ -1,7 +1,7 @@
 """Chat-format task success: answer match, tool calls against gold calls, a checklist judge.
 
 The paper scores episodes with a checklist judge; BFCL compares calls AST-style. A chat task
-(chat_tasks.py) gives any of: `answer` (the final answer, normalised string or number match),
+(chat/tasks.py) gives any of: `answer` (the final answer, normalised string or number match),
 `gold_calls` (the episode's calls compared AST-style: type-aware values, `call_order` exact or
 any; in a multi-turn task given per user turn, the calls of turn k against those of turn k), `checklist` (yes/no questions for a local causal LM judge, scored p(yes) / (p(yes) + p(no))
 of its next token), or `check` (its own success function "MODULE:FUNCTION", e.g. bfcl.py's
@@ -9,10 +9,12 @@ official BFCL check, in place of answer and gold call matching). `chat_reward` i
 episode ended with an answer.
 """
 import json
+import numbers
 
 import torch
 
 from chat import executor
+from machinery.config import ConfigError
 from envace import encode
 
 
@@ -92,11 +94,25 @@ def checked_reward(episode, task, judge=None):
     criterion, times the mean judge p(yes) over the checklist when a judge is given."""
     if task["check"] not in _CHECKS:
         _CHECKS[task["check"]] = executor.load_object(task["check"])
-    score = float(_CHECKS[task["check"]](task, episode))
+    score = checked_score(_CHECKS[task["check"]], task, episode)
     if score and judge is not None and task.get("checklist"):
         scores = judge(episode, task)
         return score * sum(scores) / len(scores)
     return score
+
+
+def checked_score(check, task, episode):
+    """check(task, episode) as a float in [0, 1]. A check that raises, exits, or returns anything
+    else (1.5, nan, None, "yes") is a ConfigError naming the task and the value: a reward outside
+    [0, 1] would move the advantages and every success figure without a word."""
+    where = f"{task['where']}: " if "where" in task else ""
+    try:
+        score = check(task, episode)
+    except executor.USER_ERRORS as e:
+        raise ConfigError(f"{where}check {task['check']!r} raised {executor.error_text(e)}") from None
+    if not isinstance(score, numbers.Real) or not 0 <= score <= 1:       # nan fails 0 <= nan
+        raise ConfigError(f"{where}check {task['check']!r} returned {score!r}: a check returns a reward in [0, 1]")
+    return float(score)
 
 
 def gold_calls_match(calls, call_turns, gold, order="exact"):

@@ -1,10 +1,10 @@
-"""Separate rehearse rows in the chat format (`rehearsal_context: separate`, sampled by separate.py).
+"""Separate rehearse rows in the chat format (`rehearsal_context: separate`, sampled by rehearsal/separate.py).
 
 Each rehearsal is a row of its own, whose prompt is rendered with the model's own chat template
 (`rehearse_prompt_ids`): a system message (play the called tool, answer with its result only;
 its JSON schema; up to grounding_examples of the task's examples of it), a user message (the
 dialogue so far as JSON lines, then the call), the generation prompt. The result is written as
-an assistant turn and ends at the template's end-of-turn stop (`rehearse_tags`); separate.py
+an assistant turn and ends at the template's end-of-turn stop (`rehearse_tags`); rehearsal/separate.py
 copies it into the actor's row as the template's tool response (OBS). The warm start trains the
 same rows (`separate_warm_start_sequences`); evaluation asks in them (`would_rehearse_separate`).
 

@@ -1,4 +1,4 @@
-"""What a `format: chat` run sets up from the chat files (format_chat.py calls these).
+"""What a `format: chat` run sets up from the chat files (formats/chat.py calls these).
 
 The splits read and checked (`chat_tasks`: chat_tasks.read_chat_jsonl); the template's
 hand-offs derived and checked (`chat_tags`: chat.chat_format, and multiturn.turn_tags when a task
@@ -6,8 +6,8 @@ has later user turns); every prompt checked to leave room for an episode (`check
 per task its prompt ids, later turns and world, cached in the task (`episode_inputs`); the warm
 start's rows (`warm_start_sequences`: logged trajectories and the tasks' examples; the separate
 layout's are chat_separate.separate_warm_start_sequences); the expert's episodes that --coverage
-asks about (`expert_episodes`); the judge (`load_judge`). It sits above chat.py, chat_tasks.py and
-multiturn.py, which it joins, so that imports run one way.
+asks about (`expert_episodes`); the judge (`load_judge`). It sits above chat/format.py, chat/tasks.py and
+chat/multiturn.py, which it joins, so that imports run one way.
 
 Simplified: a judge model is loaded once per path and kept for the process (`_JUDGES`).
 """

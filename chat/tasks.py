@@ -2,10 +2,10 @@
 
 One task per line (`read_chat_jsonl`, `check_task`): opening `messages`, `tools` (OpenAI
 function schemas), success criteria `answer` / `gold_calls` / `checklist` / `check`, optional
-`call_order`, `turns` (later user turns, multiturn.py; `gold_calls` may then be given per user
+`call_order`, `turns` (later user turns, chat/multiturn.py; `gold_calls` may then be given per user
 turn), `examples` (per tool, reference {arguments, result} pairs) and `env`: "toy" (the toy world
 of world.py executes the calls) or "MODULE:CLASS" / "path/to/file.py:CLASS" with `env_config`
-(the task's own executor, executor.py: per episode CLASS(**env_config), a call runs the method
+(the task's own executor, chat/executor.py: per episode CLASS(**env_config), a call runs the method
 of its name; docs/tools.md). Logged trajectories (logged_file) are the same with the whole
 conversation in `messages`, read into calls, responses and answers per user turn (`_dialogue`).
 The first bad line raises DataError naming the line and the field.
@@ -235,6 +235,7 @@ def check_task(row, where, kind, base_dir="."):
     elif env:
         task.update(_check_env(env, row.get("env_config", {}), schemas, where, base_dir))
     task["examples"] = _check_examples(row.get("examples", {}), schemas, where)
+    task["where"] = where                 # "FILE line N": what a failing check or executor names
     return task
 
 
@@ -264,9 +265,9 @@ def _check_env(spec, env_config, schemas, where, base_dir):
                      f"got {json.dumps(env_config)}")
     try:
         instance = cls(**env_config)
-    except Exception as e:                # the user's constructor: its error, in one line
+        missing = [n for n in schemas if n.startswith("_") or not callable(getattr(instance, n, None))]
+    except executor.USER_ERRORS as e:     # the user's constructor (or a property): its error, in one line
         _fail(where, f"env {spec!r}: {spec.rpartition(':')[2]}(**env_config) raised {executor.error_text(e)}")
-    missing = [n for n in schemas if n.startswith("_") or not callable(getattr(instance, n, None))]
     if missing:
         _fail(where, f"env {spec!r} has no method for tool(s) {', '.join(missing)}")
     return {"env": spec, "env_class": cls, "env_config": env_config}

@@ -1,6 +1,6 @@
 """Chat templates: the act format derived from a model's own chat template, and its strict parser.
 
-Part of the chat format (chat.py): the paper's actor writes JSON tool calls inside assistant
+Part of the chat format (chat/format.py): the paper's actor writes JSON tool calls inside assistant
 turns, but the text around a call is the template's, and families differ (Qwen2.5/Hermes
 `<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`, a Qwen2-style template that puts a
 newline before it, Llama 3.1/3.2's bare `{"name": ..., "parameters": ...}`, Mistral's

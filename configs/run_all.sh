@@ -36,6 +36,6 @@ for s in ${SEEDS:-1 2 3}; do
   # model imagines with its own world model, or with the warm start's
   [ "${SWEEP:-1}" = 0 ] || run evaluate.py --ckpt $R/rehearse/seed$s --sweep --rehearser $R/warmstart/seed$s/warmstart \
     --eval_temperature=0.6 --top_p=0.95 --imagine_temperature=0.6
-  run experiments.py --compare $R > /dev/null
+  run experiments/compare.py --compare $R > /dev/null
 done
-run experiments.py --compare $R
+run experiments/compare.py --compare $R

@@ -24,7 +24,7 @@ for s in ${SEEDS:-1 2 3 4 5}; do
   cp $R/seed$s/warmstart/eval.json $R/eval_warmstart-seed$s.json
   cp $R/seed$s/eval.json $R/eval_rl-seed$s.json
   cp $R/seed$s/metrics.jsonl $R/metrics-seed$s.jsonl
-  run choice_sweep.py --ckpt $R/seed$s/warmstart --out $R/sweep_warmstart-seed$s.json | tee $R/sweep_warmstart-seed$s.log
-  run choice_sweep.py --ckpt $R/seed$s --out $R/sweep_rl-seed$s.json | tee $R/sweep_rl-seed$s.log
-  run choice_sweep.py --report $R > /dev/null           # the tables and figure of the seeds so far
+  run experiments/choice_sweep.py --ckpt $R/seed$s/warmstart --out $R/sweep_warmstart-seed$s.json | tee $R/sweep_warmstart-seed$s.log
+  run experiments/choice_sweep.py --ckpt $R/seed$s --out $R/sweep_rl-seed$s.json | tee $R/sweep_rl-seed$s.log
+  run experiments/choice_sweep.py --report $R > /dev/null           # the tables and figure of the seeds so far
 done

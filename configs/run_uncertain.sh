@@ -3,7 +3,7 @@
 # per seed on the stale logs of configs/world_uncertain.yaml, then four RL arms of 200 steps
 # from it: rehearse (EnvACE), frozen (the warm start plays the world), act_only (rehearse_coef 0),
 # real (the real world answers). After each seed, the tables, the paired bootstrap and the
-# figure of what is there (experiments.py --uncertain), so results land seed by seed.
+# figure of what is there (experiments/compare.py --uncertain), so results land seed by seed.
 #   bash configs/run_uncertain.sh [RESULTS]              # seeds 1 2 3 4 5
 #   SEEDS=1 bash configs/run_uncertain.sh                 # the reduced variant
 # NICE=15 runs every step under `nice -n 15` (a shared machine); PARALLEL=1 runs a seed's four
@@ -34,6 +34,6 @@ for s in ${SEEDS:-1 2 3 4 5}; do
   done
   wait
   echo "seed $s end $(date -u +%FT%TZ) seconds $(( $(date +%s) - start ))" >> "$R/timing.log"
-  run uncertain_report.py --lookups $R        # the items the actor looked up, per test task
-  run experiments.py --uncertain $R
+  run experiments/uncertain_report.py --lookups $R        # the items the actor looked up, per test task
+  run experiments/compare.py --uncertain $R
 done

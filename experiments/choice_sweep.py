@@ -1,14 +1,14 @@
-"""The N sweep of `world: choice` (world_choice.py; docs/imagination.md): claim (4) measured.
+"""The N sweep of `world: choice` (experiments/choice.py; docs/imagination.md): claim (4) measured.
 
-    python choice_sweep.py --ckpt RUN [--rehearser CKPT] [--n_test N]   # success at N = 0, 1, 2, 4
-    python choice_sweep.py --ckpt RUN --diagnose                        # why imagination does not pay
-    python choice_sweep.py --report RESULTS                             # tables and figure of run_choice.sh
+    python -m experiments.choice_sweep --ckpt RUN [--rehearser CKPT] [--n_test N]   # success at N = 0, 1, 2, 4
+    python -m experiments.choice_sweep --ckpt RUN --diagnose                        # why imagination does not pay
+    python -m experiments.choice_sweep --report RESULTS                             # tables and figure of run_choice.sh
 
 For each N: N imagined episodes per task (rehearse mode: the policy, or the warm start, plays the
 world; never the real one), condensed into a rehearsal memory, then ONE committed real episode
 that reads it; parallel and sequential; each N against N = 0 by a paired bootstrap over the test
-tasks (experiments.paired_bootstrap). A file of its own, above evaluate.py and experiments.py,
-so that the world itself stays below features.py.
+tasks (experiments.paired_bootstrap). A file of its own, above evaluate.py and experiments/compare.py,
+so that the world itself stays below formats/features.py.
 """
 import argparse
 import glob
@@ -232,11 +232,11 @@ def report(folder):
 
 
 def main(argv=None):
-    """python choice_sweep.py --ckpt RUN [--rehearser CKPT] [--n_test N] [--out FILE]: the N sweep
+    """python -m experiments.choice_sweep --ckpt RUN [--rehearser CKPT] [--n_test N] [--out FILE]: the N sweep
     of a run folder of train.py (its latest checkpoint) or a checkpoint (warmstart/). The
     rehearser defaults to RUN/warmstart when RUN has one (the warm start playing the world).
-    python choice_sweep.py --report RESULTS: the tables and figure of configs/run_choice.sh.
-    python choice_sweep.py --ckpt RUN --diagnose: why imagination does not beat N = 0 (`diagnose`)."""
+    python -m experiments.choice_sweep --report RESULTS: the tables and figure of configs/run_choice.sh.
+    python -m experiments.choice_sweep --ckpt RUN --diagnose: why imagination does not beat N = 0 (`diagnose`)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt", help="a run folder of train.py, or a checkpoint in it")
     parser.add_argument("--report", help="a results folder of configs/run_choice.sh: its tables and figure")

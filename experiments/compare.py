@@ -1,9 +1,9 @@
 """Experiments: comparing runs of every arm and seed, the tables and figures of the README.
 
-    python experiments.py --compare results          # results/results.md, success.png, ...
-    python experiments.py --compare results_guards   # the guard comparison
+    python -m experiments.compare --compare results          # results/results.md, success.png, ...
+    python -m experiments.compare --compare results_guards   # the guard comparison
     python evaluate.py --ckpt out/small --sweep      # the private-rehearsal sweep of one run
-    python experiments.py --uncertain results_uncertain   # world: uncertain (docs/uncertain.md)
+    python -m experiments.compare --uncertain results_uncertain   # world: uncertain (docs/uncertain.md)
 
 `compare` reads results/<arm>/<seed>/{eval.json, metrics.jsonl} (written by train.py; see
 configs/run_all.sh) and writes a markdown table of real-world success per arm (mean and
@@ -334,7 +334,7 @@ def uncertain_runs(results):
     for arm, seed, folder in run_folders(results, partial=True):
         if os.path.isfile(os.path.join(folder, "eval.json")):      # a run still going has none yet
             evals.setdefault(arm, {})[seed] = json.load(open(os.path.join(folder, "eval.json")))
-            if os.path.isfile(os.path.join(folder, "lookups.json")):     # uncertain_report.py --lookups
+            if os.path.isfile(os.path.join(folder, "lookups.json")):     # experiments/uncertain_report.py --lookups
                 evals[arm][seed]["lookups"] = json.load(open(os.path.join(folder, "lookups.json")))
         path = os.path.join(folder, "metrics.jsonl")
         lines.setdefault(arm, {})[seed] = [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
@@ -382,7 +382,7 @@ def uncertain_tables(evals, subsets, pairs=(("rehearse", "frozen"), ("rehearse",
 
 def uncertain_lookup_table(evals, subsets, pairs=(("rehearse", "frozen"), ("rehearse", "act_only"),
                                                   ("real", "rehearse"), ("act_only", "frozen"))):
-    """Per arm whose every seed has lookups.json (uncertain_report.py --lookups): the share of test
+    """Per arm whose every seed has lookups.json (experiments/uncertain_report.py --lookups): the share of test
     tasks whose named items the actor looked up, per subset, and the success that also needs them
     looked up ("strict"), with 95% intervals; then the paired differences of strict success."""
     arms = [arm for arm, runs in evals.items() if all("lookups" in e for e in runs.values())]
@@ -504,7 +504,7 @@ def uncertain(results):
         raise FileNotFoundError(f"no runs (<arm>/<seed>/eval.json) under {results}")
     text = uncertain_tables(evals, subsets) + "\n\nreal-world success per task family\n\n" + uncertain_family_table(evals)
     lookups = uncertain_lookup_table(evals, subsets)
-    text += "\n\nthe items the actor looked up (real world, greedy; uncertain_report.py --lookups)\n\n" + lookups if lookups else ""
+    text += "\n\nthe items the actor looked up (real world, greedy; experiments/uncertain_report.py --lookups)\n\n" + lookups if lookups else ""
     collusion = uncertain_collusion_table(lines)
     text += "\n\n" + collusion if collusion else ""
     going = {arm: {seed: run[-1]["step"] for seed, run in runs.items() if run}

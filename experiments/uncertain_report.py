@@ -1,11 +1,11 @@
 """Why a `world: uncertain` run's episodes fail, and which items its actor looked up (docs/uncertain.md).
 
-    python uncertain_report.py --failures RUN [--split rl]   # failures per family x distractor position
-    python uncertain_report.py --lookups RESULTS             # lookups.json per finished run (experiments.py reads it)
+    python -m experiments.uncertain_report --failures RUN [--split rl]   # failures per family x distractor position
+    python -m experiments.uncertain_report --lookups RESULTS             # lookups.json per finished run (experiments/compare.py reads it)
 
-Both run the checkpoint greedily in the REAL world, as evaluate.py does; world_uncertain.py holds
+Both run the checkpoint greedily in the REAL world, as evaluate.py does; experiments/uncertain.py holds
 the rules they apply (failure_kind, failure_table, copy_counts, looked_up). A file of its own so
-that the world variant stays below features.py (this one loads runs through it).
+that the world variant stays below formats/features.py (this one loads runs through it).
 """
 import argparse
 import glob
@@ -58,7 +58,7 @@ def write_lookups(results):
     """For every finished run under results/<arm>/<seed> (eval.json and a checkpoint): the test
     tasks again in the REAL world, greedy (as evaluate.py: the same episodes), and
     <run>/lookups.json = {"looked_up": [per test task], "strict": [success and looked_up]}, the
-    input of experiments.py's lookup table (one already there is kept). Returns the folders written."""
+    input of experiments/compare.py's lookup table (one already there is kept). Returns the folders written."""
     written = []
     for folder in sorted(glob.glob(os.path.join(results, "*", "*", "eval.json"))):
         folder = os.path.dirname(folder)

@@ -1,8 +1,8 @@
-"""`format: chat`: a chat model on chat JSONL tool tasks (chat.py), rehearsals inline or in
-separate rows (chat_separate.py). The prompts are the model's own chat template (chat_setup.py),
+"""`format: chat`: a chat model on chat JSONL tool tasks (chat/format.py), rehearsals inline or in
+separate rows (chat/separate.py). The prompts are the model's own chat template (chat/setup.py),
 the worlds each task's executor (or none: the policy rehearses it at evaluation), the reward
-chat_reward.chat_reward (with the judge of cfg judge_model), the measures chat_honesty.py's.
-Same functions as every format module; the rest are the plain format's (format_plain.py).
+chat_reward.chat_reward (with the judge of cfg judge_model), the measures chat/honesty.py's.
+Same functions as every format module; the rest are the plain format's (formats/plain.py).
 """
 import functools
 import json

@@ -1,4 +1,4 @@
-"""`world: choice` (world_choice.py: buy the cheapest of K items, one real call per task, private
+"""`world: choice` (experiments/choice.py: buy the cheapest of K items, one real call per task, private
 rehearsal by a rehearsal memory). The sampler's prompts are the tasks' commit prompts with an
 empty memory (`... memory`: evaluate.py's real-world evaluation is N = 0); the reward is
 world_choice.choice_reward (the first act must be the right purchase); the warm start reads
@@ -7,7 +7,7 @@ rehearse and frozen RL the sampler is world_choice.sample_with_memory (the curre
 N = 0..memory_max episodes per row, the committed row reads their memory). Fidelity (the gate,
 would-rehearse, coverage) is read on the expert's lookups of the tasks, since a committed episode
 makes none; the imagined world is sampled on the explore prompts. Same functions as every format
-module; the rest are the plain format's (format_plain.py)."""
+module; the rest are the plain format's (formats/plain.py)."""
 from collections import Counter
 
 from formats import plain as format_plain

@@ -1,17 +1,17 @@
 """Features chosen once at setup: the task format and the rehearsal layout, as one module of plain functions.
 
-    format: plain               the toy's tags and world (world.py, the demo): format_plain.py
-            chat                the model's chat template, JSON tool calls, JSONL tasks: format_chat.py
-    world: uncertain, choice    the toy's experiment worlds: format_uncertain.py, format_choice.py
+    format: plain               the toy's tags and world (world.py, the demo): formats/plain.py
+            chat                the model's chat template, JSON tool calls, JSONL tasks: formats/chat.py
+    world: uncertain, choice    the toy's experiment worlds: formats/uncertain.py, formats/choice.py
     rehearsal_context: inline   the response written in the actor's own row (rollout.py, the demo)
-                       separate every rehearsal a row of its own (separate.py), chosen in the
+                       separate every rehearsal a row of its own (rehearsal/separate.py), chosen in the
                                 format's setup (its sampler and rows)
 
 `setup(cfg, tokenizer, splits, device)` looks at these keys once and returns (fmt, setting): the
 format module and its setting (a dict). Every format module defines the same functions with the
 same signatures (INTERFACE; tests/test_layout.py checks it), each taking the setting first;
 train.py and evaluate.py call them (`fmt.rl_sample(setting, ...)`) and never branch on the format
-or the layout. What each function does: format_plain.py's docstring.
+or the layout. What each function does: formats/plain.py's docstring.
 Here too: the splits (`build_tasks`) and the tiny model's vocabulary (`tiny_words`).
 """
 from chat import setup as chat_setup

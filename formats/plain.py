@@ -3,10 +3,10 @@
 Every format module defines the same functions with the same signatures (tests/test_layout.py
 holds them to it), as the worlds share parse_call, step, replay:
 
-    format_plain.py       the toy shop (world.py), inline or separate rows: this file
-    format_uncertain.py   world: uncertain, the toy on stale logs, with its per-subset figures
-    format_choice.py      world: choice, commit prompts, the choice reward, rehearsal memory
-    format_chat.py        format: chat, a chat model on JSONL tool tasks (chat.py)
+    formats/plain.py       the toy shop (world.py), inline or separate rows: this file
+    formats/uncertain.py   world: uncertain, the toy on stale logs, with its per-subset figures
+    formats/choice.py      world: choice, commit prompts, the choice reward, rehearsal memory
+    formats/chat.py        format: chat, a chat model on JSONL tool tasks (chat/format.py)
 
 features.choose(cfg) picks the module once; its `setup(cfg, tokenizer, splits, device)` returns the
 `setting`, a dict of what the other functions read (the tags, the logged data, the layout, the

@@ -1,5 +1,5 @@
-"""`world: uncertain` (world_uncertain.py: stale logs for some items): the toy's plain format
-(format_plain.py) on the stale logs, with its own figures per subset of items (uncertain /
+"""`world: uncertain` (experiments/uncertain.py: stale logs for some items): the toy's plain format
+(formats/plain.py) on the stale logs, with its own figures per subset of items (uncertain /
 faithful): every RL step and evaluation the world model's probability of the true price, the RL
 batch's sampled price fidelity and collusion counts, and at evaluation the success per subset of
 test tasks and in an imagined world sampled at T = 1. Same functions as every format module."""

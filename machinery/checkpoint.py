@@ -99,17 +99,28 @@ def file_in_the_way(folder):
 
 
 def write_file(path, text, mode="w"):
-    """Write (mode "a": append) `text` to `path`, its folder made first; CheckpointError naming the
-    path if refused (a file in the way, no permission, a full disk)."""
-    blocker = file_in_the_way(os.path.dirname(path) or ".")
+    """Write `text` to `path`, its folder made first: mode "w" whole, through a temporary file in
+    the same folder renamed over `path`, so that a signal or a full disk never leaves it
+    half-written and its earlier version stays until the new one is complete; mode "a" appends.
+    CheckpointError naming the path if refused (a file in the way, no permission, a full disk)."""
+    folder = os.path.dirname(path) or "."
+    blocker = file_in_the_way(folder)
     if blocker:
         raise CheckpointError(f"cannot write {path}: {blocker} is a file, not a folder")
+    target = path if mode == "a" else os.path.join(folder, ".tmp." + os.path.basename(path))
     try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, mode) as f:
-            f.write(text)
+        os.makedirs(folder, exist_ok=True)
+        try:
+            with open(target, mode) as f:
+                f.write(text)
+            if target != path:
+                os.replace(target, path)
+        except BaseException:             # refused or interrupted: no temporary file left
+            if target != path:
+                _remove(target)
+            raise
     except OSError as e:
-        raise CheckpointError(f"cannot write {path}: {why(e, os.path.dirname(path) or '.')}") from None
+        raise CheckpointError(f"cannot write {path}: {why(e, folder)}") from None
 
 
 def _remove(path):

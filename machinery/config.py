@@ -22,6 +22,7 @@ appears in the returned dict (so the resolved config a run saves as out_dir/conf
 its own), and it cannot be given as an override. The checks across keys (n_embd / n_head, the
 keys format: chat needs, ...) apply to the final config only: a base need not run by itself.
 """
+import argparse
 import difflib
 import math
 import os
@@ -38,10 +39,10 @@ DEFAULTS = {
     # data: tasks from the toy world (world.py), generated from data_seed
     "data_seed": 0, "n_logged": 3000, "n_new_logged": 20, "n_rl_tasks": 4000, "n_test": 500,
     "snippet_repeats": 20, "coverage": 1.0,
-    # world: toy (world.py, the demo) | uncertain (world_uncertain.py: the logs of uncertain_items
+    # world: toy (world.py, the demo) | uncertain (experiments/uncertain.py: the logs of uncertain_items
     # items stale with probability stale_rate, a world the policy must learn from reward)
     "world": "toy", "uncertain_items": 8, "stale_rate": 0.65,
-    # | choice (world_choice.py: buy the cheapest of choice_items items (choice_kind items) or of
+    # | choice (experiments/choice.py: buy the cheapest of choice_items items (choice_kind items) or of
     # choice_items options `Q ITEM` (costs: Q * price), one real call per task;
     # the committed episode reads a rehearsal memory of 0..memory_max imagined episodes; the
     # warm start's synthetic imagined prices are wrong with probability memory_noise)
@@ -64,11 +65,11 @@ DEFAULTS = {
     # test-time private rehearsal in evaluation (rehearse.py): imagined episodes per task
     "rehearsal_budget": 0, "rehearsal_mode": "parallel", "imagine_temperature": 1.0,
 
-    # --- chat format (chat.py)
+    # --- chat format (chat/format.py)
     # format: plain (the toy's tags) | chat (the model's chat template, JSON tool calls;
     # tasks_file etc. then hold chat JSONL); judge_model: a causal LM scoring task checklists
     "format": "plain", "judge_model": "",
-    # a task's own executor (env "MODULE:CLASS", executor.py): a tool call running longer than
+    # a task's own executor (env "MODULE:CLASS", chat/executor.py): a tool call running longer than
     # tool_timeout seconds is an error response
     "tool_timeout": 10.0,
     # think (Qwen3-style templates): keep (the actor's think text stays in the sequence, as
@@ -77,7 +78,7 @@ DEFAULTS = {
     # optional JSONL files replacing the generated splits (plain: taskfiles.read_jsonl; chat: chat
     # JSONL, tasks_file required)
     "tasks_file": "", "test_file": "", "logged_file": "",
-    # --- rehearsal layout (separate.py)
+    # --- rehearsal layout (rehearsal/separate.py)
     # where rehearsals are written: inline (in the actor's own sequence) or separate (a row of
     # their own, prompt: tool signature, grounding_examples logged examples (chat: the task's own
     # examples), dialogue, call);
@@ -87,7 +88,7 @@ DEFAULTS = {
     # KL to the warm start on REHEARSE tokens (kl_coef is the one on ACT tokens); a form check on
     # every rehearsed response (rehearse.check_rehearsal)
     "kl_rehearse_coef": 0.0, "rehearse_check": False,
-    # --- big models (distributed.py)
+    # --- big models (machinery/distributed.py)
     # model_init random = the architecture of `model` with random weights (a smoke test of a real
     # size); gradient_checkpointing recomputes layers in backward; fsdp shards under torchrun
     "model_init": "pretrained", "gradient_checkpointing": False, "fsdp": False,
@@ -119,6 +120,14 @@ UNIT = {"coverage", "top_p", "min_fidelity", "stale_rate", "memory_noise"}   # i
 
 class ConfigError(Exception):
     """A user mistake in a config, override, path or data file: one line, exit code 2."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for the scripts' command lines, a mistake in one as one line: a ConfigError (the
+    caller prints `error: ...`, exit 2) in place of argparse's usage block and its exit."""
+
+    def error(self, message):
+        raise ConfigError(f"{message} (--help lists the options)")
 
 
 def check_value(key, value):
@@ -227,8 +236,8 @@ def load_config(path, overrides=()):
         key, text = arg[2:].split("=", 1)
         if key == "base":
             raise ConfigError(f"'{arg}': base is not an override; write `base: FILE` in a config file")
-        try:
-            value = yaml.safe_load(text)
+        try:          # a text key takes the text as written: --logged_file= is "", --out_dir=2024 a name
+            value = text if isinstance(DEFAULTS.get(key), str) or not text else yaml.safe_load(text)
         except yaml.YAMLError:
             value = text
         cfg[key] = check_value(key, value)
@@ -252,9 +261,9 @@ def load_config(path, overrides=()):
 
 
 def check_choice(cfg):
-    """What `world: choice` (world_choice.py) can run: the plain format, inline rehearsal, its own
+    """What `world: choice` (experiments/choice.py) can run: the plain format, inline rehearsal, its own
     generated tasks, 2 to 4 items per task, and its own private rehearsal (the memory sweep of
-    world_choice.py), not evaluate.py's vote."""
+    experiments/choice.py), not evaluate.py's vote."""
     if cfg["world"] != "choice":
         return
     if cfg["format"] != "plain" or cfg["rehearsal_context"] != "inline":
@@ -267,7 +276,7 @@ def check_choice(cfg):
         raise ConfigError(f"world: choice generates its own tasks: remove {', '.join(files)}")
     if cfg["rehearsal_budget"]:
         raise ConfigError("world: choice measures private rehearsal with its rehearsal memory "
-                          "(python choice_sweep.py --ckpt RUN), not evaluate.py's vote: set rehearsal_budget: 0")
+                          "(python -m experiments.choice_sweep --ckpt RUN), not evaluate.py's vote: set rehearsal_budget: 0")
 
 
 def check_splits(cfg, splits):
@@ -311,7 +320,7 @@ def check_format(cfg):
     if cfg["model"] == "tiny":
         raise ConfigError("format: chat needs model: a local path or hub name whose tokenizer has a chat template")
     if not cfg["tasks_file"]:
-        raise ConfigError("format: chat needs tasks_file: a chat JSONL task file (see chat_tasks.py)")
+        raise ConfigError("format: chat needs tasks_file: a chat JSONL task file (see chat/tasks.py)")
     if cfg["rehearsal_budget"]:
         raise ConfigError("test-time private rehearsal (rehearsal_budget) is not built for format: chat")
     if cfg["rehearse_check"]:

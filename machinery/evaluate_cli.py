@@ -4,14 +4,14 @@
     python evaluate.py --ckpt out/small --sweep         # private rehearsal at N = 0, 1, 2, 4
     python evaluate.py --ckpt out/small --coverage      # fidelity by warm-start coverage
     python evaluate.py --ckpt out/small --collusion     # the imagined-world measures only
-    python evaluate.py --oracle --test_file=F --out_dir=D   # no model (oracle.py)
+    python evaluate.py --oracle --test_file=F --out_dir=D   # no model: D/oracle.json (benchmarks/oracle.py)
 
 evaluate.py's `__main__` runs this file as a script, so that evaluate.py holds the evaluation itself
 and imports run one way (this file imports evaluate.py, never the reverse). Bad input is one line:
-no checkpoint (exit 2), a bad override (2), broken weights (1), an unwritable result (2); anything
-unexpected one line naming the phase (1; --debug: the traceback too).
+no checkpoint (exit 2), a bad option or override (2), broken weights (1), an unwritable result (2);
+Ctrl-C or SIGTERM (130, nothing written); anything unexpected one line naming the phase (1;
+--debug: the traceback too).
 """
-import argparse
 import json
 import os
 import sys
@@ -21,11 +21,11 @@ import torch
 from formats import features
 from benchmarks import oracle
 from machinery.checkpoint import find_checkpoint, load_policy, write_file
-from machinery.config import ConfigError, check_lengths, load_config
+from machinery.config import ArgumentParser, ConfigError, check_lengths, load_config
 from machinery.distributed import pick_device
 from envace import NonFiniteError
 from evaluate import evaluate, imagined_summary, summary
-from machinery.faults import error_line
+from machinery.faults import StopRequest, error_line
 
 
 def rehearsal_sweep(model, tokenizer, tasks, cfg, fmt, setting, rehearsers, budgets=(0, 1, 2, 4),
@@ -64,7 +64,7 @@ def write(folder, name, value):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt", help="a run folder of train.py, or a checkpoint in it")
     parser.add_argument("--n_test", type=int, default=None, help="evaluate on the first N test tasks")
     parser.add_argument("--rehearser", help="a checkpoint that plays the world in private rehearsal")
@@ -76,18 +76,27 @@ def main(argv=None):
     parser.add_argument("--collusion", action="store_true",
                         help="only the imagined-world measures (collusion), into <ckpt>/collusion.json")
     parser.add_argument("--oracle", action="store_true",
-                        help="no model: replay each task's gold calls (--test_file=F --out_dir=D; oracle.py)")
+                        help="no model: replay each task's gold calls (--test_file=F --out_dir=D; benchmarks/oracle.py)")
     parser.add_argument("--debug", action="store_true", help="an unexpected error's full traceback too")
-    args, overrides = parser.parse_known_args(argv)
+    try:
+        args, overrides = parser.parse_known_args(argv)     # (--help prints and exits 0 here)
+        model_options = [f"--{k}" for k in ("ckpt", "n_test", "rehearser", "sweep", "coverage", "collusion")
+                         if getattr(args, k) not in (None, False)]
+        if args.oracle and model_options:
+            raise ConfigError(f"--oracle replays gold calls with no model: it takes no {', '.join(model_options)}")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.oracle:
         return oracle.main(overrides)
     phase = ["loading the checkpoint"]
     try:
-        return run_main(args, overrides, phase)
+        with StopRequest(immediate=True):         # SIGTERM too: KeyboardInterrupt at once
+            return run_main(args, overrides, phase)
     except KeyboardInterrupt:
         print(f"\ninterrupted during {phase[0]}: no result written", file=sys.stderr)
         return 130
-    except Exception as e:             # user code, a tokenizer, a library: one line naming the phase
+    except (Exception, SystemExit) as e:   # user code (raising or exiting), a tokenizer, a library: one line
         print(error_line(e, phase[0], args.debug), file=sys.stderr)
         return 1
 
@@ -96,7 +105,7 @@ def run_main(args, overrides, phase):
     """main's body: ConfigError exits 2, NonFiniteError 1, each one line; phase[0] names the phase."""
     try:
         if not args.ckpt:
-            raise ConfigError("give --ckpt <run folder> (runs are compared by experiments.py --compare)")
+            raise ConfigError("give --ckpt <run folder> (runs are compared by experiments/compare.py --compare)")
         if args.n_test is not None and args.n_test < 1:
             raise ConfigError(f"--n_test must be at least 1, got {args.n_test}")
         cfg, model, tokenizer, tasks, fmt, setting, rehearser = load_run(args.ckpt, overrides, args.rehearser)

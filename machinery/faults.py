@@ -5,8 +5,9 @@ wrong, so that the paper's path reads without it:
 
     exit_status(body, phase, debug)   runs train.py's body and turns what it raises into one line
                                       and an exit status: 0 done (or interrupted during RL: saved),
-                                      1 a failure (non-finite training, an unexpected exception:
-                                      the phase named; --debug adds the traceback), 2 a bad config
+                                      1 a failure (non-finite training, an unexpected exception or
+                                      user code calling sys.exit: the phase named; --debug adds
+                                      the traceback), 2 a bad config
                                       or input (ConfigError), 130 interrupted outside the RL loop
     StopRequest                       SIGINT/SIGTERM as a flag the RL loop checks between steps,
                                       or at once (`immediate`) outside it
@@ -121,7 +122,7 @@ def exit_status(body, phase, debug=False):
         return 130
     except RankFailed as e:            # rank 0 failed alone (a save, its evaluation): it says why
         return 2 if e.config else 1
-    except Exception as e:
+    except (Exception, SystemExit) as e:           # SystemExit: user code (a check, a tool's module) exiting
         print("\n" + error_line(e, phase["name"], debug), file=sys.stderr)
         return 1
     finally:

@@ -1,9 +1,9 @@
 """Task files: the toy world's splits as JSONL, and JSONL tasks or logged trajectories read back.
 
-    python taskfiles.py --export data/toy          # rl.jsonl, test.jsonl, logged.jsonl
-    python chat.py --export data/toy_chat          # the same tasks in the chat format
+    python -m machinery.taskfiles --export data/toy          # rl.jsonl, test.jsonl, logged.jsonl
+    python -m chat.format --export data/toy_chat          # the same tasks in the chat format
 
-A config's tasks_file / test_file / logged_file replace the generated splits (features.py). Every
+A config's tasks_file / test_file / logged_file replace the generated splits (formats/features.py). Every
 line is checked before anything trains; a bad one is a DataError naming its file, line and field.
 
 What a line may hold (plain format):
@@ -124,7 +124,7 @@ def export(out_dir, seed=0, n_logged=3000, n_new_logged=20, n_rl=4000, n_test=50
 
 
 def export_main(export_fn, what="JSONL files"):
-    """The command line of an export: python taskfiles.py --export DIR [--seed S] [--n N]."""
+    """The command line of an export: python -m machinery.taskfiles --export DIR [--seed S] [--n N]."""
     import argparse
     parser = argparse.ArgumentParser(description=f"Export the toy world's tasks as {what}.")
     parser.add_argument("--export", required=True, metavar="DIR")

@@ -20,7 +20,7 @@ to the actor: it reads what its imagination showed and acts. Here:
 The words the memory adds to the toy vocabulary are MEMORY_WORDS (model: tiny would need them in
 features.tiny_words).
 
-Where it is used (docs/imagination.md): world_choice.py (`world: choice`), a task family where an
+Where it is used (docs/imagination.md): experiments/choice.py (`world: choice`), a task family where an
 imagined outcome tells the actor what it did not know when it chose (buy the cheapest of three
 items with one real call per task): the actor is trained to read the memory there (a warm start
 on commit episodes with synthetic memories, then RL in which the current policy's imagined

@@ -310,9 +310,9 @@ def test_a_prompt_that_does_not_fit_max_tokens_is_one_line(base, bfcl_dir):
 def test_oracle_scores_every_base_task_through_evaluate(bfcl_dir, tmp_path, capsys):
     out = tmp_path / "oracle"
     assert evaluate_cli.main(["--oracle", f"--test_file={bfcl_dir / 'multi_turn_base.jsonl'}", f"--out_dir={out}"]) == 0
-    result = json.loads((out / "eval.json").read_text())
+    result = json.loads((out / "oracle.json").read_text())
     assert (result["success"], result["n_tasks"], result["executed_tasks"], result["failures"]) == (1.0, 200, 200, [])
-    assert capsys.readouterr().out.strip() == f"oracle success 1.000 on 200 replayed of 200 tasks; written to {out / 'eval.json'}"
+    assert capsys.readouterr().out.strip() == f"oracle success 1.000 on 200 replayed of 200 tasks; written to {out / 'oracle.json'}"
 
 
 def test_oracle_lists_a_failing_task_and_refuses_a_file_it_cannot_replay(base, tmp_path, capsys):
@@ -328,7 +328,7 @@ def test_oracle_lists_a_failing_task_and_refuses_a_file_it_cannot_replay(base, t
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == (f"{path} line 2: reward 0.000 (first error response "
                           "{\"error\": \"cd: 'nowhere': No such file or directory\"})")
-    result = json.loads((tmp_path / "o" / "eval.json").read_text())
+    result = json.loads((tmp_path / "o" / "oracle.json").read_text())
     assert (result["success"], result["executed_tasks"]) == (0.5, 2)
     plain = tmp_path / "plain.jsonl"
     plain.write_text(json.dumps({k: row[k] for k in ("messages", "tools")} | {"answer": "7"}) + "\n")

@@ -1,4 +1,4 @@
-"""Config loading and checking (config.py: load_config and its bases, check_value; train.py:
+"""Config loading and checking (machinery/config.py: load_config and its bases, check_value; train.py:
 main's error path).
 
 No test here runs a training: every main() call gets a config that fails to load."""

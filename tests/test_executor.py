@@ -1,4 +1,4 @@
-"""Executors for chat tasks (executor.py, chat_tasks.py `env`): a tiny bank of the tests' own, loaded from
+"""Executors for chat tasks (chat/executor.py, chat/tasks.py `env`): a tiny bank of the tests' own, loaded from
 a file next to the task file; its calls, state, errors, refusals and time limit; bad specs and
 env_config; then real-mode sampling, fidelity, collusion and train.py / evaluate.py with it."""
 from machinery import metrics

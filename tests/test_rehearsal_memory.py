@@ -1,4 +1,4 @@
-"""rehearsal_memory.py: the self-assessment rule (its precedence) and the memory format, exactly,
+"""rehearsal/memory.py: the self-assessment rule (its precedence) and the memory format, exactly,
 and that the toy tokenizer with MEMORY_WORDS reads a memory word by word (no <unk>)."""
 import pytest
 

@@ -1,4 +1,4 @@
-"""world_choice.py (`world: choice`): which items a task names and which is right, the held-out
+"""experiments/choice.py (`world: choice`): which items a task names and which is right, the held-out
 test item sets, the budget rule (the first real act decides the episode), how the logs and the
 warm start's memories are made, the memory format in the committed prompt (role PROMPT, never
 trained), the self-assessment rule in context, and the N sweep: imagination never calls the real

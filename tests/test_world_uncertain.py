@@ -1,4 +1,4 @@
-"""world: uncertain (world_uncertain.py): which items are uncertain, how the stale logs are made,
+"""world: uncertain (experiments/uncertain.py): which items are uncertain, how the stale logs are made,
 that the real world and the RL/test tasks are the demo's, the truth probe, the per-subset
 measures, collusion told apart from a stale price, the config key, and the paired bootstrap."""
 import os

@@ -291,6 +291,23 @@ def test_report_pools_seeds_and_tasks(tmp_path):
     assert paired == ["| rl | policy | parallel | 1 | 1 | 0 | - | - | - |  |"]
 
 
+
+def test_report_sets_each_model_against_the_warm_start_at_the_same_n(tmp_path):
+    """One seed, two tasks: the warm start gets [1, 0] at N = 0 and [1, 1] with a memory, the RL
+    model the reverse, so RL - warm start is +0.500 at N = 0 and -0.500 at every N > 0."""
+    import json
+    for model, zero, more in (("warmstart", [1.0, 0.0], [1.0, 1.0]), ("rl", [1.0, 1.0], [1.0, 0.0])):
+        rows = [{"rehearser": "policy", "mode": "parallel", "budget": n, "task_rewards": zero if n == 0 else more}
+                for n in wc.BUDGETS]
+        (tmp_path / f"sweep_{model}-seed1.json").write_text(json.dumps(rows))
+    text = choice_sweep.report(str(tmp_path))
+    row = [line for line in text.splitlines() if line.startswith("| rl - warm start |")]
+    assert len(row) == 1
+    cells = row[0].split(" | ")
+    assert cells[1:3] == ["policy", "parallel"] and cells[3].startswith("+0.500 [")
+    assert all(c.startswith("-0.500 [") for c in cells[4:])
+    assert not any(line.startswith("| warmstart - warm start") for line in text.splitlines())
+
 def test_cost_buckets():
     # 3 fig (12) vs 5 apple (15): both two digits, gap 3; 2 milk (4) vs 3 apple (9): one digit each
     assert choice_sweep.cost_bucket(wc.choice_task(["fig", "apple"], [3, 5])) == ("both two digits", "gap 3+")

@@ -22,7 +22,7 @@ Each figure is the median of --repeats timings (min-max alongside), each timing 
 --min_seconds of work (a call repeated), after one warm-up; every ratio comes from this one run.
 Peak memory: the process's peak resident size on CPU, torch's peak allocation on CUDA. On CUDA the
 train step also reports MFU (6 x parameters x tokens / time against --peak_tflops) and the peak
-against distributed.memory_estimate. JSON to --out.
+against distributed.memory_estimate. JSON to --out (default out/bench.json).
 """
 import argparse
 import json
@@ -326,7 +326,7 @@ def main(argv=None):
     parser.add_argument("--min_seconds", type=float, default=1.0)
     parser.add_argument("--peak_tflops", type=float, default=None,
                         help="for MFU: the device's dense peak (default on CUDA: 989, an H200 in bf16)")
-    parser.add_argument("--out", default="bench.json")
+    parser.add_argument("--out", default="out/bench.json")
     args = parser.parse_args(argv)
     cuda = args.device.startswith("cuda")
     args.size = args.size or ("1.7b" if cuda else "tiny")
@@ -348,6 +348,7 @@ def main(argv=None):
         results[name] = {"model": model_name, "parameters": n_params, "rows": len(w["prompts"]), **res}
         print(table(name, model_name, res, w, n_params), flush=True)
         del model
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     return 0

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The experiment behind the README's Results: every arm over the seeds, the private-rehearsal
-# sweep, then the comparison table and figures.
-#   bash configs/run_all.sh                 # writes results/ (about 45 min on 2 CPU cores, 3 seeds)
-#   SEEDS="1" bash configs/run_all.sh out   # one seed, another folder
-#   SEEDS="1 2 3 4 5" ARMS="rehearse real frozen act_only" SWEEP=0 PARALLEL=1 bash configs/run_all.sh results_demo5
+# The toy world's arms over the seeds, the private-rehearsal sweep, then the comparison table and
+# figures (experiments/compare.py --compare).
+#   bash configs/run_all.sh [RESULTS]       # all six arms, seeds 1-3, the sweep (default RESULTS: out/toy)
+#   SEEDS="1" bash configs/run_all.sh       # one seed (about 15 min on 2 quiet CPU cores)
+#   SEEDS="1 2 3 4 5" ARMS="rehearse real frozen act_only" SWEEP=0 PARALLEL=1 bash configs/run_all.sh results/toy_rehearse-real-frozen-act_only_seeds1-5
+#                                           # made the experiment in results/ (92 min on 2 CPU cores);
+#                                           # python -m experiments.compare --compare FOLDER remakes its tables
 # Each seed's warm start is trained once (configs/warmstart.yaml) and every RL arm starts from it;
 # the coverage arm trains its own, on the data it is allowed to see. ARMS picks the arms (default
 # all six), SWEEP=0 skips the sweep; PARALLEL=1 runs a seed's arms at once and NICE=15 runs every
@@ -12,7 +14,7 @@
 # not redone (a second call continues with what is left).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-R=${1:-results}
+R=${1:-out/toy}
 run() { nice -n "${NICE:-0}" python "$@"; }
 [ -n "${PARALLEL:-}${NICE:-}" ] && export OMP_NUM_THREADS=1
 mkdir -p "$R"

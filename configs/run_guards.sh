@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The guard comparison: which guard keeps the rehearsed world honest (fidelity per tool kind,
 # collusion rate) at the least cost in real-world success? Every arm over 3 seeds, 200 RL steps.
-#   bash configs/run_guards.sh                     # results_guards/ (about 60 min on 2 CPU cores)
-#   SEEDS="1" bash configs/run_guards.sh out_g     # one seed, another folder
+#   bash configs/run_guards.sh [RESULTS]           # default RESULTS: out/guards
+#   SEEDS="1" bash configs/run_guards.sh out/g1    # one seed, another folder
 # Run configs/run_all.sh first: the inline arms start from its warm start of each seed (WS, default
-# results/warmstart) and its `real` arm is copied (the real world has nothing to collude with).
+# out/toy/warmstart) and its `real` arm is copied (the real world has nothing to collude with).
 # The separate-layout arms need their own warm starts (their rehearse prompts differ). JOBS runs
 # at the same time (default 2, one per core; OMP_NUM_THREADS=1 each).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-R=${1:-results_guards}
-WS=${WS:-results/warmstart}
+R=${1:-out/guards}
+WS=${WS:-out/toy/warmstart}
 SEEDS=${SEEDS:-1 2 3}
 export OMP_NUM_THREADS=1
 run() {   # run CONFIG SEED [WARM_START]: one arm, a failure (e.g. the fidelity gate) reported, not fatal

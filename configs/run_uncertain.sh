@@ -4,15 +4,17 @@
 # from it: rehearse (EnvACE), frozen (the warm start plays the world), act_only (rehearse_coef 0),
 # real (the real world answers). After each seed, the tables, the paired bootstrap and the
 # figure of what is there (experiments/compare.py --uncertain), so results land seed by seed.
-#   bash configs/run_uncertain.sh [RESULTS]              # seeds 1 2 3 4 5
+#   bash configs/run_uncertain.sh [RESULTS]              # seeds 1 2 3 4 5 (default RESULTS: out/uncertain)
 #   SEEDS=1 bash configs/run_uncertain.sh                 # the reduced variant
+#   PARALLEL=1 bash configs/run_uncertain.sh results/uncertain_rehearse-real-frozen-act_only_seeds1-5
+#                                 # made the experiment in results/; experiments/compare.py --uncertain FOLDER remakes its tables
 # NICE=15 runs every step under `nice -n 15` (a shared machine); PARALLEL=1 runs a seed's four
 # arms at once; either one sets OMP_NUM_THREADS=1; each arm's output goes to $R/ARM-seedS.log.
 # A run whose eval.json exists is kept, not redone (a second call continues with the seeds left);
 # $R/timing.log gets each seed's start, end and seconds; each finished run gets lookups.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-R=${1:-results_uncertain}
+R=${1:-out/uncertain}
 run() { nice -n "${NICE:-0}" python "$@"; }
 # one thread per process on a shared machine: measured here, the warm start under nice -n 15 ran at
 # 0.02-0.03 steps/s with torch's default 2 threads and ~4.7 steps/s with one

@@ -171,7 +171,8 @@ def sweep_line(r):
 def report(folder):
     """The tables and the figure of `folder` (configs/run_choice.sh's results): per model (the warm
     start, the RL model), rehearser and mode, success at each N, mean and 95% interval from the
-    paired bootstrap over seeds and test tasks, and the difference to N = 0. Writes
+    paired bootstrap over seeds and test tasks, and the difference to N = 0; each other model
+    against the warm start at the same N; tasks fixed and broken against N = 0. Writes
     FOLDER/results.md and FOLDER/choice.png; returns the markdown."""
     runs = {}
     for path in sorted(glob.glob(os.path.join(folder, "sweep_*-seed*.json"))):
@@ -190,6 +191,33 @@ def report(folder):
                      + " | ".join(cell(rewards[n], rewards[0]) if n in rewards else "-" for n in BUDGETS[1:]) + " |")
         curves[f"{model}, {rehearser} rehearses, {mode}"] = [paired_bootstrap(rewards[n])[:3] for n in BUDGETS
                                                              if n in rewards]
+    lines += ["", "Against the warm start at the same N (paired over seeds and test tasks, 95%; the warm start "
+              "imagining with itself, in the same mode):", "",
+              "| model - warm start | rehearser | mode | " + " | ".join(f"N = {n}" for n in BUDGETS) + " |",
+              "|" + "---|" * (3 + len(BUDGETS))]
+    for (model, rehearser, mode), by_n in sorted(runs.items()):
+        base = runs.get(("warmstart", "policy", mode))
+        if model == "warmstart" or base is None:
+            continue
+        lines.append(f"| {model} - warm start | {rehearser} | {mode} | " + " | ".join(
+            cell({s: r["task_rewards"] for s, r in by_n[n].items()}, {s: r["task_rewards"] for s, r in base[n].items()})
+            if n in by_n and n in base and sorted(by_n[n]) == sorted(base[n]) else "-" for n in BUDGETS) + " |")
+    lines += ["", "Seed by seed: success at N = 0 and N = 4 (the model imagining with itself); from train.py's "
+              "evaluation of the model (eval_MODEL-seedS.json), greedy imagined success on the explore prompt and "
+              "would-rehearse fidelity.", "",
+              "| model | seed | N = 0 | N = 4, parallel | N = 4, sequential | imagined success | fidelity |",
+              "|" + "---|" * 7]
+    for model in sorted({m for m, _, _ in runs}):
+        for seed in sorted({s for (m, _, _), by_n in runs.items() if m == model for r in by_n.values() for s in r}):
+            def success(mode, n):
+                r = runs.get((model, "policy", mode), {}).get(n, {}).get(seed, {})
+                return f"{r['success']:.3f}" if "success" in r else "-"
+            path = os.path.join(folder, f"eval_{model}-seed{seed}.json")
+            e = json.load(open(path)) if os.path.isfile(path) else {}
+            imagined = f"{e['imagined_success']:.3f}" if "imagined_success" in e else "-"
+            fid = ", ".join(f"{k} {v:.3f}" for k, v in sorted(e.get("fidelity", {}).items())) or "-"
+            lines.append(f"| {model} | {seed} | {success('parallel', 0)} | {success('parallel', 4)} | "
+                         f"{success('sequential', 4)} | {imagined} | {fid} |")
     lines += ["", "Paired against N = 0, summed over seeds: tasks N = 0 got wrong and N = k right (fixed), and the "
               "reverse (broken); the committed choice by kind of memory (its good imagined episodes' majority "
               "right / wrong / none): committed right of tasks; imagined responses' fidelity.", "",

@@ -1,11 +1,12 @@
 """Experiments: comparing runs of every arm and seed, the tables and figures of the README.
 
-    python -m experiments.compare --compare results          # results/results.md, success.png, ...
-    python -m experiments.compare --compare results_guards   # the guard comparison
+    python -m experiments.compare --compare results/toy_rehearse-real-frozen-act_only_seeds1-5
+                              # FOLDER/results.md, success.png, honesty.png (docs/results.md)
+    python -m experiments.compare --uncertain results/uncertain_rehearse-real-frozen-act_only_seeds1-5
+                              # FOLDER/results.md, uncertain.png (world: uncertain, docs/uncertain.md)
     python evaluate.py --ckpt out/small --sweep      # the private-rehearsal sweep of one run
-    python -m experiments.compare --uncertain results_uncertain   # world: uncertain (docs/uncertain.md)
 
-`compare` reads results/<arm>/<seed>/{eval.json, metrics.jsonl} (written by train.py; see
+`compare` reads FOLDER/<arm>/<seed>/{eval.json, metrics.jsonl} (written by train.py; see
 configs/run_all.sh) and writes a markdown table of real-world success per arm (mean and
 min-max over seeds), fidelity by warm-start coverage, the honesty table (collusion and
 fidelity), and the figures. `uncertain` does the same for the `world: uncertain` runs
@@ -352,7 +353,7 @@ def uncertain_runs(results):
     return evals, lines, subsets
 
 
-def uncertain_tables(evals, subsets, pairs=(("rehearse", "frozen"), ("rehearse", "act_only"),
+def uncertain_tables(evals, subsets, pairs=(("rehearse", "warmstart"), ("rehearse", "frozen"), ("rehearse", "act_only"),
                                             ("real", "rehearse"), ("act_only", "frozen"))):
     """The markdown tables of the world: uncertain experiment: per arm, success with its 95%
     interval on all test tasks and on each subset, and the world's probability of the truth after
@@ -378,6 +379,24 @@ def uncertain_tables(evals, subsets, pairs=(("rehearse", "frozen"), ("rehearse",
             lines.append(f"| {a} - {b} | " + " | ".join(
                 cell(outcomes(a, sub), outcomes(b, sub)) for sub in (None, "uncertain", "faithful")) + " |")
     return "\n".join(lines)
+
+
+def uncertain_seed_table(evals, subsets):
+    """Per arm, seed by seed (in folder order, seed1 first): real-world success, the policy's
+    p(true price) on the uncertain items at the end, and the uncertain-item test tasks whose named
+    items the actor looked up (a count, from lookups.json; "-" where a file is missing)."""
+    n = sum(k == "uncertain" for k in subsets)
+    rows = ["| arm | seeds | success per seed | p(true) uncertain per seed | "
+            f"uncertain-item tasks (of {n}) with their items looked up, per seed |", "|---" * 5 + "|"]
+    for arm, runs in evals.items():
+        seeds = sorted(runs)
+        success = [f"{runs[s]['success']:.3f}" if "success" in runs[s] else "-" for s in seeds]
+        truth = [runs[s].get("extras", {}).get("truth", {}).get("uncertain", {}).get("p_true") for s in seeds]
+        seen = [str(sum(v for v, k in zip(runs[s]["lookups"]["looked_up"], subsets) if k == "uncertain"))
+                if "lookups" in runs[s] else "-" for s in seeds]
+        rows.append(f"| {arm} | {len(seeds)} | {' / '.join(success)} | "
+                    + " / ".join("-" if t is None else f"{t:.3f}" for t in truth) + f" | {' / '.join(seen)} |")
+    return "\n".join(rows)
 
 
 def uncertain_lookup_table(evals, subsets, pairs=(("rehearse", "frozen"), ("rehearse", "act_only"),
@@ -497,12 +516,13 @@ def plot_uncertain(lines, path):
 
 
 def uncertain(results):
-    """Write <results>/results.md (uncertain_tables, uncertain_family_table, uncertain_lookup_table,
-    uncertain_collusion_table) and <results>/uncertain.png (plot_uncertain)."""
+    """Write <results>/results.md (uncertain_tables, uncertain_seed_table, uncertain_family_table,
+    uncertain_lookup_table, uncertain_collusion_table) and <results>/uncertain.png (plot_uncertain)."""
     evals, lines, subsets = uncertain_runs(results)
     if not evals and not lines:
         raise FileNotFoundError(f"no runs (<arm>/<seed>/eval.json) under {results}")
-    text = uncertain_tables(evals, subsets) + "\n\nreal-world success per task family\n\n" + uncertain_family_table(evals)
+    text = (uncertain_tables(evals, subsets) + "\n\nseed by seed\n\n" + uncertain_seed_table(evals, subsets)
+            + "\n\nreal-world success per task family\n\n" + uncertain_family_table(evals))
     lookups = uncertain_lookup_table(evals, subsets)
     text += "\n\nthe items the actor looked up (real world, greedy; experiments/uncertain_report.py --lookups)\n\n" + lookups if lookups else ""
     collusion = uncertain_collusion_table(lines)

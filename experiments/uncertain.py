@@ -1,7 +1,8 @@
 """`world: uncertain`: the toy shop with stale logs, a world the policy must learn from reward.
 
-The paper's claims (2) "training the world role jointly helps" and (3) "EnvACE beats a fixed
-simulator" can only show where the warm-started world model is wrong. In the toy demo it is not
+The paper's claim (3), that a world model trained in the policy's own weights beats one not
+trained with it (a frozen simulator, or the world role left untrained; docs/results.md), can only
+show where the warm-started world model is wrong. In the toy demo it is not
 (fidelity 0.99-1.00). Here it is, in the way logged traffic goes wrong in practice: the logs of
 some items are STALE, written before a price change.
 

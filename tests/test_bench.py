@@ -49,6 +49,16 @@ def test_bench_writes_every_figure_of_both_workloads(tmp_path):
     assert result["chat"]["sampler_real"]["tokens"] > result["chat"]["sampler_rehearse"]["tokens"] / 2
 
 
+
+def test_bench_json_goes_under_out_by_default(tmp_path, monkeypatch):
+    """Without --out the JSON goes to out/bench.json (a git-ignored folder, made if missing), so a
+    run from the repository root leaves nothing untracked beside the code."""
+    monkeypatch.chdir(tmp_path)
+    assert bench.main(["--workload", "toy", "--tasks", "1", "--group_size", "2", "--repeats", "1",
+                       "--min_seconds", "0", "--ckpt", ""]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert json.loads((tmp_path / "out" / "bench.json").read_text())["toy"]["rows"] == 2
+
 def test_the_gpu_scripts_qwen3_path_runs_on_cpu_at_a_tiny_shape(tmp_path):
     out = tmp_path / "bench.json"
     assert bench.main(["--workload", "chat", "--size", "qwen3-tiny", "--tasks", "1", "--group_size", "2",

@@ -291,6 +291,39 @@ def test_report_pools_seeds_and_tasks(tmp_path):
     assert paired == ["| rl | policy | parallel | 1 | 1 | 0 | - | - | - |  |"]
 
 
+
+def test_report_sets_each_model_against_the_warm_start_at_the_same_n(tmp_path):
+    """One seed, two tasks: the warm start gets [1, 0] at N = 0 and [1, 1] with a memory, the RL
+    model the reverse, so RL - warm start is +0.500 at N = 0 and -0.500 at every N > 0."""
+    import json
+    for model, zero, more in (("warmstart", [1.0, 0.0], [1.0, 1.0]), ("rl", [1.0, 1.0], [1.0, 0.0])):
+        rows = [{"rehearser": "policy", "mode": "parallel", "budget": n, "task_rewards": zero if n == 0 else more}
+                for n in wc.BUDGETS]
+        (tmp_path / f"sweep_{model}-seed1.json").write_text(json.dumps(rows))
+    text = choice_sweep.report(str(tmp_path))
+    row = [line for line in text.splitlines() if line.startswith("| rl - warm start |")]
+    assert len(row) == 1
+    cells = row[0].split(" | ")
+    assert cells[1:3] == ["policy", "parallel"] and cells[3].startswith("+0.500 [")
+    assert all(c.startswith("-0.500 [") for c in cells[4:])
+    assert not any(line.startswith("| warmstart - warm start") for line in text.splitlines())
+
+
+def test_report_lists_each_seed_with_its_evaluation(tmp_path):
+    """Seed by seed: N = 0 and N = 4 success from the sweep rows, imagined success and fidelity from
+    eval_MODEL-seedS.json; '-' where the sweep row has no success or the eval file is missing."""
+    import json
+    rows = [{"rehearser": "policy", "mode": mode, "budget": n, "task_rewards": [1.0, 0.0],
+             "success": {0: 0.5, 4: 0.75 if mode == "parallel" else 0.625}.get(n, 0.5)}
+            for mode in ("parallel", "sequential") for n in wc.BUDGETS]
+    (tmp_path / "sweep_warmstart-seed3.json").write_text(json.dumps(rows))
+    (tmp_path / "sweep_rl-seed3.json").write_text(json.dumps([{k: v for k, v in r.items() if k != "success"} for r in rows]))
+    (tmp_path / "eval_warmstart-seed3.json").write_text(json.dumps({"imagined_success": 0.8,
+                                                                     "fidelity": {"lookup": 1.0, "compute": 0.25}}))
+    lines = choice_sweep.report(str(tmp_path)).splitlines()
+    assert "| warmstart | 3 | 0.500 | 0.750 | 0.625 | 0.800 | compute 0.250, lookup 1.000 |" in lines
+    assert "| rl | 3 | - | - | - | - | - |" in lines
+
 def test_cost_buckets():
     # 3 fig (12) vs 5 apple (15): both two digits, gap 3; 2 milk (4) vs 3 apple (9): one digit each
     assert choice_sweep.cost_bucket(wc.choice_task(["fig", "apple"], [3, 5])) == ("both two digits", "gap 3+")

@@ -326,6 +326,20 @@ def test_the_lookup_table_reads_lookups_json_beside_eval_json(tmp_path):
     assert "| rehearse - frozen | +0.000 [+0.000, +0.000] |" in text       # the reward's table: no difference
 
 
+
+def test_the_seed_table_counts_uncertain_item_lookups_seed_by_seed():
+    """Per seed: success, p(true) on the uncertain items, and how many uncertain-item tasks had their
+    items looked up: seed1 looks up tasks 0, 2, 3, of which 0 and 3 are uncertain-item tasks (2 of
+    the 3); seed2 looks up 2 and 3 (1 of 3) and has no truth probe ("-")."""
+    subsets = ["uncertain", "uncertain", "faithful", "uncertain"]
+    evals = {"rehearse": {"seed1": {"success": 0.5, "extras": {"truth": {"uncertain": {"p_true": 0.9}}},
+                                    "lookups": {"looked_up": [1, 0, 1, 1]}},
+                          "seed2": {"success": 1.0, "lookups": {"looked_up": [0, 0, 1, 1]}}},
+             "frozen": {"seed1": {"success": 0.25}}}
+    lines = experiments.uncertain_seed_table(evals, subsets).splitlines()
+    assert "(of 3)" in lines[0]
+    assert lines[2:] == ["| rehearse | 2 | 0.500 / 1.000 | 0.900 / - | 2 / 1 |", "| frozen | 1 | 0.250 | - | - |"]
+
 def test_the_report_cli_names_a_missing_run_in_one_line(tmp_path):
     import subprocess
     import sys

@@ -415,7 +415,7 @@ def test_a_tiny_random_qwen2_runs_the_tau2_path_end_to_end_and_scores_0(small, t
     cfg.write_text(f"format: chat\nmodel: {tmp_path / 'qwen'}\ntasks_file: {tasks}\nout_dir: {tmp_path / 'run'}\n"
                    "sft_steps: 0\nrl_steps: 1\ntasks_per_step: 2\ngroup_size: 2\nmax_act_tokens: 6\n"
                    "max_env_tokens: 6\nmax_tokens: 16384\nmicro_batch_tokens: 40000\nmin_fidelity: 0.0\n"
-                   "n_collusion: 1\n")
+                   "n_collusion: 0\n")
     assert train.main(["--config", str(cfg)]) == 0
     result = json.load(open(tmp_path / "run" / "eval.json"))
     assert result["executed_tasks"] == result["n_tasks"] == 2

@@ -298,7 +298,7 @@ def grade(task, episode):
     not used, so a rehearsed episode is graded by what the real environment does). No `done`: 0
     (tau2 ends a solo run without one as an agent error). tau2's limits: 0 once DEFAULT_MAX_ERRORS
     calls have failed or DEFAULT_MAX_STEPS steps (a call and its response are two) are reached.
-    A grader that raises (an env assertion can): 0."""
+    A grader that raises: 0 (tau2's runner, told to skip failed runs, scores one 0)."""
     b = backend()
     t = b.Task.model_validate(task["env_config"]["task"])
     calls = [json.loads(c) for c in episode["calls"]]
@@ -312,7 +312,7 @@ def grade(task, episode):
         return {"reward": 0.0, "why": f"{n} calls before done: tau2 stops at {b.max_steps} steps"}
     try:
         reward, why = tau2_reward(t, messages)
-    except Exception as e:             # tau2's own code raised: its harness scores such a run 0
+    except Exception as e:             # tau2's own code raised: tau2's runner can score such a run 0
         return {"reward": 0.0, "why": f"tau2's grader raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
     return {"reward": reward, "why": why}
 

@@ -289,7 +289,7 @@ def tau2_reference():
     evaluate_simulation(EvaluationType.ALL) with tau2's registry (which imports every agent, so
     litellm) stood in for by the one constructor it looks up for telecom, tau2's own. Yields
     official(task_json, calls) -> (reward, the system prompt and tool schemas the agent was given);
-    a run or a scoring that raises is 0 (tau2's runner scores a failed run 0). The tau2 modules
+    a run or a scoring that raises is 0 (as tau2's runner with skip_failed_samples). The tau2 modules
     imported here are removed afterwards."""
     from tau2.data_model.message import AssistantMessage, ToolCall
     from tau2.domains.telecom.environment import get_environment_manual_policy

@@ -120,7 +120,8 @@ CHAT_CORPUS = ["\n".join(CHAT_WORDS), " ".join(CHAT_WORDS), '{"name": "price", "
                '{"type": "function", "function": {"name": "mul", "parameters": {}}}\n', "0123456789"]
 
 
-def chat_tokenizer(template=CHAT_TEMPLATE, specials=CHAT_SPECIALS, eos="<|im_end|>", bos=None, corpus=CHAT_CORPUS):
+def chat_tokenizer(template=CHAT_TEMPLATE, specials=CHAT_SPECIALS, eos="<|im_end|>", bos=None, corpus=CHAT_CORPUS,
+                   vocab_size=1000):
     """A small byte-level BPE with Qwen's pre-tokenizer, special tokens (the first is the pad) and a
     chat template (Hermes-style by default), trained on a fixed corpus (deterministic)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -130,7 +131,7 @@ def chat_tokenizer(template=CHAT_TEMPLATE, specials=CHAT_SPECIALS, eos="<|im_end
         pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=specials, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(corpus * 20, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=specials[0],

@@ -48,8 +48,12 @@ NOT_RUN = [
     # an experiment's every arm and seed: hours of training here
     (r"\bbash (\S*/)?run_\w+\.sh\b", "trains every arm and seed of an experiment (hours)"),
     # real models: weights not here, a GPU
-    (r"^python (\S*/)?train\.py --config (\S*/)?(bfcl-)?qwen3-", "a real Qwen3 model on a GPU"),
-    (r"^python (\S*/)?evaluate\.py --ckpt (\S*/)?bfcl-qwen3-", "the checkpoint of the GPU run above"),
+    (r"^python (\S*/)?train\.py --config (\S*/)?(bfcl-|tau2-)?qwen3-", "a real Qwen3 model on a GPU"),
+    (r"^python (\S*/)?evaluate\.py --ckpt (\S*/)?(bfcl-|tau2-)?qwen3-", "the checkpoint of the GPU run above"),
+    # speed: timed repeats, minutes each on 2 CPU cores (tests/test_bench.py runs bench.py on tiny settings)
+    (r"^(OMP_NUM_THREADS=\d+ )?python bench\.py ", "a timed benchmark (minutes of repeats)"),
+    # the checkpoints of run_choice.sh's runs (the repo keeps their reports, not checkpoints)
+    (r"^python -m experiments\.choice_sweep --ckpt RUN", "loads a checkpoint of run_choice.sh (not in the repo)"),
     # the runs of run_uncertain.sh: the repo keeps their tables and eval.json files, not checkpoints;
     # experiments/compare.py --uncertain on results_uncertain2's 20 runs took 131 s here (2 CPU cores)
     (r"^python -m experiments\.compare --uncertain ", "reads the runs of run_uncertain.sh (131 s on 20 runs)"),
@@ -226,7 +230,8 @@ def check_parses(words, capsys, where):
         check_python(words[1:], capsys, where)
     else:
         pytest.fail(f"{where}: cannot check {words[0]} commands; run it or give a rule for it")
-    assert not env or words[0] == "bash", f"{where}: variables set for a command that is not a bash script"
+    assert not env or words[0] == "bash" or env == ["OMP_NUM_THREADS=1"], \
+        f"{where}: variables set for a command that is not a bash script"
 
 
 DOCS = all_commands()

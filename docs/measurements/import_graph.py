@@ -1,6 +1,7 @@
 """The import graph of the repository's modules and its cycles.
 
-    python docs/measurements/import_graph.py [ROOT]      # ROOT: the repository root (default .)
+    python docs/measurements/import_graph.py [ROOT]          # ROOT: the repository root (default .)
+    python docs/measurements/import_graph.py --sizes [ROOT]  # lines a file and its longest functions
 
 Every *.py under ROOT except tests/, docs/, out/ and results/ is a module, named by its path
 (`chat/reward.py` -> `chat.reward`, a package's `__init__.py` by its folder). An import names the
@@ -82,8 +83,21 @@ def cycles(graph):
     return sorted(groups)
 
 
+def sizes(known):
+    """Per module: its lines and its three longest functions (def line to last line), a reader's guide."""
+    for name, path in sorted(known.items()):
+        src = open(path).read()
+        funcs = sorted(((n.end_lineno - n.lineno + 1, n.name) for n in ast.walk(ast.parse(src))
+                        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), reverse=True)[:3]
+        print(f"{name}: {src.count(chr(10))} lines; longest: {', '.join(f'{f} {n}' for n, f in funcs) or '-'}")
+
+
 if __name__ == "__main__":
-    root = sys.argv[1] if len(sys.argv) > 1 else "."
+    args = [a for a in sys.argv[1:] if a != "--sizes"]
+    root = args[0] if args else "."
+    if "--sizes" in sys.argv:
+        sizes(modules(root))
+        sys.exit(0)
     known = modules(root)
     graph = {m: imports(m, p, known) for m, p in sorted(known.items())}
     for m, deps in graph.items():

@@ -266,3 +266,20 @@ def test_decoder_rows_fed_runs_of_different_lengths_match_a_plain_forward():
                 worst = max(worst, (logits[j] - plain).abs().max().item() / tol)
     assert dec.cache.layers[0].buffers[0].shape[-2] > 64           # the cache grew past its first buffer
     assert worst <= 1.0, worst                                     # largest error, in units of tol
+
+
+def test_segments_exactly_at_their_token_limit_pass_one_more_is_cut():
+    """max_env_tokens=4: a rehearsed response of exactly 4 tokens is read ('1 2 3 4' -> '1234'),
+    a 5th token ends the row (env_limit) right after it; the same for the actor at
+    max_act_tokens=4 ('answer 1 2 3' passes, 'answer 1 2 3 4' is act_limit at its 4)."""
+    exact = "<act> price apple </act> <env> 1 2 3 4 </env> <act> answer 1 2 3 </act>"
+    env_over = "<act> price milk </act> <env> 1 2 3 4 5 </env> <act> answer 1 </act>"
+    act_over = "<act> answer 1 2 3 4 </act>"
+    eps = run([exact, env_over, act_over], ["price apple", "price milk", "price egg"],
+              max_act_tokens=4, max_env_tokens=4)
+    assert [(e["cause"], e["responses"], e["answer"]) for e in eps] == [
+        ("answer", ["1234"], "123"), ("env_limit", [], None), ("act_limit", [], None)]
+    assert words(eps[0]["ids"]) == "<bos> price apple " + exact
+    assert words(eps[1]["ids"]) == "<bos> price milk <act> price milk </act> <env> 1 2 3 4 5"
+    assert eps[1]["roles"][-5:] == [R] * 5
+    assert words(eps[2]["ids"]) == "<bos> price egg <act> answer 1 2 3 4"

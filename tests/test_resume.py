@@ -176,3 +176,45 @@ def test_overwrite_removes_an_earlier_ckpt_old_that_resume_would_pick(tmp_path):
     checkpoint.save_warm_start(tiny_llama(tok, seed=2), tok, cfg)
     assert sorted(os.listdir(out)) == ["warmstart"]
     assert checkpoint.warm_start_to_resume(cfg) == os.path.join(out, "warmstart")
+
+
+def _two_rank_runs(rank, world_size, init_file, root):
+    """One gloo rank (as under torchrun): a 2-step run, and a 1-step run resumed to 2 steps."""
+    import datetime
+    from pathlib import Path
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=120))    # a lost rank fails, never hangs
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    features.task_reward = lambda e, t: float(len(e["ids"]) % 2)        # as parity_reward
+    small = {"sft_steps": 2, "n_test": 2, "kl_coef": 0.05, "save_every": 0}
+    assert train.run(tiny_cfg(Path(root) / "whole", rl_steps=2, **small)) == 0
+    part = tiny_cfg(Path(root) / "part", rl_steps=1, **small)
+    assert train.run(part) == 0
+    assert train.run({**part, "rl_steps": 2}, resume=True) == 0
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_two_rank_run_stopped_and_resumed_matches_the_uninterrupted_one(tmp_path):
+    """2 gloo ranks, each sampling its slice of the tasks with its own generator: stopped after
+    step 1 and resumed, each rank must take back its own saved stream (rank 1 continuing rank
+    0's, or a fresh one, samples other episodes). The resumed run writes the same metrics as the
+    uninterrupted one (both ranks' episodes), the same weights and the same RNG states: the same
+    operations in the same order on one machine, so equal exactly, as in the one-process test."""
+    import torch.multiprocessing as mp
+    mp.spawn(_two_rank_runs, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    whole, part = ({"out_dir": str(tmp_path / name / "run")} for name in ("whole", "part"))
+    expected, got = metrics(whole), metrics(part)
+    assert [m["step"] for m in got] == [1, 2]
+    assert [m["status"] for m in expected] == ["updated"] * 2
+    assert got == expected
+    a = checkpoint.load_policy(os.path.join(whole["out_dir"], "ckpt"))[0].state_dict()
+    b = checkpoint.load_policy(os.path.join(part["out_dir"], "ckpt"))[0].state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    states = [torch.load(os.path.join(c["out_dir"], "ckpt", "trainer_state.pt"), weights_only=False)
+              for c in (whole, part)]
+    for s, t in zip(*(state["rngs"] for state in states)):
+        assert torch.equal(s["generator"], t["generator"]) and torch.equal(s["torch"], t["torch"])
+    assert not torch.equal(states[0]["rngs"][0]["generator"], states[0]["rngs"][1]["generator"])

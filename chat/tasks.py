@@ -45,7 +45,7 @@ def check_value(value, schema, path="arguments"):
     kinds = [kinds] if isinstance(kinds, str) else (kinds or [])
     if kinds and not any(_is_type(value, k) for k in kinds):
         return f"{path} must be {' or '.join(kinds)}, got {json.dumps(value)}"
-    if "enum" in schema and value not in schema["enum"]:
+    if "enum" in schema and not any(_same_json(value, e) for e in schema["enum"]):
         return f"{path} must be one of {schema['enum']}, got {json.dumps(value)}"
     if isinstance(value, dict):
         props = schema.get("properties", {})
@@ -98,6 +98,18 @@ def check_schema(schema, path="parameters"):
     if "items" in schema:
         return check_schema(schema["items"], f"{path}.items")
     return None
+
+
+def _same_json(a, b):
+    """JSON equality (an enum's test): numbers by value (1 == 1.0), but true is not 1 and false
+    not 0, which Python's == (and `in`) would take as equal; lists in order, objects by key."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(_same_json, a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return set(a) == set(b) and all(_same_json(a[k], b[k]) for k in a)
+    return a == b
 
 
 def _is_type(value, kind):

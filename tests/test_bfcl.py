@@ -235,6 +235,37 @@ def test_check_agrees_with_the_official_checker_on_perturbed_trajectories(base):
     assert sum(seen["dropped call"]) < 14 and sum(seen["wrong argument"]) < len(seen["wrong argument"])
 
 
+
+def test_missing_results_counts_duplicates_and_leaves_the_model_results_alone():
+    """Each model result covers one ground-truth result: two equal ground-truth results need two
+    equal model results; the model's list is not consumed (a later turn reads it whole again)."""
+    model = ["a", "b"]
+    assert bfcl.missing_results(["a", "a"], model) == ["a"]
+    assert bfcl.missing_results(["a", "b", "a"], ["b", "a"]) == ["a"]
+    assert bfcl.missing_results(["a", "a"], ["a", "b", "a"]) == []
+    assert bfcl.missing_results(["a"], ["a", "a"]) == []
+    assert bfcl.missing_results(["a", "b"], model) == [] and bfcl.missing_results(["a", "b"], model) == []
+    assert model == ["a", "b"]
+
+
+def test_check_with_duplicate_results_agrees_with_the_official_checker(base):
+    """Task 0 with its third turn's ground truth sorting the report twice (the same result twice):
+    the model sorting it once misses one (fails), twice passes. And with the last turn's ground
+    truth ending with that sort too: the model's one sort of turn 2 is among its results in turn 3
+    as well (the official checker reads all results so far, each turn anew): it passes."""
+    t = base[0]
+    sort = {"name": "sort", "arguments": {"file_name": "final_report.pdf"}}
+    twice = {**t, "gold_calls": t["gold_calls"][:2] + [[sort, sort]] + t["gold_calls"][3:]}
+    episode = gold_episode(t)                          # one sort in turn 2
+    doubled = gold_episode(twice)
+    assert [json.loads(c)["name"] for c in doubled["calls"]].count("sort") == 2
+    assert bfcl.mismatch(twice, episode).startswith("turn 2: the ground truth's result '{\"sorted_content\"")
+    assert (bfcl.check(twice, episode), official(twice, episode)) == (0.0, 0.0)
+    assert (bfcl.check(twice, doubled), official(twice, doubled)) == (1.0, 1.0)
+    again = {**t, "gold_calls": t["gold_calls"][:3] + [t["gold_calls"][3] + [sort]]}
+    assert bfcl.mismatch(again, episode) is None
+    assert official(again, episode) == 1.0
+
 def test_a_parameter_the_ground_truth_breaks_also_takes_its_type(base):
     t = base[173]                            # close_ticket(ticket_id='ticket_001'), documented integer
     close = next(x for x in t["tools"] if x["function"]["name"] == "close_ticket")["function"]["parameters"]

@@ -152,6 +152,19 @@ def test_schema_types_enum_required_and_additional_properties():
     assert chat_tasks.check_value({"city": "Rome"}, SCHEMAS["find"]) == "arguments.tags is required"
 
 
+
+def test_schema_enum_compares_json_values():
+    """An enum holds JSON values: a number matches by value (100.0 is 100), never a different one
+    (101), and true is not 1 nor false 0 (Python's `in` says they are); a quoted string is not
+    the string (the schema check does not normalise)."""
+    level = {"enum": [100, 0, "Paris", [1, 2]]}
+    for ok in (100, 100.0, 0, "Paris", [1, 2], [1.0, 2]):
+        assert chat_tasks.check_value(ok, level) is None, ok
+    for bad in (101, 99.999, True, False, '"Paris"', "paris", [1, True], [2, 1]):
+        assert chat_tasks.check_value(bad, level) == (f"arguments must be one of [100, 0, 'Paris', [1, 2]], "
+                                                      f"got {json.dumps(bad)}"), bad
+    assert chat_tasks.check_value(1, {"enum": [True]}) is not None
+
 # ----------------------------------------------------------------------------- episodes
 
 class Script(torch.nn.Module):
@@ -241,6 +254,20 @@ def test_answer_match_normalises_strings_and_numbers():
         assert chat_reward.answer_match(a, b), (a, b)
     for a, b in (("7", "6"), ("apple", "apples"), ("6 coins", "6")):
         assert not chat_reward.answer_match(a, b), (a, b)
+
+
+def test_answer_match_tolerance_is_relative_and_tiny_and_quotes_are_dropped():
+    """Numbers match within 1e-9 of the expected value's size (at least 1e-9): 101 is not 100, nor
+    2,000,000,003 two billion; 2,000,000,000.5 is (a float's rounding there). Quotes and a final
+    period around an answer go, on both sides, for strings and numbers; quotes inside stay."""
+    for a, b in (('"Paris"', "paris"), ("'42'", "42"), ('"42."', "42.0"), ("Paris", "'Paris'"),
+                 ("2000000000.5", "2000000000"), ("1e-10", "0"), ("100", "100.0000000001")):
+        assert chat_reward.answer_match(a, b), (a, b)
+    for a, b in (("101", "100"), ("100", "101"), ("2000000003", "2000000000"), ("1e-8", "0"), ("0.5", "0"),
+                 ('"Pa"ris"', "paris"), ("'Rome'", "Paris")):
+        assert not chat_reward.answer_match(a, b), (a, b)
+    assert chat_reward.value_match(2000000000.5, 2000000000) and chat_reward.value_match(100.0, 100)
+    assert not chat_reward.value_match(101, 100) and not chat_reward.value_match(2000000003, 2000000000)
 
 
 def test_tool_call_match_is_ast_style():

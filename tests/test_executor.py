@@ -108,6 +108,55 @@ def test_a_call_past_the_time_limit_is_an_error_response(bank_dir):
     assert executor.call_tool(bank, call("slow", seconds=0.0), TOOLS, 5.0) == "done"
 
 
+
+
+def run_script(tmp_path, body):
+    """Run `body` (Python, executor importable) as a script of its own: (exit status, stdout,
+    stderr). The 60 s limit only guards the suite against a hang (a failure, not a timing)."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    (tmp_path / "script.py").write_text(f"import sys\nsys.path.insert(0, {root!r})\nimport executor\n" + body)
+    done = subprocess.run([sys.executable, str(tmp_path / "script.py")], capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_a_tool_that_hangs_does_not_keep_the_process_alive(tmp_path):
+    """The time limit answers an error and leaves the call running in its thread; that thread
+    must not keep the process alive once the run is over (a daemon thread): a script calling a
+    tool that never returns prints the time-out response and exits 0 at once."""
+    assert run_script(tmp_path, """
+import threading
+
+
+class Stuck:
+    def wait(self):
+        threading.Event().wait()          # never returns
+
+
+print(executor.call_tool(Stuck(), {"name": "wait", "arguments": {}}, ("wait",), 0.2))
+""") == (0, '{"error": "TimeoutError: wait took longer than 0.2 s"}\n', "")
+
+
+def test_a_tool_that_exits_gives_an_error_response(tmp_path):
+    """sys.exit() inside a tool (SystemExit is no Exception) ends its thread with neither a value
+    nor an error: the call answers an error response at once, prints nothing else, and the
+    process and the instance go on (a second call, then the script's own last line)."""
+    assert run_script(tmp_path, """
+class Quitter:
+    calls = 0
+
+    def quit(self, code):
+        self.calls += 1
+        sys.exit(code)
+
+
+tool = Quitter()
+for code in (0, 3):
+    print(executor.call_tool(tool, {"name": "quit", "arguments": {"code": code}}, ("quit",), 30.0))
+print("still running after", tool.calls, "calls")
+""") == (0, '{"error": "RuntimeError: quit ended without a result"}\n' * 2 + "still running after 2 calls\n", "")
+
 def test_normalised_responses():
     assert executor.same_response('{"b": 1,  "a": [2, 3]}', '{"a": [2, 3], "b": 1}')
     assert executor.same_response(" 6\n", "6") and executor.same_response("sunny ", "sunny")

@@ -108,3 +108,113 @@ def test_a_signal_during_rl_saves_and_exits_zero_then_resumes(tmp_path, signum):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resumed from {cfg['out_dir']}/ckpt at step {step}" in resumed.stdout
     assert [json.loads(line)["step"] for line in open(metrics_file)] == list(range(1, step + 2))
+
+
+def test_resume_restores_every_rng_of_its_own_rank(tmp_path):
+    """save_state keeps the python, numpy and torch global RNGs, the sampler's generator and the
+    task RNG; rl_state on --resume restores them, each rank its own entry of the saved list: the
+    draws after the restore are exactly the draws that followed the save, whatever was drawn in
+    between. The saved list is made three ranks long by hand (ranks 0 and 2: other states)."""
+    import random
+    import numpy as np
+    tok, cfg = toy_tokenizer(), tiny_cfg(tmp_path)
+    model = tiny_llama(tok)
+    opt = torch.optim.AdamW(model.parameters())
+    random.seed(11), np.random.seed(12), torch.manual_seed(13)
+    generator, task_rng = torch.Generator().manual_seed(14), random.Random(15)
+    checkpoint.save_state(cfg["out_dir"], model, tok, opt, 7, yaml.safe_dump(cfg), {"skipped_steps": 2},
+                          generator, task_rng)
+
+    def draws(generator, task_rng):
+        return (random.random(), float(np.random.rand()), torch.rand(1).item(),
+                torch.rand(1, generator=generator).item(), task_rng.random())
+    expected = draws(generator, task_rng)
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    _, _, state = checkpoint.load_state(cfg, "cpu", 1)
+    theirs = [{"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+               "generator": torch.Generator().manual_seed(seed).get_state(), "cuda": []} for seed in (98, 99)]
+    state["rngs"] = [theirs[0], state["rngs"][0], theirs[1]]   # this process is rank 1 of 3
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    _, generator, task_rng, progress, first_step = checkpoint.rl_state(
+        model, tok, cfg, state, None, 1, lambda *a: None, {})
+    assert (first_step, progress["skipped_steps"]) == (8, 2)
+    assert draws(generator, task_rng) == expected
+
+
+def test_each_rank_draws_its_own_sampler_stream_and_the_same_tasks(tmp_path):
+    """A new run's RL state: the sampler's generator differs per rank (rank 1 sampling rank 0's
+    stream would give both ranks the same samples of a task), the task RNG is the same on every
+    rank (every rank draws the same global batch, then takes its slice); both follow the seed."""
+    tok = toy_tokenizer()
+    model = tiny_llama(tok)
+
+    def streams(seed, rank):
+        cfg = tiny_cfg(tmp_path / f"s{seed}r{rank}", seed=seed)
+        _, generator, task_rng, _, _ = checkpoint.rl_state(model, tok, cfg, None, {"success": 0.0}, rank,
+                                                           lambda *a: None, {})
+        return torch.rand(4, generator=generator).tolist(), task_rng.random()
+    (g0, t0), (g1, t1), (g0_again, _), (g0_seed2, t0_seed2) = (streams(1, 0), streams(1, 1), streams(1, 0),
+                                                                 streams(2, 0))
+    assert g0 == g0_again and t0 == t1
+    assert g0 != g1 and g0_seed2 not in (g0, g1) and t0_seed2 != t0
+    rank1_seed2 = streams(2, 1)[0]
+    assert rank1_seed2 not in (g0, g1, g0_seed2)                # no two (seed, rank) share a stream
+
+
+def test_overwrite_removes_an_earlier_ckpt_old_that_resume_would_pick(tmp_path):
+    """An earlier run in out_dir crashed between save_checkpoint's renames: its checkpoint is
+    ckpt.old. A run started over with --overwrite saves its warm start and is interrupted in the
+    evaluation: --resume must continue that warm start, so the earlier ckpt.old is gone with the
+    earlier ckpt (else warm_start_to_resume returns None and load_state resumes ckpt.old)."""
+    tok = toy_tokenizer()
+    cfg = tiny_cfg(tmp_path)
+    out = cfg["out_dir"]
+    save_checkpoint(tiny_llama(tok, seed=1), tok, os.path.join(out, "ckpt"), {"config.yaml": yaml.safe_dump(cfg)},
+                    {"step": 9})
+    os.replace(os.path.join(out, "ckpt"), os.path.join(out, "ckpt.old"))
+    assert find_checkpoint(os.path.join(out, "ckpt"), state=True) == os.path.join(out, "ckpt.old")
+    checkpoint.save_warm_start(tiny_llama(tok, seed=2), tok, cfg)
+    assert sorted(os.listdir(out)) == ["warmstart"]
+    assert checkpoint.warm_start_to_resume(cfg) == os.path.join(out, "warmstart")
+
+
+def _two_rank_runs(rank, world_size, init_file, root):
+    """One gloo rank (as under torchrun): a 2-step run, and a 1-step run resumed to 2 steps."""
+    import datetime
+    from pathlib import Path
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=120))    # a lost rank fails, never hangs
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    features.task_reward = lambda e, t: float(len(e["ids"]) % 2)        # as parity_reward
+    small = {"sft_steps": 2, "n_test": 2, "kl_coef": 0.05, "save_every": 0}
+    assert train.run(tiny_cfg(Path(root) / "whole", rl_steps=2, **small)) == 0
+    part = tiny_cfg(Path(root) / "part", rl_steps=1, **small)
+    assert train.run(part) == 0
+    assert train.run({**part, "rl_steps": 2}, resume=True) == 0
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_two_rank_run_stopped_and_resumed_matches_the_uninterrupted_one(tmp_path):
+    """2 gloo ranks, each sampling its slice of the tasks with its own generator: stopped after
+    step 1 and resumed, each rank must take back its own saved stream (rank 1 continuing rank
+    0's, or a fresh one, samples other episodes). The resumed run writes the same metrics as the
+    uninterrupted one (both ranks' episodes), the same weights and the same RNG states: the same
+    operations in the same order on one machine, so equal exactly, as in the one-process test."""
+    import torch.multiprocessing as mp
+    mp.spawn(_two_rank_runs, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    whole, part = ({"out_dir": str(tmp_path / name / "run")} for name in ("whole", "part"))
+    expected, got = metrics(whole), metrics(part)
+    assert [m["step"] for m in got] == [1, 2]
+    assert [m["status"] for m in expected] == ["updated"] * 2
+    assert got == expected
+    a = checkpoint.load_policy(os.path.join(whole["out_dir"], "ckpt"))[0].state_dict()
+    b = checkpoint.load_policy(os.path.join(part["out_dir"], "ckpt"))[0].state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    states = [torch.load(os.path.join(c["out_dir"], "ckpt", "trainer_state.pt"), weights_only=False)
+              for c in (whole, part)]
+    for s, t in zip(*(state["rngs"] for state in states)):
+        assert torch.equal(s["generator"], t["generator"]) and torch.equal(s["torch"], t["torch"])
+    assert not torch.equal(states[0]["rngs"][0]["generator"], states[0]["rngs"][1]["generator"])

@@ -200,3 +200,86 @@ def test_forced_runs_in_one_forward_match_a_full_forward():
     assert len(steps) - 1 < max(len(e["ids"]) - e["prompt_len"] for e in eps) - 10   # runs, not tokens
     assert max(shape[1] for shape in steps[1:]) >= 10            # a whole planned turn in one forward
 
+
+
+def test_growing_cache_keeps_every_step_across_its_growth():
+    """GrowingLayer's first buffer holds 64 positions (or twice the first update); past it, the
+    keys and values written so far are copied into a buffer twice as long. After any number of
+    updates its keys and values must be exactly the concatenation of everything written (copies,
+    no arithmetic: compared with torch.equal), also after rows are dropped and copied."""
+    from kvcache import GrowingLayer
+    g = torch.Generator().manual_seed(0)
+    layer, keys, values, rooms = GrowingLayer(), [], [], []
+    for n in (5, 1, 30, 28, 1, 100):                   # 5, 6, 36, 64 (full), 65 (growth), 165 (growth)
+        k, v = torch.randn(3, 2, n, 4, generator=g), torch.randn(3, 2, n, 4, generator=g)
+        keys.append(k)
+        values.append(v)
+        got_k, got_v = layer.update(k, v)
+        assert torch.equal(got_k, torch.cat(keys, -2)) and torch.equal(got_v, torch.cat(values, -2))
+        rooms.append(layer.buffers[0].shape[-2])
+    assert rooms == [64, 64, 64, 64, 130, 330]          # full at 64, then twice what is needed
+    index = torch.tensor([2, 0, 0])                    # drop row 1, copy row 0
+    layer.batch_select_indices(index)
+    k, v = torch.randn(3, 2, 200, 4, generator=g), torch.randn(3, 2, 200, 4, generator=g)
+    got_k, got_v = layer.update(k, v)                  # and grow once more after the selection
+    assert torch.equal(got_k, torch.cat([torch.cat(keys, -2)[index], k], -2))
+    assert torch.equal(got_v, torch.cat([torch.cat(values, -2)[index], v], -2))
+
+
+def test_decoder_rows_fed_runs_of_different_lengths_match_a_plain_forward():
+    """kvcache.Decoder on a RoPE model (tiny Llama), rows fed runs of different lengths per step
+    (0 to 9 ids: holes in the shorter ones), two rows copied from one shared prefix, a row dropped
+    midway, the cache grown past its first buffer: each row's next position is its own count of
+    ids, and its logits after every step equal a plain unpadded forward over its ids.
+    Tolerance: fp32 (unit roundoff u = 6e-8); the cached and the plain forward sum the same
+    products in another order (padded vs unpadded attention, other matmul shapes), an error of at
+    most one u per accumulated term, bounded by n = layers x (width + longest row) terms each of
+    size up to max|logit|: tol = n u max(1, max|logit|) (about 2e-5 here; measured 1.5e-7). The
+    attention's query/key weights are scaled by 4 so that a row read at a wrong position (RoPE)
+    moves the logits by about 1e-2, far above tol."""
+    from kvcache import Decoder
+    model = tiny_llama(TOK, seed=2)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(4.0)
+            layer.self_attn.k_proj.weight.mul_(4.0)
+    g = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randint(5, len(TOK), (n,), generator=g).tolist() for n in (5, 11, 2))
+    dec = Decoder(model, [a, b, a, c], TOK.pad_token_id)           # rows 0 and 2 share one prefill
+    rows, alive = [list(a), list(b), list(a), list(c)], [0, 1, 2, 3]
+    runs_per_step = [[1, 7, 3, 2], [4, 1, 0, 9], [2, 2, 9, 1], [0, 3, 1, 5]] * 4
+    worst, tol = 0.0, 0.0
+    for step, lengths in enumerate(runs_per_step):
+        if step == 6:                                              # row 1 leaves the cache
+            alive = [0, 2, 3]
+            dec.keep(torch.tensor([0, 2, 3]))
+        runs = [torch.randint(5, len(TOK), (lengths[r],), generator=g).tolist() for r in alive]
+        logits = dec.step(runs)
+        for j, (r, run) in enumerate(zip(alive, runs)):
+            rows[r] += run
+            assert dec.pos[j].item() == len(rows[r])               # prefix + every id it was fed
+            if run:
+                with torch.no_grad():
+                    plain = model(input_ids=torch.tensor([rows[r]])).logits[0, -1]
+                n_terms = model.config.num_hidden_layers * (model.config.hidden_size + max(map(len, rows)))
+                tol = n_terms * 2 ** -24 * max(1.0, plain.abs().max().item())
+                worst = max(worst, (logits[j] - plain).abs().max().item() / tol)
+    assert dec.cache.layers[0].buffers[0].shape[-2] > 64           # the cache grew past its first buffer
+    assert worst <= 1.0, worst                                     # largest error, in units of tol
+
+
+def test_segments_exactly_at_their_token_limit_pass_one_more_is_cut():
+    """max_env_tokens=4: a rehearsed response of exactly 4 tokens is read ('1 2 3 4' -> '1234'),
+    a 5th token ends the row (env_limit) right after it; the same for the actor at
+    max_act_tokens=4 ('answer 1 2 3' passes, 'answer 1 2 3 4' is act_limit at its 4)."""
+    exact = "<act> price apple </act> <env> 1 2 3 4 </env> <act> answer 1 2 3 </act>"
+    env_over = "<act> price milk </act> <env> 1 2 3 4 5 </env> <act> answer 1 </act>"
+    act_over = "<act> answer 1 2 3 4 </act>"
+    eps = run([exact, env_over, act_over], ["price apple", "price milk", "price egg"],
+              max_act_tokens=4, max_env_tokens=4)
+    assert [(e["cause"], e["responses"], e["answer"]) for e in eps] == [
+        ("answer", ["1234"], "123"), ("env_limit", [], None), ("act_limit", [], None)]
+    assert words(eps[0]["ids"]) == "<bos> price apple " + exact
+    assert words(eps[1]["ids"]) == "<bos> price milk <act> price milk </act> <env> 1 2 3 4 5"
+    assert eps[1]["roles"][-5:] == [R] * 5
+    assert words(eps[2]["ids"]) == "<bos> price egg <act> answer 1 2 3 4"

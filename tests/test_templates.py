@@ -16,9 +16,9 @@ from chat import reward as chat_reward
 from chat import setup as chat_setup
 from machinery import config
 import train
-from envace import ACT, PROMPT, REHEARSE, TAG, loss_mask
+from envace import ACT, OBS, PROMPT, REHEARSE, TAG, loss_mask
 from families import family_tokenizer
-from helpers import scripted_rows, tiny_qwen
+from helpers import CHAT_SPECIALS, CHAT_TEMPLATE, chat_tokenizer, scripted_rows, tiny_qwen
 from rollout import sample_episodes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -226,3 +226,52 @@ def test_warm_start_two_rl_steps_and_evaluation(case, tmp_path, monkeypatch):
     after = result.get("after", result)
     assert after["n_tasks"] == sum(after["causes"].values()) == 2 and after["executed_tasks"] == 2
     assert os.path.isdir(tmp_path / "run" / "warmstart") and os.path.isdir(tmp_path / "run" / "ckpt")
+
+
+@pytest.mark.parametrize("case", ["mistral", "hermes", "llama3"])
+def test_real_mode_forces_the_response_as_the_template_renders_it(case):
+    """Real mode: the world's response is forced (OBS), with whatever the template puts before a
+    tool result that belongs to the response's tokens (Mistral's space after '{"content":', which a
+    byte-level BPE writes as one token with the response's first character: env_lead). The sampled
+    sequence must still be the template's own rendering, token for token, and the forced tokens
+    are exactly the response's (role OBS, logprob 0)."""
+    tok, tags = setup(case)
+    prompts, worlds = chat_setup.episode_inputs(tok, tags, [pay_task()])
+    script = chat.assemble(tok, tags, prompts[0], [PAY3], ["6"], "6")["ids"][len(prompts[0]):]
+    (e,) = sample_episodes(Script(len(tok), script), tok, prompts, "real", world=worlds, tags=tags,
+                           max_act_tokens=40, max_env_tokens=8, max_tokens=400)
+    assert (e["cause"], e["responses"], e["answer"]) == ("answer", ["6"], "6")
+    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": PAY3}]}
+    rendered = chat.prompt_ids(tok, pay_task()["messages"] + [call, {"role": "tool", "content": "6"},
+                                                               {"role": "assistant", "content": "6"}], [PAY])
+    assert e["ids"] + tags["end"] == rendered
+    n = len(prompts[0])
+    forced = [t for t, r in zip(tok.convert_ids_to_tokens(e["ids"][n:]), e["roles"][n:]) if r == OBS]
+    assert forced == {"mistral": ["Ġ", "6", "}", "[/TOOL_RESULTS]"], "hermes": ["6", "Ċ", "</tool_response>"],
+                      "llama3": ["6", "<|eot_id|>"]}[case]
+    assert all(lp == 0.0 for lp, r in zip(e["logprobs"], e["roles"]) if r == OBS)
+
+
+def test_derive_keeps_a_trailing_space_of_the_tool_turn_with_the_response_not_a_newline():
+    """The tool turn's opening ends with text and a space in Mistral's template ('{"content": '):
+    the space is the response's (env_lead), not the opening's. A newline ending the opening (a
+    ChatML-style '<|im_start|>tool\\n') stays in the opening: a byte-level BPE writes it as a
+    token of its own, so the response must not start with it."""
+    fmt = setup("mistral")[1]["format"]
+    assert (fmt["act_env"], fmt["env_lead"], fmt["env_pre"]) == ('[TOOL_RESULTS] {"content":', " ", "}")
+    tool_turn = CHAT_TEMPLATE.split("{%- elif message.role == 'tool' %}")[1].split("{%- endif %}{%- endfor %}")[0]
+    chatml_tool = CHAT_TEMPLATE.replace(tool_turn, "{{- '<|im_start|>tool\\n' + message.content + '<|im_end|>\\n' }}")
+    tags = chat.chat_format(chat_tokenizer(chatml_tool))
+    fmt = tags["format"]
+    assert (fmt["act_env"], fmt["env_lead"], fmt["env_pre"], fmt["env_stop"]) == ("\n<|im_start|>tool\n", "", "", "<|im_end|>")
+
+
+def test_derive_stops_on_the_longer_of_two_special_tokens_starting_at_one_place():
+    """A vocabulary with '<|im_end|>' and '<|im_end|>\\n' (one token for the end and its newline):
+    the tokenizer writes the longer where both match, so the derived stop, the hand-offs after it
+    and the sampler's ids are the longer token's, and the whole assembly still fits."""
+    tok = chat_tokenizer(CHAT_TEMPLATE, CHAT_SPECIALS + ["<|im_end|>\n"])
+    tags = chat.chat_format(tok)
+    fmt = tags["format"]
+    assert (fmt["stop"], fmt["end"], fmt["act"]) == ("<|im_end|>\n", "", "<|im_end|>\n<|im_start|>assistant\n")
+    assert tok.convert_ids_to_tokens([tags["act_end"]]) == ["<|im_end|>\n"]

@@ -117,6 +117,55 @@ def test_sampler_logprobs_equal_the_recomputed_old_logprobs():
     assert distributed.reuse_sampler_logprobs(config.DEFAULTS, "cpu")
 
 
+
+def test_sampler_logprobs_are_reused_only_outside_bf16_autocast():
+    """The decision, asked on a CPU for every device: under bf16 autocast (CUDA with bf16: true, on
+    any CUDA device index) a cached one-token decode and a full forward round differently, so the
+    old logprobs are recomputed; in fp32 (the CPU, or CUDA with bf16: false) the sampler's are
+    reused; reuse_sampler_logprobs: false always recomputes. (torch.autocast("cuda") is built
+    without a GPU too; it only warns that it is disabled.)"""
+    import warnings
+    on, off = {**config.DEFAULTS, "bf16": True}, {**config.DEFAULTS, "bf16": False}
+    never = {**config.DEFAULTS, "bf16": False, "reuse_sampler_logprobs": False}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        decisions = {(name, device): distributed.reuse_sampler_logprobs(cfg, device)
+                     for name, cfg in (("bf16", on), ("fp32", off), ("never", never))
+                     for device in ("cpu", "cuda", "cuda:1")}
+    assert decisions == {("bf16", "cpu"): True, ("bf16", "cuda"): False, ("bf16", "cuda:1"): False,
+                         ("fp32", "cpu"): True, ("fp32", "cuda"): True, ("fp32", "cuda:1"): True,
+                         ("never", "cpu"): False, ("never", "cuda"): False, ("never", "cuda:1"): False}
+
+
+
+@pytest.mark.parametrize("device, reused", [("cpu", True), ("cuda", False)])
+def test_rl_step_takes_the_old_logprobs_the_decision_names(monkeypatch, device, reused):
+    """rl_step (run on the CPU) with the decision asked as for `device` under bf16: true. The
+    sampler's logprobs are made stale by +0.5 nat (as a bf16 decode would round them). Reused, the
+    first epoch's approx_kl = mean(old - new) over trained tokens is exactly that 0.5; recomputed
+    (the bf16 CUDA decision), old = new and approx_kl is 0 (the same forward twice: within 1e-5)."""
+    import warnings
+    model = tiny_llama(TOK)
+    eps = sample_episodes(model, TOK, PROMPTS * 2, "rehearse", max_tokens=40,
+                          generator=torch.Generator().manual_seed(3))
+    for e in eps:
+        e["logprobs"] = [lp + 0.5 if lp != 0.0 else 0.0 for lp in e["logprobs"]]
+    cfg = {**config.DEFAULTS, "bf16": True}
+    asked = []
+
+    def decision(cfg, _):
+        asked.append(device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return distributed.reuse_sampler_logprobs(cfg, device)
+    monkeypatch.setattr(train, "reuse_sampler_logprobs", decision)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    sums, status = train.rl_step(model, model, opt, eps, [float(i % 2) for i in range(8)],
+                                 [i // 2 for i in range(8)], cfg, TOK.pad_token_id)
+    assert status == "updated" and asked == [device]
+    assert sums["approx_kl"] == pytest.approx(0.5 if reused else 0.0, abs=1e-5)
+
+
 def test_role_coefficients_shape_mask_and_advantages():
     both = rehearsed_batch(config.DEFAULTS)
     act_only = rehearsed_batch({**config.DEFAULTS, "rehearse_coef": 0.0})

@@ -207,7 +207,7 @@ def test_growing_cache_keeps_every_step_across_its_growth():
     keys and values written so far are copied into a buffer twice as long. After any number of
     updates its keys and values must be exactly the concatenation of everything written (copies,
     no arithmetic: compared with torch.equal), also after rows are dropped and copied."""
-    from kvcache import GrowingLayer
+    from machinery.kvcache import GrowingLayer
     g = torch.Generator().manual_seed(0)
     layer, keys, values, rooms = GrowingLayer(), [], [], []
     for n in (5, 1, 30, 28, 1, 100):                   # 5, 6, 36, 64 (full), 65 (growth), 165 (growth)
@@ -237,7 +237,7 @@ def test_decoder_rows_fed_runs_of_different_lengths_match_a_plain_forward():
     size up to max|logit|: tol = n u max(1, max|logit|) (about 2e-5 here; measured 1.5e-7). The
     attention's query/key weights are scaled by 4 so that a row read at a wrong position (RoPE)
     moves the logits by about 1e-2, far above tol."""
-    from kvcache import Decoder
+    from machinery.kvcache import Decoder
     model = tiny_llama(TOK, seed=2)
     with torch.no_grad():
         for layer in model.model.layers:

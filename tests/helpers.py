@@ -75,6 +75,29 @@ def scripted_rows(input_ids, attention_mask, cache, identify):
     return who.long().tolist(), count.long().tolist()
 
 
+# Two float32 computations of one gradient that sum in another order (micro-batches or one batch,
+# 2 ranks or 1, gradient checkpointing or not, another CPU's kernels or thread count) differ in
+# each entry by at most about n * u * (sum of |terms|), u = 2^-24 = 6e-8, for n terms. An entry
+# here sums at most a few hundred tokens' products over a 32-64 wide model, and the sum of |terms|
+# is within a small factor of the largest entry of its tensor, so 1e-4 of that largest entry holds
+# with room; the errors these comparisons are for (a token count off by a rank's share, a loss
+# not scaled by world_size, a row left out) move entries by several percent of it.
+GRAD_TOLERANCE = 1e-4
+
+
+def assert_same_gradients(a, b, rel=GRAD_TOLERANCE):
+    """a, b: {name: gradient} of the same parameters: each tensor agrees to `rel` x its largest
+    entry (GRAD_TOLERANCE says why); returns the largest such ratio seen, for a test's message."""
+    assert set(a) == set(b)
+    worst = 0.0
+    for name, x in a.items():
+        scale = x.abs().max().item()
+        err = (x - b[name]).abs().max().item()
+        assert err <= rel * scale, f"{name}: max difference {err:.3g}, {err / max(scale, 1e-30):.3g} of its largest entry"
+        worst = max(worst, err / max(scale, 1e-30))
+    return worst
+
+
 def tiny_cfg(tmp_path, **kw):
     return {**DEFAULTS, "out_dir": str(tmp_path / "run"), "n_layer": 2, "n_embd": 32,
             "n_head": 2, "n_logged": 40, "n_new_logged": 2, "n_rl_tasks": 40, "n_test": 16,

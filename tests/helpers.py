@@ -95,6 +95,7 @@ def assert_same_gradients(a, b, rel=GRAD_TOLERANCE):
         err = (x - b[name]).abs().max().item()
         assert err <= rel * scale, f"{name}: max difference {err:.3g}, {err / max(scale, 1e-30):.3g} of its largest entry"
         worst = max(worst, err / max(scale, 1e-30))
+    print(f"gradients agree to {worst:.2g} of each tensor's largest entry (tolerance {rel:g})")
     return worst
 
 

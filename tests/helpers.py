@@ -85,6 +85,14 @@ def scripted_rows(input_ids, attention_mask, cache, identify):
 GRAD_TOLERANCE = 1e-4
 
 
+# A logprob is a logit minus a logsumexp, |value| < 10 here (V <= 1000, logits of size ~1): float32
+# holds it to 1e-6, and its logits, sums over a 32-64 wide hidden state, differ by reduction order
+# (a one-token cached decode against a full forward, a sliced LM head) by a few units of that.
+# 1e-5 holds with room; a position or a cache row out of place moves logprobs by far more (the
+# position tests show it on their own model: helpers.assert_sampled_logprobs_match_a_forward).
+LOGPROB_TOLERANCE = 1e-5
+
+
 def assert_same_gradients(a, b, rel=GRAD_TOLERANCE):
     """a, b: {name: gradient} of the same parameters: each tensor agrees to `rel` x its largest
     entry (GRAD_TOLERANCE says why); returns the largest such ratio seen, for a test's message."""

@@ -3,6 +3,7 @@ the chat format, a Qwen-style byte-level BPE with a Hermes-style chat template a
 from types import SimpleNamespace
 
 import torch
+import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import world
@@ -14,11 +15,18 @@ def toy_tokenizer():
     return build_tokenizer(world.WORDS)
 
 
-def tiny_llama(tokenizer, seed=0, layers=2, width=32):
+# Random weights at 10x transformers' default init (0.02): attention scores of order 1, so a
+# token's rotary position changes the logits by ~0.1 (a gap of one position moves sampled logprobs
+# by more than 100 x LOGPROB_TOLERANCE); at 0.02 attention is near uniform and hides positions.
+POSITION_INIT = 0.2
+
+
+def tiny_llama(tokenizer, seed=0, layers=2, width=32, init_range=0.02):
+    """A random Llama (RoPE) for the toy tokenizer; init_range=POSITION_INIT where positions matter."""
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=width, intermediate_size=2 * width,
                          num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2,
-                         max_position_embeddings=256, tie_word_embeddings=True)
+                         max_position_embeddings=256, tie_word_embeddings=True, initializer_range=init_range)
     return LlamaForCausalLM(config).eval()
 
 
@@ -171,13 +179,14 @@ def chat_tokenizer(template=CHAT_TEMPLATE, specials=CHAT_SPECIALS, eos="<|im_end
     return fast
 
 
-def tiny_qwen(tokenizer, path=None, seed=0, layers=2, width=64):
-    """A random 2-layer Qwen2 for the chat tokenizer; saved with the tokenizer if `path` is given."""
+def tiny_qwen(tokenizer, path=None, seed=0, layers=2, width=64, init_range=0.02):
+    """A random 2-layer Qwen2 (RoPE) for the chat tokenizer; saved with the tokenizer if `path` is
+    given; init_range=POSITION_INIT where positions matter."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(seed)
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=width, intermediate_size=2 * width,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=2048, tie_word_embeddings=True,
+                         max_position_embeddings=2048, tie_word_embeddings=True, initializer_range=init_range,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     model = Qwen2ForCausalLM(config).eval()
     if path is not None:
@@ -186,20 +195,44 @@ def tiny_qwen(tokenizer, path=None, seed=0, layers=2, width=64):
     return model
 
 
-def assert_rehearse_logprobs_match_a_forward(model, rows, pad_id):
-    """Sampled rehearse rows: every sampled logprob equals a full teacher-forced forward's (1e-5)."""
-    from envace import REHEARSE, collate, token_logprobs
-    ids, _ = collate(rows, pad_id)
+def assert_sampled_logprobs_match_a_forward(model, episodes, pad_id, temperature=1.0):
+    """KV-cached sampling against the simple path: every logprob the sampler recorded for a token
+    it sampled (role ACT or REHEARSE, logprob not 0: forced ids, a planned call's too, record 0)
+    equals a full teacher-forced forward's over the finished rows (LOGPROB_TOLERANCE), and every
+    token of another role records 0. The model must see positions: the same forward with a gap of
+    one position after each row's prompt (what an off-by-one in the decoder's positions gives)
+    moves the compared logprobs by more than 100 x the tolerance, or the comparison could not tell
+    a position error (a position-blind model, or near-uniform attention, passes whatever the
+    positions). Returns the number of compared tokens."""
+    from envace import ACT, REHEARSE, collate, token_logprobs
+    ids, _ = collate(episodes, pad_id)
+    L = ids.shape[1]
+    gap = torch.stack([torch.arange(L) + (torch.arange(L) >= e["prompt_len"]).long() for e in episodes])
     with torch.no_grad():
-        full = token_logprobs(model, ids)
-    compared = 0
-    for i, r in enumerate(rows):
+        full = token_logprobs(model, ids, temperature)
+        shifted = F.log_softmax(model(input_ids=ids, position_ids=gap, use_cache=False).logits[:, :-1].float()
+                                / temperature, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    compared, moved = 0, 0.0
+    for i, e in enumerate(episodes):
+        for t in range(1, len(e["ids"])):
+            if e["roles"][t] not in (ACT, REHEARSE):
+                assert e["logprobs"][t] == 0.0, (i, t)
+            elif e["logprobs"][t] != 0.0:
+                assert abs(e["logprobs"][t] - full[i, t - 1].item()) < LOGPROB_TOLERANCE, (i, t)
+                moved = max(moved, abs(shifted[i, t - 1].item() - full[i, t - 1].item()))
+                compared += 1
+    assert compared > 0 and moved > 100 * LOGPROB_TOLERANCE, (compared, moved)
+    return compared
+
+
+def assert_rehearse_logprobs_match_a_forward(model, rows, pad_id):
+    """Sampled rehearse rows: every token after the prompt is a sampled REHEARSE token, and
+    assert_sampled_logprobs_match_a_forward holds."""
+    from envace import REHEARSE
+    for r in rows:
         assert r["cause"] in ("response", "bad_rehearsal", "env_limit")
-        for t in range(r["prompt_len"], len(r["ids"])):
-            assert r["roles"][t] == REHEARSE
-            assert abs(r["logprobs"][t] - full[i, t - 1].item()) < 1e-5
-            compared += 1
-    assert compared >= len(rows)
+        assert set(r["roles"][r["prompt_len"]:]) == {REHEARSE}
+    assert assert_sampled_logprobs_match_a_forward(model, rows, pad_id) >= len(rows)
 
 
 class Bigram(torch.nn.Module):

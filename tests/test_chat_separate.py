@@ -26,7 +26,7 @@ import reward
 import separate
 import train
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask
-from helpers import assert_rehearse_logprobs_match_a_forward, chat_tokenizer, scripted_rows, tiny_qwen
+from helpers import POSITION_INIT, assert_rehearse_logprobs_match_a_forward, chat_tokenizer, scripted_rows, tiny_qwen
 from rollout import sample_episodes
 from separate import _chat_rehearse_row, sample_separate
 
@@ -272,7 +272,7 @@ def test_separate_warm_start_teaches_the_rows_the_sampler_then_writes():
 def test_chat_rehearse_rows_logprobs_equal_a_teacher_forced_forward():
     """Chat rehearse rows of different prompt lengths (0, 1 earlier calls) sampled together by the
     KV-cached sampler with a tiny random Qwen2: every sampled logprob equals a full forward."""
-    model = tiny_qwen(TOK, seed=2)
+    model = tiny_qwen(TOK, seed=2, init_range=POSITION_INIT)
     task = pay_task()
     world = chat.task_world(task, TAGS)
     env_tags = chat_separate.rehearse_tags(TAGS)

@@ -15,7 +15,7 @@ import torch
 import evaluate_cli
 import train
 from envace import ACT, REHEARSE, encode_episode, token_logprobs
-from helpers import LOGPROB_TOLERANCE, assert_same_gradients, tiny_cfg, tiny_llama, toy_tokenizer
+from helpers import LOGPROB_TOLERANCE, POSITION_INIT, assert_same_gradients, tiny_cfg, tiny_llama, toy_tokenizer
 from rollout import sample_episodes
 
 TOK = toy_tokenizer()
@@ -104,7 +104,7 @@ def test_micro_batches_pack_by_length_within_the_budget():
 
 
 def test_sampler_logprobs_equal_the_recomputed_old_logprobs():
-    model = tiny_llama(TOK)
+    model = tiny_llama(TOK, init_range=POSITION_INIT)
     prompts = ["price apple", "not pear buy 2 milk and egg", "cost 3 fish", "buy tea"] * 3
     eps = sample_episodes(model, TOK, prompts, "rehearse", max_tokens=40,
                           generator=torch.Generator().manual_seed(3))

@@ -1,7 +1,11 @@
 """Shared test fixtures: the toy tokenizer, a tiny random Llama, and a scripted fake model; for
-the chat format, a Qwen-style byte-level BPE with a Hermes-style chat template and a tiny Qwen2."""
+the chat format, a Qwen-style byte-level BPE with a Hermes-style chat template and a tiny Qwen2;
+the tolerances of float comparisons, and `needs` for a test that needs an optional package."""
+import importlib
+import os
 from types import SimpleNamespace
 
+import pytest
 import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -9,6 +13,19 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import world
 from checkpoint import build_tokenizer
 from config import DEFAULTS
+
+
+def needs(package):
+    """The optional package `package` (a module name, e.g. "bfcl_eval"), imported, for a test or
+    fixture that cannot run without it. Missing, the test is skipped, except under CI (the env
+    var CI set), where it fails: CI installs every optional package (.ci/run), so a missing one
+    there is a broken install, never a pass. Tests that need no optional package never call it."""
+    try:
+        return importlib.import_module(package)
+    except ImportError as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"{package} is not installed ({e}) and CI is set: CI installs it (.ci/run)", pytrace=False)
+        pytest.skip(f"{package} is not installed (CI unset: skipped; under CI this fails)")
 
 
 def toy_tokenizer():

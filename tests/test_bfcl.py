@@ -1,5 +1,7 @@
 """BFCL-v4 multi-turn (bfcl.py): the converter, the executor, the check against the package's own
-checker, and the oracle through evaluate.py. Needs bfcl-eval (installed by .ci/run)."""
+checker, and the oracle through evaluate.py. Every test that reads BFCL's data or classes needs
+bfcl-eval (installed by .ci/run; helpers.needs: skipped where it is missing, a failure under CI);
+the schema mapping, the call parser and the refusal without the package need nothing."""
 import evaluate_cli
 import builtins
 import itertools
@@ -10,13 +12,12 @@ import pytest
 
 import bfcl
 from config import ConfigError
-
-bfcl_eval = pytest.importorskip("bfcl_eval")
-from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker  # noqa: E402
+from helpers import needs
 
 
 @pytest.fixture(scope="module")
 def bfcl_dir(tmp_path_factory):
+    needs("bfcl_eval")
     out = tmp_path_factory.mktemp("bfcl")
     assert bfcl.convert(str(out)) == {"multi_turn_base": 200, "multi_turn_base_rl": 160,
                                       "multi_turn_base_heldout": 40, "multi_turn_miss_param": 200,
@@ -103,9 +104,17 @@ def test_every_converted_line_passes_check_task(bfcl_dir):
         assert tasks[0]["check"] == "bfcl:check" and tasks[0]["env_config"]["involved_classes"]
 
 
-def test_missing_package_refuses_bfcl_only_with_the_install_line(bfcl_dir, monkeypatch, tmp_path):
+def test_missing_package_refuses_bfcl_only_with_the_install_line(monkeypatch, tmp_path):
+    """Runs whether or not bfcl-eval is installed (its import is refused here): a BFCL task line
+    (one tool, the BFCL env and check) is refused with the install line, other tasks load."""
     import chat_tasks
     from taskfiles import DataError
+    task = tmp_path / "bfcl_task.jsonl"
+    task.write_text(json.dumps({
+        "messages": [{"role": "user", "content": "list the files"}], "gold_calls": [{"name": "ls", "arguments": {}}],
+        "tools": [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object", "properties": {}}}}],
+        "env": "bfcl:BFCLEnv", "env_config": {"initial_config": {}, "involved_classes": ["GorillaFileSystem"]},
+        "check": "bfcl:check"}) + "\n")
     real_import = builtins.__import__
 
     def no_bfcl(name, *args, **kwargs):
@@ -121,10 +130,31 @@ def test_missing_package_refuses_bfcl_only_with_the_install_line(bfcl_dir, monke
     assert bfcl.main(["--out", str(tmp_path)]) == 2
     with pytest.raises(DataError, match=r"line 1: env 'bfcl:BFCLEnv': BFCLEnv\(\*\*env_config\) raised ConfigError: "
                                         r"BFCL tasks need the bfcl-eval package, not installed: pip install --no-deps"):
-        chat_tasks.read_chat_jsonl(str(bfcl_dir / "multi_turn_base.jsonl"), "tasks")
+        chat_tasks.read_chat_jsonl(str(task), "tasks")
     toy = os.path.join(os.path.dirname(__file__), "..", "data", "toy_chat_example.jsonl")
     assert len(chat_tasks.read_chat_jsonl(toy, "tasks")) == 6                                   # other tasks load
     assert bfcl.json_schema({"type": "float"}) == {"type": "number"}      # the rest still works
+
+
+def test_an_optional_package_missing_skips_locally_and_fails_under_ci(monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    assert needs("json") is json
+    with pytest.raises(pytest.skip.Exception, match="no_such_package is not installed"):
+        needs("no_such_package")
+    monkeypatch.setenv("CI", "1")
+    with pytest.raises(pytest.fail.Exception, match="no_such_package is not installed .* CI is set"):
+        needs("no_such_package")
+
+
+def test_no_test_skips_but_through_needs():
+    """A skip anywhere else (importorskip, skipif, pytest.skip) would pass silently under CI."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = []
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py") and name not in ("helpers.py", os.path.basename(__file__)):
+            text = open(os.path.join(here, name)).read()
+            found += [(name, w) for w in ("importorskip", "skipif", "pytest.skip(", "mark.skip") if w in text]
+    assert found == []
 
 
 # ----------------------------------------------------------------------------- the executor
@@ -198,6 +228,7 @@ def official(task, episode):
             for turn in task["gold_calls"]]
     entry = {"id": task["id"], "initial_config": task["env_config"]["initial_config"],
              "involved_classes": task["env_config"]["involved_classes"]}
+    multi_turn_checker = needs("bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker").multi_turn_checker
     return 1.0 if multi_turn_checker(strings, gold, entry, "multi_turn_base", f"envace_x{next(_RUNS)}")["valid"] else 0.0
 
 

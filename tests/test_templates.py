@@ -18,7 +18,7 @@ import config
 import train
 from envace import ACT, PROMPT, REHEARSE, TAG, loss_mask
 from families import family_tokenizer
-from helpers import scripted_rows, tiny_qwen
+from helpers import needs, scripted_rows, tiny_qwen
 from rollout import sample_episodes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,13 +40,11 @@ def setup(case):
 
 def published_qwen3():
     """Qwen3's published chat template, as bfcl-eval (PyPI) ships it in its Qwen handler's
-    docstring, on the qwen3 fixture's tokenizer; None where bfcl-eval is not installed."""
-    import importlib.util
+    docstring, on the qwen3 fixture's tokenizer (helpers.needs: skipped without bfcl-eval, a
+    failure under CI)."""
     import textwrap
-    spec = importlib.util.find_spec("bfcl_eval")
-    if spec is None:
-        return None
-    src = open(os.path.join(spec.submodule_search_locations[0], "model_handler", "local_inference", "qwen.py")).read()
+    bfcl_eval = needs("bfcl_eval")
+    src = open(os.path.join(os.path.dirname(bfcl_eval.__file__), "model_handler", "local_inference", "qwen.py")).read()
     tok = family_tokenizer("qwen3")
     tok.chat_template = textwrap.dedent(src.split('"chat_template":', 1)[1].split('"""', 1)[0]).strip()
     return tok
@@ -120,8 +118,6 @@ def test_roles_of_one_episode_token_by_token(case):
 def test_the_published_qwen3_template_fits_both_think_modes(case):
     """The same episode, token by token, under Qwen3's own published template (not a fixture)."""
     tok = published_qwen3()
-    if tok is None:
-        pytest.skip("bfcl-eval (which ships Qwen3's template) is not installed")
     tags = chat.chat_format(tok, CASES[case][1])
     assert tags["format"]["think_history"] == ("kept" if case == "qwen3_keep" else "dropped")
     roles_of_one_episode(case, tok, tags, prompt_len=237)    # its tools preamble is longer than the fixture's

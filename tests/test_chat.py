@@ -271,21 +271,37 @@ def test_chat_reward_combines_answer_calls_and_judge():
     assert chat_reward.chat_reward({**e, "answer": "7"}, task, judge=lambda ep, t: [1.0, 1.0]) == 0.0
 
 
+def yes_by_hand(judge, prompt):
+    """p(yes) / (p(yes) + p(no)) of the judge's next token after `prompt`, from its logits by hand;
+    the first tokens of yes/Yes and no/No in this tokenizer: 'y', 'Y', 'no' (merged, from 'not'), 'N'."""
+    ids = torch.tensor([TOK.encode(prompt, add_special_tokens=False)])
+    with torch.no_grad():
+        logits = judge(input_ids=ids).logits[0, -1].tolist()
+    z = sum(math.exp(v) for v in logits)
+    p = {t: math.exp(logits[TOK.convert_tokens_to_ids(t)]) / z for t in ("y", "Y", "no", "N")}
+    return (p["y"] + p["Y"]) / (p["y"] + p["Y"] + p["no"] + p["N"])
+
+
+def judge_prompt_by_hand(user, transcript, question):
+    """The judge's question as the Hermes template renders one user turn, written out."""
+    return (f"<|im_start|>user\nTask: {user}\n\nWhat the assistant did:\n{transcript}\n\nQuestion: {question}\n"
+            f"Answer yes or no.<|im_end|>\n<|im_start|>assistant\n")
+
+
 def test_judge_probability_of_yes_by_hand(tmp_path):
     judge = tiny_qwen(TOK, seed=3)
     prompt = "<|im_start|>user\nIs 6 right? Answer yes or no.<|im_end|>\n<|im_start|>assistant\n"
-    # first tokens of yes/Yes and no/No in this tokenizer: 'y', 'Y', 'no' (merged, from 'not'), 'N'
     assert [tokens(TOK.encode(w, add_special_tokens=False)[0]) for w in ("yes", "Yes", "no", "No")] == \
         ["y", "Y", "no", "N"]
-    ids = torch.tensor([TOK.encode(prompt, add_special_tokens=False)])
-    logits = judge(input_ids=ids).logits[0, -1].tolist()
-    z = sum(math.exp(v) for v in logits)
-    p = {t: math.exp(logits[TOK.convert_tokens_to_ids(t)]) / z for t in ("y", "Y", "no", "N")}
-    want = (p["y"] + p["Y"]) / (p["y"] + p["Y"] + p["no"] + p["N"])
-    assert chat_reward.judge_yes_probability(judge, TOK, [prompt]) == [pytest.approx(want, rel=1e-5)]
-    scores = chat_reward.make_judge(judge, TOK)({"calls": [], "responses": [], "answer": "6"},
-                                           pay_task(checklist=["a?", "b?", "c?"]))
-    assert len(set(scores)) == 3 and all(0 < s < 1 for s in scores)     # one score per question, each its own
+    # (the same forward, softmax in float32 against math.exp in float64: 1e-5 of a probability)
+    assert chat_reward.judge_yes_probability(judge, TOK, [prompt]) == [pytest.approx(yes_by_hand(judge, prompt), rel=1e-5)]
+    # make_judge: one prompt per checklist question, the episode written as its transcript
+    questions = ["a?", "b?", "c?"]
+    scores = chat_reward.make_judge(judge, TOK)({"calls": ['{"name": "pay", "arguments": {"amount": 3}}'],
+                                                 "responses": ["6"], "answer": "6"}, pay_task(checklist=questions))
+    transcript = 'call: {"name": "pay", "arguments": {"amount": 3}}\nresult: 6\nanswer: 6'
+    want = [yes_by_hand(judge, judge_prompt_by_hand("pay 3", transcript, q)) for q in questions]
+    assert scores == pytest.approx(want, rel=1e-5) and len(set(want)) == 3
 
 
 # ----------------------------------------------------------------------------- task files
@@ -426,10 +442,10 @@ def test_evaluation_of_tasks_without_an_executor_scores_by_criteria_and_judge(tm
     fx = features.setup(cfg, TOK, {"logged": [], "rl": [task], "test": [task]})   # loads the judge
     result = evaluate.evaluate(Script(script["ids"][len(prompts[0]):]), TOK, [task], cfg, fx)
     judge = checkpoint.load_policy(str(tmp_path / "judge"))[0]
-    episode = {"calls": ['{"name": "pay", "arguments": {"amount": 3}}'], "responses": ["6"], "answer": "6"}
-    want = chat_reward.make_judge(judge, TOK)(episode, task)
+    transcript = 'call: {"name": "pay", "arguments": {"amount": 3}}\nresult: 6\nanswer: 6'
+    want = [yes_by_hand(judge, judge_prompt_by_hand("pay 3", transcript, q)) for q in task["checklist"]]
     assert result["causes"] == {"answer": 1} and result["rehearsed_tasks"] == 1
-    assert result["success"] == pytest.approx(sum(want) / 2, rel=1e-5) and 0 < result["success"] < 1
+    assert result["success"] == pytest.approx(sum(want) / 2, rel=1e-5)
     assert result["executed_tasks"] == 0 and result["fidelity"] == {}
 
 

@@ -264,25 +264,36 @@ def test_rehearse_kl_changes_the_loss_only_through_rehearse_tokens():
 
 def test_guarded_run_logs_kl_per_role_collusion_and_fidelity(tmp_path, monkeypatch):
     monkeypatch.setattr(features, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
-    cfg = tiny_cfg(tmp_path, rl_steps=2, kl_rehearse_coef=0.1, rehearse_check=True, n_collusion=8)
+    # KL on both roles: every row has KL terms, so every row is updated (none left out for a zero
+    # advantage) and the per-role KL means are over all of each role's trained targets
+    cfg = tiny_cfg(tmp_path, rl_steps=2, kl_coef=0.1, kl_rehearse_coef=0.1, rehearse_check=True, n_collusion=8)
     assert train.run(cfg) == 0
     out = cfg["out_dir"]
     lines = [json.loads(text) for text in open(os.path.join(out, "metrics.jsonl"))]
     for line in lines:
-        per_role = [line[k] for k in ("kl_ref_act", "kl_ref_rehearse") if k in line]
+        n_act, n_rehearse = line["tokens_act"], line["tokens_rehearse"]
+        assert line["status"] == "updated" and line["rows_updated"] == 16 and n_act > 0
         if line["step"] == 1:         # the policy is still the warm start, its reference: KL 0
-            assert line["kl_ref"] < 1e-9 and max(per_role) < 1e-9
-        else:                         # moved; the mean over trained tokens is at most the largest role's
-            assert 0 < line["kl_ref"] <= max(per_role) * (1 + 1e-6)
-        assert set(line["collusion"]) == {"calls", "wrong", "colluding", "rate"}
-        assert sum(n for _, n in line["fidelity_counts"].values()) == line["collusion"]["calls"]
+            assert line["kl_ref"] < 1e-9 and line["kl_ref_act"] < 1e-9 and line.get("kl_ref_rehearse", 0) < 1e-9
+        else:                         # moved away from it
+            assert line["kl_ref_act"] > 1e-9
+        # kl_ref (the loss's stat: the sum over trained targets / their count) is the per-role
+        # means weighted by the roles' counts (float32 sums in another order: 1e-4 of the value)
+        weighted = (line["kl_ref_act"] * n_act + line.get("kl_ref_rehearse", 0.0) * n_rehearse) / (n_act + n_rehearse)
+        assert line["kl_ref"] == pytest.approx(weighted, rel=1e-4, abs=1e-12)
+        assert ("kl_ref_rehearse" in line) == (n_rehearse > 0)
+        c = line["collusion"]
+        assert c["rate"] == (c["colluding"] / c["wrong"] if c["wrong"] else None)
+        assert sum(n for _, n in line["fidelity_counts"].values()) == c["calls"]
     result = json.load(open(os.path.join(out, "eval.json")))
     c = result["collusion"]           # the same imagined calls, counted twice; 8 imagined episodes
     assert c["calls"] == sum(n for _, n in result["imagined_fidelity_counts"].values())
-    assert c["colluding"] <= c["wrong"] <= c["calls"] and (result["imagined_success"] * 8).is_integer()
-    assert "collusion" in result["before"]
+    assert c["rate"] == (c["colluding"] / c["wrong"] if c["wrong"] else None)
+    assert (result["imagined_success"] * 8).is_integer() and "collusion" in result["before"]
     before = open(os.path.join(out, "eval.json")).read()
     assert evaluate_cli.main(["--ckpt", out, "--collusion"]) == 0
     again = json.load(open(os.path.join(out, "collusion.json")))
-    assert set(again) == {"imagined_success", "imagined_fidelity", "imagined_fidelity_counts", "collusion"}
+    # the final policy, its 8 test tasks and the eval seed again: the very same imagined episodes
+    assert again == {k: result[k] for k in ("imagined_success", "imagined_fidelity", "imagined_fidelity_counts",
+                                             "collusion")}
     assert open(os.path.join(out, "eval.json")).read() == before

@@ -132,6 +132,27 @@ def assert_same_gradients(a, b, rel=GRAD_TOLERANCE):
     return worst
 
 
+def assert_ratio_one(lines, kl_coef=0.0, kl_rehearse_coef=0.0):
+    """metrics.jsonl lines of a run with one PPO epoch, whose old logprobs are the sampler's (or
+    recomputed from the same weights): every updated step is at ratio 1, so approx_kl (the mean
+    of old - new over the trained targets) is 0 within LOGPROB_TOLERANCE, and the loss is minus
+    the sum of the trained targets' advantages over their count n, plus each role's KL term
+    (kl coefficient x its mean k3 KL x its share of n). With role coefficients 1, the trained
+    targets are every ACT and REHEARSE target. At least one step must be updated; returns them."""
+    updated = [line for line in lines if line["status"] == "updated"]
+    assert updated, [line["status"] for line in lines]
+    for line in updated:
+        n_act, n_rehearse = line["tokens_act"], line["tokens_rehearse"]
+        n = n_act + n_rehearse
+        kl = (kl_coef * line.get("kl_ref_act", 0.0) * n_act + kl_rehearse_coef * line.get("kl_ref_rehearse", 0.0)
+              * n_rehearse) / n
+        assert abs(line["approx_kl"]) < LOGPROB_TOLERANCE, line
+        # exp(new - old) within 1e-5 of 1 on every token: the loss within 1e-5 x mean |A| (<= 1) of it
+        assert line["loss"] == pytest.approx(-(line["adv_act"] * n_act + line["adv_rehearse"] * n_rehearse) / n + kl,
+                                             abs=1e-4), line
+    return updated
+
+
 def tiny_cfg(tmp_path, **kw):
     return {**DEFAULTS, "out_dir": str(tmp_path / "run"), "n_layer": 2, "n_embd": 32,
             "n_head": 2, "n_logged": 40, "n_new_logged": 2, "n_rl_tasks": 40, "n_test": 16,

@@ -374,24 +374,29 @@ def test_oracle_lists_a_failing_task_and_refuses_a_file_it_cannot_replay(base, t
 
 # ----------------------------------------------------------------------------- a tiny model, end to end
 
-def test_a_tiny_random_qwen2_runs_the_bfcl_path_end_to_end_and_scores_0(bfcl_dir, base, tmp_path, capsys):
+def test_a_tiny_random_qwen2_runs_the_bfcl_path_end_to_end_and_scores_0(bfcl_dir, base, tmp_path, capsys,
+                                                                         monkeypatch):
     """Two multi_turn_base tasks (prompts of ~10k characters: every tool doc of their classes)
     through train.py and evaluate.py on a random 2-layer Qwen2: the executor and the check load
     per line, the long prompts fit max_tokens and the model's positions, both tasks are executed
     in evaluation, and an untrained model scores 0 (the check can fail), before and after RL.
-    Plumbing only: such a model never finishes a turn (docs/bfcl.md)."""
+    Plumbing only: such a model never finishes a turn (docs/bfcl.md). The RL step trains on
+    rewards 1, 0 in each group (the check's 0s would skip it) and keeps the ratio-1 invariants."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     import train
-    from helpers import chat_tokenizer
+    from helpers import POSITION_INIT, assert_ratio_one, chat_tokenizer
+    real_rows = train.training_rows
+    monkeypatch.setattr(train, "training_rows", lambda episodes, rewards, groups, how: real_rows(
+        episodes, [float(i % 2 == 0) for i in range(len(episodes))], groups, how))
 
     tok = chat_tokenizer()
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(
         vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
         num_key_value_heads=1, max_position_embeddings=32768, tie_word_embeddings=True,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, initializer_range=POSITION_INIT))
     model.save_pretrained(tmp_path / "qwen")
     tok.save_pretrained(tmp_path / "qwen")
     tasks = tmp_path / "two.jsonl"
@@ -403,6 +408,9 @@ def test_a_tiny_random_qwen2_runs_the_bfcl_path_end_to_end_and_scores_0(bfcl_dir
                    "max_env_tokens: 6\nmax_tokens: 16384\nmicro_batch_tokens: 40000\nmin_fidelity: 0.0\n"
                    "n_collusion: 1\n")
     assert train.main(["--config", str(cfg)]) == 0
+    [line] = [json.loads(text) for text in open(tmp_path / "run" / "metrics.jsonl")]
+    assert line["reward"] == 0.0 and line["all_equal_groups"] == 0 and line["rows_updated"] == 4
+    assert_ratio_one([line])
     result = json.load(open(tmp_path / "run" / "eval.json"))
     assert result["executed_tasks"] == result["n_tasks"] == 2
     assert result["success"] == result["before"]["success"] == 0.0

@@ -4,6 +4,7 @@ its rehearse rows, the result copied into the actor row as the template's tool r
 examples limited by grounding_examples, warm-start rows equal to the sampler's, would-rehearse
 asked in the separate rows, and train.py / evaluate.py end to end on a tiny random Qwen2."""
 import functools
+import itertools
 import json
 import os
 from types import SimpleNamespace
@@ -26,7 +27,8 @@ import reward
 import separate
 import train
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask
-from helpers import POSITION_INIT, assert_rehearse_logprobs_match_a_forward, chat_tokenizer, scripted_rows, tiny_qwen
+from helpers import (POSITION_INIT, assert_ratio_one, assert_rehearse_logprobs_match_a_forward, chat_tokenizer,
+                     scripted_rows, tiny_qwen)
 from rollout import sample_episodes
 from separate import _chat_rehearse_row, sample_separate
 
@@ -352,8 +354,10 @@ def test_config_accepts_separate_chat(tmp_path, monkeypatch):
 
 
 def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
-    # a random model never answers right: reward episode-length parity so that steps update
-    monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(len(e["ids"]) % 2))
+    # rewards 0, 1, 0, 1, ... in the order episodes are scored: a group's 2 samples always differ,
+    # so every step updates whatever a random model writes
+    calls = itertools.count()
+    monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(next(calls) % 2))
     asked = []
     would = honesty.would_rehearse_rows
 
@@ -370,7 +374,7 @@ def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
     monkeypatch.setattr(separate, "sample_separate", sample_spy)     # features binds it at setup
     monkeypatch.setattr(chat_separate, "separate_warm_start_sequences",
                         lambda *a: built.append(a[-1]) or chat_separate_warm_start(*a))
-    tiny_qwen(TOK, tmp_path / "qwen")
+    tiny_qwen(TOK, tmp_path / "qwen", init_range=POSITION_INIT)
     overrides = [f"--model={tmp_path / 'qwen'}", f"--out_dir={tmp_path / 'run'}", "--max_act_tokens=12",
                  "--max_tokens=640", "--lr=0.01", "--rehearsal_context=separate", "--grounding_examples=1",
                  "--temperature=2.0"]
@@ -382,6 +386,7 @@ def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
     assert [m["step"] for m in lines] == [1, 2]
     for m in lines:           # every episode samples at least its first token as the actor
         assert sum(m["causes"].values()) == 4 and m["tokens_act"] >= 4
+    assert len(assert_ratio_one(lines)) == 2   # actor rows resumed from their kept caches, rehearse rows prefilled
     # two RL steps, and the imagined world (fx.honesty: env toy executes) before and after RL
     assert sampled == [(TAGS["act_end"], 1)] * 4 and built == [1]
     assert len(asked) == 2                     # before and after RL (coverage reuses the same answers)

@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import train
 from checkpoint import save_checkpoint
-from helpers import assert_same_gradients, tiny_cfg, tiny_llama, toy_tokenizer
+from helpers import assert_ratio_one, assert_same_gradients, tiny_cfg, tiny_llama, toy_tokenizer
 from rollout import sample_episodes
 from test_distributed import BUDGET, fixed_step_inputs, one_update
 
@@ -245,14 +245,11 @@ def test_fsdp_two_ranks_make_the_one_rank_update_and_save_a_normal_folder(tmp_pa
     assert [e["ids"] for e in eps] == fsdp_ids
     lines = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert [(line["step"], line["status"]) for line in lines] == [(1, "updated"), (2, "updated"), (3, "updated")]
+    assert len(assert_ratio_one(lines, kl_coef=0.1)) == 3       # one epoch at ratio 1, every step
     for line in lines:
-        # one epoch at ratio 1: approx_kl ~ 0 and loss = -(sum of A over trained tokens) / n + kl_coef x the
-        # ACT tokens' KL (frozen mode: the ACT tokens are the trained ones); the reference is the
-        # warm start: the policy itself at step 1 (KL 0), away from it after an update (the resumed step too)
-        n = line["tokens_act"]
-        assert n > 0 and line["tokens_rehearse"] == 0
-        assert abs(line["approx_kl"]) < 1e-5
-        assert line["loss"] == pytest.approx(-line["adv_act"] + 0.1 * line["kl_ref_act"], abs=1e-4)
+        # frozen mode: the ACT tokens are the trained ones; the reference is the warm start: the
+        # policy itself at step 1 (KL 0), away from it after an update (the resumed step too)
+        assert line["tokens_act"] > 0 and line["tokens_rehearse"] == 0
         assert (line["kl_ref"] < 1e-9) == (line["step"] == 1) and line["kl_ref"] == pytest.approx(line["kl_ref_act"], rel=1e-4, abs=1e-12)
     state = torch.load(tmp_path / "run" / "ckpt" / "trainer_state.pt", weights_only=False)
     steps = {float(s["step"]) for s in state["optimizer"]["state"].values()}

@@ -2,6 +2,7 @@
 template and checked, the sampler forcing the next user turn (roles, masks, logprobs, call_turns,
 answers), sampled ids never re-tokenized, per-turn gold-call rewards, task-file checks, the warm
 start on multi-turn logged trajectories, and train.py / evaluate.py end to end on a tiny Qwen2."""
+import itertools
 import json
 import os
 
@@ -19,7 +20,7 @@ import features
 import multiturn
 import train
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, loss_mask
-from helpers import CHAT_TEMPLATE, chat_tokenizer, tiny_qwen
+from helpers import CHAT_TEMPLATE, POSITION_INIT, assert_ratio_one, chat_tokenizer, tiny_qwen
 from rollout import sample_episodes
 from test_chat import Script  # the scripted fake LM (ids fed after the prompt, scripted_rows)
 
@@ -296,9 +297,11 @@ def test_warm_start_rl_and_evaluation_on_two_turn_tasks(tmp_path, monkeypatch):
             {"role": "tool", "content": str(9 - p)}, {"role": "assistant", "content": str(9 - p)}]})
     for name, rows in (("tasks.jsonl", tasks), ("logged.jsonl", logged)):
         (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tiny_qwen(TOK, tmp_path / "qwen")
-    # a random model never answers right: reward episode-length parity so that steps update
-    monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(sum(e["ids"]) % 2))
+    tiny_qwen(TOK, tmp_path / "qwen", init_range=POSITION_INIT)
+    # rewards 0, 1, 0, 1, ... in the order episodes are scored: a group's 2 samples always differ,
+    # so every step updates whatever a random model writes
+    calls = itertools.count()
+    monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(next(calls) % 2))
     cfg = {**config.DEFAULTS, "format": "chat", "model": str(tmp_path / "qwen"), "out_dir": str(tmp_path / "run"),
            "tasks_file": str(tmp_path / "tasks.jsonl"), "logged_file": str(tmp_path / "logged.jsonl"),
            "sft_steps": 3, "sft_batch_size": 3, "sft_lr": 1e-3, "rl_steps": 2, "tasks_per_step": 2, "group_size": 2,
@@ -319,7 +322,9 @@ def test_warm_start_rl_and_evaluation_on_two_turn_tasks(tmp_path, monkeypatch):
     assert all(sum(1 for a, b in zip(s["roles"], s["roles"][1:]) if (a, b) == (T, P)) == 1 for s in seen)
     lines = [json.loads(text) for text in open(tmp_path / "run" / "metrics.jsonl")]
     assert [m["step"] for m in lines] == [1, 2] and all(sum(m["causes"].values()) == 4 for m in lines)
-    assert any(m["status"] == "updated" for m in lines)
+    # ratio 1 on every updated step: the sampler's logprobs, taken with the forced user turns fed
+    # as runs in the KV cache, are those of the update's full forward
+    assert len(assert_ratio_one(lines)) == 2
     result = json.load(open(tmp_path / "run" / "eval.json"))
     assert result["n_tasks"] == 3 == result["executed_tasks"] == sum(result["causes"].values())
     os.rename(tmp_path / "run" / "eval.json", tmp_path / "run" / "train_eval.json")

@@ -3,6 +3,7 @@ Mistral, Qwen3 with think kept or switched off): the act format and hand-offs de
 template (templates.derive, chat.chat_format) and checked, strict parsing in each call form, the
 roles of one sampled episode token by token, and train.py (warm start, two RL steps, evaluation)
 end to end on a tiny random model with each family's tokenizer."""
+import itertools
 import json
 import os
 from types import SimpleNamespace
@@ -18,7 +19,7 @@ import config
 import train
 from envace import ACT, PROMPT, REHEARSE, TAG, loss_mask
 from families import family_tokenizer
-from helpers import needs, scripted_rows, tiny_qwen
+from helpers import POSITION_INIT, assert_ratio_one, needs, scripted_rows, tiny_qwen
 from rollout import sample_episodes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -204,9 +205,12 @@ def test_templates_that_still_do_not_fit_stop_with_one_line():
 def test_warm_start_two_rl_steps_and_evaluation(case, tmp_path, monkeypatch):
     """configs/chat_tiny.yaml on a tiny random Qwen2 with the family's tokenizer: the warm start on
     the logged trajectories, two RL steps, the real-world evaluation of the toy tasks."""
-    monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(len(e["ids"]) % 2))
+    # rewards 0, 1, 0, 1, ... in the order episodes are scored: a group's 2 samples (group_size 2)
+    # always differ, so both steps update whatever a random model writes
+    calls = itertools.count()
+    monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(next(calls) % 2))
     tok, _ = setup(case)
-    tiny_qwen(tok, tmp_path / "m", width=32)
+    tiny_qwen(tok, tmp_path / "m", width=32, init_range=POSITION_INIT)
     monkeypatch.chdir(ROOT)
     tasks, logged = tmp_path / "tasks.jsonl", tmp_path / "logged.jsonl"   # 2 of the 6 examples: short
     for path, name in ((tasks, "toy_chat_example.jsonl"), (logged, "toy_chat_logged_example.jsonl")):
@@ -218,6 +222,7 @@ def test_warm_start_two_rl_steps_and_evaluation(case, tmp_path, monkeypatch):
     assert train.run(cfg) == 0
     lines = [json.loads(t) for t in open(tmp_path / "run" / "metrics.jsonl")]
     assert [m["step"] for m in lines] == [1, 2] and all(sum(m["causes"].values()) == 4 for m in lines)
+    assert len(assert_ratio_one(lines)) == 2    # each family's hand-offs fed as forced runs
     result = json.load(open(tmp_path / "run" / "eval.json"))
     after = result.get("after", result)
     assert after["n_tasks"] == sum(after["causes"].values()) == 2 and after["executed_tasks"] == 2

@@ -189,20 +189,24 @@ def sample(task, env_mode, actions, responses, answer, n=1):
 
 
 def test_roles_and_shifted_loss_mask_of_a_chat_episode():
-    """pay 3 -> '6' -> answer 6. After the 74 prompt tokens (tokens and roles from the template):
-      74-76 <|im_start|> assistant Ċ (T) | 77-96 <tool_call> Ċ {" name ": Ġ" pay ", Ġ" arguments ":
-      Ġ{" amount ": Ġ 3 }} Ċ </tool_call> <|im_end|> (A) | 97-102 Ċ <|im_start|> user Ċ
-      <tool_response> Ċ (T) | 103-105 6 Ċ </tool_response> (R) | 106-110 <|im_end|> Ċ <|im_start|>
-      assistant Ċ (T) | 111-112 6 <|im_end|> (A)."""
+    """pay 3 -> '6' -> answer 6. After the n prompt tokens (the template's rendering of the user turn
+    and the tool; n = 74 with the fixture's BPE, the tokenizer's business), tokens and roles from the
+    template: n..n+2 <|im_start|> assistant Ċ (T) | n+3..n+22 <tool_call> Ċ {" name ": Ġ" pay ",
+      Ġ" arguments ": Ġ{" amount ": Ġ 3 }} Ċ </tool_call> <|im_end|> (A) | n+23..n+28 Ċ <|im_start|>
+      user Ċ <tool_response> Ċ (T) | n+29..n+31 6 Ċ </tool_response> (R) | n+32..n+36 <|im_end|> Ċ
+      <|im_start|> assistant Ċ (T) | n+37..n+38 6 <|im_end|> (A)."""
     tags, prompt, episodes = sample(pay_task(), "rehearse", [{"name": "pay", "arguments": {"amount": 3}}],
                                     ["6"], "6")
     e = episodes[0]
-    assert len(prompt) == 74 and e["cause"] == "answer" and e["answer"] == "6"
+    want = TOK.encode(TOK.apply_chat_template([{"role": "user", "content": "pay 3"}], tools=[PAY], tokenize=False),
+                      add_special_tokens=False)
+    n = len(want)
+    assert prompt == want == e["ids"][:n] and e["cause"] == "answer" and e["answer"] == "6"
     assert e["calls"] == ['{"name": "pay", "arguments": {"amount": 3}}'] and e["responses"] == ["6"]
     P, T, A, R = PROMPT, TAG, ACT, REHEARSE
-    assert e["roles"] == [P] * 74 + [T] * 3 + [A] * 20 + [T] * 6 + [R] * 3 + [T] * 5 + [A] * 2
-    assert tokens(e["ids"][103:106]) == ["6", "Ċ", "</tool_response>"]
-    assert tokens(e["ids"][95:98]) == ["</tool_call>", "<|im_end|>", "Ċ"]
+    assert e["roles"] == [P] * n + [T] * 3 + [A] * 20 + [T] * 6 + [R] * 3 + [T] * 5 + [A] * 2
+    assert tokens(e["ids"][n + 29:n + 32]) == ["6", "Ċ", "</tool_response>"]
+    assert tokens(e["ids"][n + 21:n + 24]) == ["</tool_call>", "<|im_end|>", "Ċ"]
     # the sequence is the template's own rendering of the conversation (without the final "\n")
     messages = [{"role": "user", "content": "pay 3"},
                 {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "pay", "arguments": {"amount": 3}}}]},
@@ -210,8 +214,8 @@ def test_roles_and_shifted_loss_mask_of_a_chat_episode():
     assert e["ids"] + tags["end"] == chat.prompt_ids(TOK, messages, [PAY])
     # target t is trained iff the token at t+1 is ACT or REHEARSE
     mask = loss_mask(torch.tensor([e["roles"]]))[0].tolist()
-    assert "".join(str(int(m)) for m in mask[73:]) == "000" + "1" * 20 + "0" * 6 + "111" + "0" * 5 + "11"
-    assert not any(mask[:73])
+    assert "".join(str(int(m)) for m in mask[n - 1:]) == "000" + "1" * 20 + "0" * 6 + "111" + "0" * 5 + "11"
+    assert not any(mask[:n - 1])
     sampled = [i for i, lp in enumerate(e["logprobs"]) if lp != 0.0]
     assert all(e["roles"][i] in (A, R) for i in sampled)        # forced and prompt tokens: logprob 0
 

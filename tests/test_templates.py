@@ -57,30 +57,30 @@ IM_TOOL = ['Ċ', '<|im_start|>', 'user', 'Ċ', '<tool_response>', 'Ċ']
 IM_BACK = ['<|im_end|>', 'Ċ', '<|im_start|>', 'assistant', 'Ċ']
 BLOCK = ['<think>', 'Ċ', 'Ċ', '</think>', 'Ċ', 'Ċ']
 P, T, A, R = PROMPT, TAG, ACT, REHEARSE
-# pay 3 -> "6" -> answer 6: the prompt's length, then (role, tokens) runs after it, from each
-# family's documented format (qwen3_keep writes the think texts "pay 3" and "done")
+# pay 3 -> "6" -> answer 6: the (role, tokens) runs after the prompt, from each family's
+# documented format (qwen3_keep writes the think texts "pay 3" and "done")
 EPISODES = {
-    "hermes": (74, [(T, ['<|im_start|>', 'assistant', 'Ċ']), (A, ['<tool_call>', 'Ċ'] + CALL + ['Ċ', '</tool_call>', '<|im_end|>']),
-                    (T, IM_TOOL), (R, ['6', 'Ċ', '</tool_response>']), (T, IM_BACK), (A, ['6', '<|im_end|>'])]),
-    "qwen2_newline": (74, [(T, ['<|im_start|>', 'assistant', 'Ċ']),
-                           (A, ['Ċ', '<tool_call>', 'Ċ'] + CALL + ['Ċ', '</tool_call>', '<|im_end|>']),
-                           (T, IM_TOOL), (R, ['6', 'Ċ', '</tool_response>']), (T, IM_BACK), (A, ['6', '<|im_end|>'])]),
-    "llama3": (257, [(T, ['<|start_header_id|>', 'assistant', '<|end_header_id|>', 'Ċ', 'Ċ']),
-                     (A, [c if c != 'arguments' else 'parameters' for c in CALL] + ['<|eot_id|>']),
-                     (T, ['<|start_header_id|>', 'i', 'p', 'y', 't', 'h', 'on', '<|end_header_id|>', 'Ċ', 'Ċ']),
-                     (R, ['6', '<|eot_id|>']),
-                     (T, ['<|start_header_id|>', 'assistant', '<|end_header_id|>', 'Ċ', 'Ċ']), (A, ['6', '<|eot_id|>'])]),
-    "mistral": (59, [(A, ['[TOOL_CALLS]', 'Ġ', '['] + CALL + [']', '</s>']),
-                     (T, ['[TOOL_RESULTS]', 'Ġ{"', 'co', 'nt', 'e', 'nt', '":']), (R, ['Ġ', '6', '}', '[/TOOL_RESULTS]']),
-                     (A, ['Ġ', '6', '</s>'])]),
-    "qwen3_keep": (74, [(T, ['<|im_start|>', 'assistant', 'Ċ']),
-                        (A, ['<think>', 'Ċ', 'pay', 'Ġ', '3', 'Ċ', '</think>', 'Ċ', 'Ċ', '<tool_call>', 'Ċ'] + CALL
-                         + ['Ċ', '</tool_call>', '<|im_end|>']),
-                        (T, IM_TOOL), (R, ['6', 'Ċ', '</tool_response>']), (T, IM_BACK),
-                        (A, ['<think>', 'Ċ', 'd', 'on', 'e', 'Ċ', '</think>', 'Ċ', 'Ċ', '6', '<|im_end|>'])]),
-    "qwen3_disable": (74, [(T, ['<|im_start|>', 'assistant', 'Ċ'] + BLOCK),
-                       (A, ['<tool_call>', 'Ċ'] + CALL + ['Ċ', '</tool_call>', '<|im_end|>']),
-                       (T, IM_TOOL), (R, ['6', 'Ċ', '</tool_response>']), (T, IM_BACK + BLOCK), (A, ['6', '<|im_end|>'])]),
+    "hermes": [(T, ['<|im_start|>', 'assistant', 'Ċ']), (A, ['<tool_call>', 'Ċ'] + CALL + ['Ċ', '</tool_call>', '<|im_end|>']),
+               (T, IM_TOOL), (R, ['6', 'Ċ', '</tool_response>']), (T, IM_BACK), (A, ['6', '<|im_end|>'])],
+    "qwen2_newline": [(T, ['<|im_start|>', 'assistant', 'Ċ']),
+                      (A, ['Ċ', '<tool_call>', 'Ċ'] + CALL + ['Ċ', '</tool_call>', '<|im_end|>']),
+                      (T, IM_TOOL), (R, ['6', 'Ċ', '</tool_response>']), (T, IM_BACK), (A, ['6', '<|im_end|>'])],
+    "llama3": [(T, ['<|start_header_id|>', 'assistant', '<|end_header_id|>', 'Ċ', 'Ċ']),
+               (A, [c if c != 'arguments' else 'parameters' for c in CALL] + ['<|eot_id|>']),
+               (T, ['<|start_header_id|>', 'i', 'p', 'y', 't', 'h', 'on', '<|end_header_id|>', 'Ċ', 'Ċ']),
+               (R, ['6', '<|eot_id|>']),
+               (T, ['<|start_header_id|>', 'assistant', '<|end_header_id|>', 'Ċ', 'Ċ']), (A, ['6', '<|eot_id|>'])],
+    "mistral": [(A, ['[TOOL_CALLS]', 'Ġ', '['] + CALL + [']', '</s>']),
+                (T, ['[TOOL_RESULTS]', 'Ġ{"', 'co', 'nt', 'e', 'nt', '":']), (R, ['Ġ', '6', '}', '[/TOOL_RESULTS]']),
+                (A, ['Ġ', '6', '</s>'])],
+    "qwen3_keep": [(T, ['<|im_start|>', 'assistant', 'Ċ']),
+                   (A, ['<think>', 'Ċ', 'pay', 'Ġ', '3', 'Ċ', '</think>', 'Ċ', 'Ċ', '<tool_call>', 'Ċ'] + CALL
+                    + ['Ċ', '</tool_call>', '<|im_end|>']),
+                   (T, IM_TOOL), (R, ['6', 'Ċ', '</tool_response>']), (T, IM_BACK),
+                   (A, ['<think>', 'Ċ', 'd', 'on', 'e', 'Ċ', '</think>', 'Ċ', 'Ċ', '6', '<|im_end|>'])],
+    "qwen3_disable": [(T, ['<|im_start|>', 'assistant', 'Ċ'] + BLOCK),
+                      (A, ['<tool_call>', 'Ċ'] + CALL + ['Ċ', '</tool_call>', '<|im_end|>']),
+                      (T, IM_TOOL), (R, ['6', 'Ċ', '</tool_response>']), (T, IM_BACK + BLOCK), (A, ['6', '<|im_end|>'])],
 }
 THINKS = {"qwen3_keep": ["pay 3", "done"]}
 
@@ -121,17 +121,23 @@ def test_the_published_qwen3_template_fits_both_think_modes(case):
     tok = published_qwen3()
     tags = chat.chat_format(tok, CASES[case][1])
     assert tags["format"]["think_history"] == ("kept" if case == "qwen3_keep" else "dropped")
-    roles_of_one_episode(case, tok, tags, prompt_len=237)    # its tools preamble is longer than the fixture's
+    roles_of_one_episode(case, tok, tags)       # its tools preamble is longer than the fixture's
 
 
-def roles_of_one_episode(case, tok, tags, prompt_len=None):
+def roles_of_one_episode(case, tok, tags):
     prompts, worlds = chat_setup.episode_inputs(tok, tags, [pay_task()])
     script = chat.assemble(tok, tags, prompts[0], [PAY3], ["6"], "6", thinks=THINKS.get(case))["ids"][len(prompts[0]):]
     (e,) = sample_episodes(Script(len(tok), script), tok, prompts, "rehearse", world=worlds, tags=tags,
                            max_act_tokens=40, max_env_tokens=8, max_tokens=400)
-    n, runs = EPISODES[case]
-    n = prompt_len or n
-    assert (len(prompts[0]), e["cause"], e["calls"], e["responses"], e["answer"]) == (n, "answer", [json.dumps(PAY3)], ["6"], "6")
+    runs = EPISODES[case]
+    # the prompt: the tokenizer's own template rendering of the user turn and the tool (no
+    # generation prompt: the hand-off to the actor is the first forced run); its length is the
+    # tokenizer's business, the runs after it the format's
+    prompt = tok.encode(tok.apply_chat_template(pay_task()["messages"], tools=[PAY], tokenize=False,
+                                                **tags["template"]), add_special_tokens=False)
+    n = len(prompt)
+    assert prompts[0] == prompt and e["ids"][:n] == prompt
+    assert (e["cause"], e["calls"], e["responses"], e["answer"]) == ("answer", [json.dumps(PAY3)], ["6"], "6")
     assert tok.convert_ids_to_tokens(e["ids"][n:]) == [t for _, ts in runs for t in ts]
     assert e["roles"] == [P] * n + [r for r, ts in runs for _ in ts]
     mask = loss_mask(torch.tensor([e["roles"]]))[0].tolist()        # target t trained iff token t+1 is A or R

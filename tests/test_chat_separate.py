@@ -116,18 +116,23 @@ def text(ids):
 
 
 def test_chat_actor_row_and_its_rehearse_rows():
-    """Actor row: 79 prompt tokens | <|im_start|> assistant Ċ (T) | the pay 3 call, 19 tokens +
-    <|im_end|> (A) | Ċ <|im_start|> user Ċ <tool_response> Ċ (T) | 6 Ċ </tool_response> (O) |
-    <|im_end|> Ċ <|im_start|> assistant Ċ (T) | pay 2, 20 (A) | 6 T | 4 Ċ </tool_response> (O) | 5 T |
-    4 <|im_end|> (A). Rehearse row 1: 244 prompt tokens, then 6 <|im_end|> (R); row 2: 274
-    (the dialogue holds the first call and its result), then 4 <|im_end|> (R)."""
+    """Actor row: n prompt tokens (the template's rendering of the user turn and the tool: 79 with
+    the fixture's BPE) | <|im_start|> assistant Ċ (T) | the pay 3 call, 19 tokens + <|im_end|> (A) |
+    Ċ <|im_start|> user Ċ <tool_response> Ċ (T) | 6 Ċ </tool_response> (O) | <|im_end|> Ċ <|im_start|>
+    assistant Ċ (T) | pay 2, 20 (A) | 6 T | 4 Ċ </tool_response> (O) | 5 T | 4 <|im_end|> (A).
+    Rehearse row 1: its prompt, then 6 <|im_end|> (R); row 2: its prompt (the dialogue holds the
+    first call and its result), then 4 <|im_end|> (R)."""
     e, = sample(pay_task())
     assert e["cause"] == "answer" and e["answer"] == "4" and e["responses"] == ["6", "4"]
     assert e["calls"] == [json.dumps(c) for c in CALLS]
-    assert runs(e["roles"]) == [(P, 79), (T, 3), (A, 20), (T, 6), (O, 3), (T, 5), (A, 20), (T, 6), (O, 3),
+    prompt = TOK.encode(TOK.apply_chat_template(pay_task()["messages"], tools=[PAY], tokenize=False),
+                        add_special_tokens=False)
+    n = len(prompt)
+    assert e["ids"][:n] == prompt
+    assert runs(e["roles"]) == [(P, n), (T, 3), (A, 20), (T, 6), (O, 3), (T, 5), (A, 20), (T, 6), (O, 3),
                                 (T, 5), (A, 2)]
     # target t is trained iff token t+1 is ACT or REHEARSE: the copied responses never are
-    assert mask_string(e) == "0" * 78 + "000" + "1" * 20 + "0" * 6 + "000" + "00000" + "1" * 20 + "0" * 6 + \
+    assert mask_string(e) == "0" * (n - 1) + "000" + "1" * 20 + "0" * 6 + "000" + "00000" + "1" * 20 + "0" * 6 + \
         "000" + "00000" + "11"
     # the actor row is the template's own rendering of the conversation, tool turns included
     messages = pay_task()["messages"]
@@ -138,8 +143,8 @@ def test_chat_actor_row_and_its_rehearse_rows():
     assert e["ids"] + TAGS["end"] == chat.prompt_ids(TOK, messages, [PAY])
     r1, r2 = e["rehearsals"]
     assert (r1["turn"], r2["turn"], r1["cause"], r1["responses"]) == (0, 1, "response", ["6"])
-    assert r1["roles"] == [P] * 244 + [R, R] and r2["roles"] == [P] * 274 + [R, R]
-    assert mask_string(r1) == "0" * 243 + "11" and mask_string(r2) == "0" * 273 + "11"
+    for r in (r1, r2):                          # its prompt, then the result and the stop
+        assert r["roles"] == [P] * (len(r["ids"]) - 2) + [R, R] and mask_string(r) == "0" * (len(r["ids"]) - 3) + "11"
     assert TOK.convert_ids_to_tokens(r1["ids"][-5:]) == ["<|im_start|>", "assistant", "Ċ", "6", "<|im_end|>"]
     assert TOK.convert_ids_to_tokens(r2["ids"][-2:]) == ["4", "<|im_end|>"]
     # the rehearse prompt: system (tool, schema, 1 example), user (dialogue, call); never in the actor row
@@ -151,7 +156,7 @@ def test_chat_actor_row_and_its_rehearse_rows():
     for word in (SYSTEM_WORDS, "Examples", "The dialogue so far", "The call"):
         assert word not in text(e["ids"])
     # the rehearsed result sits in the actor row as OBS only, as a tool response, no logprob
-    for r, at in ((r1, 108), (r2, 142)):        # 79 + 3 + 20 + 6; + 3 + 5 + 20 + 6
+    for r, at in ((r1, n + 29), (r2, n + 63)):  # n + 3 + 20 + 6; + 3 + 5 + 20 + 6
         assert TOK.convert_ids_to_tokens(e["ids"][at:at + 3]) == [r["responses"][0], "Ċ", "</tool_response>"]
         assert e["roles"][at:at + 3] == [O] * 3 and e["logprobs"][at:at + 3] == [0.0] * 3
         assert text(e["ids"][at - 6:at]) == "\n<|im_start|>user\n<tool_response>\n"

@@ -134,7 +134,7 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
 def make_batch(episodes, rewards, group_ids, cfg, pad_id):
     """Episodes -> tensors for the update: ids [B, L], roles [B, L], and over targets [B, L-1]
     the loss mask (ACT/REHEARSE targets whose coefficient is > 0), per-token advantages and the
-    sampler's logprobs. n_tokens counts this process's trained tokens (rl_step makes it global)."""
+    sampler's logprobs. n_tokens counts this process's trained tokens, 0 if none (rl_step sums them)."""
     adv, all_equal = group_advantages(rewards, group_ids, cfg["scale_std"])
     ids, roles = collate(episodes, pad_id)
     sampled = torch.zeros(ids.shape[0], ids.shape[1] - 1)
@@ -147,7 +147,7 @@ def make_batch(episodes, rewards, group_ids, cfg, pad_id):
              "sampled_logprobs": sampled, "lengths": [len(e["ids"]) for e in episodes],
              "all_equal_groups": all_equal, "n_groups": len(set(group_ids))}
     batch["kl_coefs"] = token_kl_coefs(roles, cfg["kl_coef"], cfg["kl_rehearse_coef"])
-    batch["n_tokens"] = max(int(batch["mask"].sum()), 1)
+    batch["n_tokens"] = int(batch["mask"].sum())     # no clamp here: a rank with none adds 0 to the sum
     return batch
 
 
@@ -203,7 +203,7 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
     whole step is undone). Every rank takes the same branch, so collectives stay in step."""
     batch = make_batch(episodes, rewards, group_ids, cfg, pad_id)
     n_tokens, groups_with_signal = all_sum([batch["n_tokens"], batch["n_groups"] - batch["all_equal_groups"]])
-    batch["n_tokens"] = int(n_tokens)                     # the global normaliser
+    batch["n_tokens"] = max(int(n_tokens), 1)             # the global normaliser (1 if no rank trains a token)
     sums = {"all_equal_groups": batch["all_equal_groups"], **role_sums(batch["roles"], batch["advantages"])}
     if groups_with_signal == 0:
         return sums, "skipped"

@@ -1,8 +1,13 @@
 """Shared test fixtures: the toy tokenizer, a tiny random Llama, and a scripted fake model; for
-the chat format, a Qwen-style byte-level BPE with a Hermes-style chat template and a tiny Qwen2."""
+the chat format, a Qwen-style byte-level BPE with a Hermes-style chat template and a tiny Qwen2;
+the tolerances of float comparisons, and `needs` for a test that needs an optional package."""
+import importlib
+import os
 from types import SimpleNamespace
 
+import pytest
 import torch
+import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import world
@@ -10,15 +15,35 @@ from machinery.checkpoint import build_tokenizer
 from machinery.config import DEFAULTS
 
 
+def needs(package):
+    """The optional package `package` (a module name, e.g. "bfcl_eval"), imported, for a test or
+    fixture that cannot run without it. Missing, the test is skipped, except under CI (the env
+    var CI set), where it fails: CI installs every optional package (.ci/run), so a missing one
+    there is a broken install, never a pass. Tests that need no optional package never call it."""
+    try:
+        return importlib.import_module(package)
+    except ImportError as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"{package} is not installed ({e}) and CI is set: CI installs it (.ci/run)", pytrace=False)
+        pytest.skip(f"{package} is not installed (CI unset: skipped; under CI this fails)")
+
+
 def toy_tokenizer():
     return build_tokenizer(world.WORDS)
 
 
-def tiny_llama(tokenizer, seed=0, layers=2, width=32):
+# Random weights at 10x transformers' default init (0.02): attention scores of order 1, so a
+# token's rotary position changes the logits by ~0.1 (a gap of one position moves sampled logprobs
+# by more than 100 x LOGPROB_TOLERANCE); at 0.02 attention is near uniform and hides positions.
+POSITION_INIT = 0.2
+
+
+def tiny_llama(tokenizer, seed=0, layers=2, width=32, init_range=0.02):
+    """A random Llama (RoPE) for the toy tokenizer; init_range=POSITION_INIT where positions matter."""
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=width, intermediate_size=2 * width,
                          num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2,
-                         max_position_embeddings=256, tie_word_embeddings=True)
+                         max_position_embeddings=256, tie_word_embeddings=True, initializer_range=init_range)
     return LlamaForCausalLM(config).eval()
 
 
@@ -73,6 +98,59 @@ def scripted_rows(input_ids, attention_mask, cache, identify):
     cache.update(who[:, None, None, None].expand(B, 1, T, 1).contiguous(),
                  count[:, None, None, None].expand(B, 1, T, 1).contiguous(), 0)
     return who.long().tolist(), count.long().tolist()
+
+
+# Two float32 computations of one gradient that sum in another order (micro-batches or one batch,
+# 2 ranks or 1, gradient checkpointing or not, another CPU's kernels or thread count) differ in
+# each entry by at most about n * u * (sum of |terms|), u = 2^-24 = 6e-8, for n terms. An entry
+# here sums at most a few hundred tokens' products over a 32-64 wide model, and the sum of |terms|
+# is within a small factor of the largest entry of its tensor, so 1e-4 of that largest entry holds
+# with room; the errors these comparisons are for (a token count off by a rank's share, a loss
+# not scaled by world_size, a row left out) move entries by several percent of it.
+GRAD_TOLERANCE = 1e-4
+
+
+# A logprob is a logit minus a logsumexp, |value| < 10 here (V <= 1000, logits of size ~1): float32
+# holds it to 1e-6, and its logits, sums over a 32-64 wide hidden state, differ by reduction order
+# (a one-token cached decode against a full forward, a sliced LM head) by a few units of that.
+# 1e-5 holds with room; a position or a cache row out of place moves logprobs by far more (the
+# position tests show it on their own model: helpers.assert_sampled_logprobs_match_a_forward).
+LOGPROB_TOLERANCE = 1e-5
+
+
+def assert_same_gradients(a, b, rel=GRAD_TOLERANCE):
+    """a, b: {name: gradient} of the same parameters: each tensor agrees to `rel` x its largest
+    entry (GRAD_TOLERANCE says why); returns the largest such ratio seen, for a test's message."""
+    assert set(a) == set(b)
+    worst = 0.0
+    for name, x in a.items():
+        scale = x.abs().max().item()
+        err = (x - b[name]).abs().max().item()
+        assert err <= rel * scale, f"{name}: max difference {err:.3g}, {err / max(scale, 1e-30):.3g} of its largest entry"
+        worst = max(worst, err / max(scale, 1e-30))
+    print(f"gradients agree to {worst:.2g} of each tensor's largest entry (tolerance {rel:g})")
+    return worst
+
+
+def assert_ratio_one(lines, kl_coef=0.0, kl_rehearse_coef=0.0):
+    """metrics.jsonl lines of a run with one PPO epoch, whose old logprobs are the sampler's (or
+    recomputed from the same weights): every updated step is at ratio 1, so approx_kl (the mean
+    of old - new over the trained targets) is 0 within LOGPROB_TOLERANCE, and the loss is minus
+    the sum of the trained targets' advantages over their count n, plus each role's KL term
+    (kl coefficient x its mean k3 KL x its share of n). With role coefficients 1, the trained
+    targets are every ACT and REHEARSE target. At least one step must be updated; returns them."""
+    updated = [line for line in lines if line["status"] == "updated"]
+    assert updated, [line["status"] for line in lines]
+    for line in updated:
+        n_act, n_rehearse = line["tokens_act"], line["tokens_rehearse"]
+        n = n_act + n_rehearse
+        kl = (kl_coef * line.get("kl_ref_act", 0.0) * n_act + kl_rehearse_coef * line.get("kl_ref_rehearse", 0.0)
+              * n_rehearse) / n
+        assert abs(line["approx_kl"]) < LOGPROB_TOLERANCE, line
+        # exp(new - old) within 1e-5 of 1 on every token: the loss within 1e-5 x mean |A| (<= 1) of it
+        assert line["loss"] == pytest.approx(-(line["adv_act"] * n_act + line["adv_rehearse"] * n_rehearse) / n + kl,
+                                             abs=1e-4), line
+    return updated
 
 
 def tiny_cfg(tmp_path, **kw):
@@ -140,13 +218,14 @@ def chat_tokenizer(template=CHAT_TEMPLATE, specials=CHAT_SPECIALS, eos="<|im_end
     return fast
 
 
-def tiny_qwen(tokenizer, path=None, seed=0, layers=2, width=64):
-    """A random 2-layer Qwen2 for the chat tokenizer; saved with the tokenizer if `path` is given."""
+def tiny_qwen(tokenizer, path=None, seed=0, layers=2, width=64, init_range=0.02):
+    """A random 2-layer Qwen2 (RoPE) for the chat tokenizer; saved with the tokenizer if `path` is
+    given; init_range=POSITION_INIT where positions matter."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(seed)
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=width, intermediate_size=2 * width,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=2048, tie_word_embeddings=True,
+                         max_position_embeddings=2048, tie_word_embeddings=True, initializer_range=init_range,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     model = Qwen2ForCausalLM(config).eval()
     if path is not None:
@@ -155,20 +234,44 @@ def tiny_qwen(tokenizer, path=None, seed=0, layers=2, width=64):
     return model
 
 
-def assert_rehearse_logprobs_match_a_forward(model, rows, pad_id):
-    """Sampled rehearse rows: every sampled logprob equals a full teacher-forced forward's (1e-5)."""
-    from envace import REHEARSE, collate, token_logprobs
-    ids, _ = collate(rows, pad_id)
+def assert_sampled_logprobs_match_a_forward(model, episodes, pad_id, temperature=1.0):
+    """KV-cached sampling against the simple path: every logprob the sampler recorded for a token
+    it sampled (role ACT or REHEARSE, logprob not 0: forced ids, a planned call's too, record 0)
+    equals a full teacher-forced forward's over the finished rows (LOGPROB_TOLERANCE), and every
+    token of another role records 0. The model must see positions: the same forward with a gap of
+    one position after each row's prompt (what an off-by-one in the decoder's positions gives)
+    moves the compared logprobs by more than 100 x the tolerance, or the comparison could not tell
+    a position error (a position-blind model, or near-uniform attention, passes whatever the
+    positions). Returns the number of compared tokens."""
+    from envace import ACT, REHEARSE, collate, token_logprobs
+    ids, _ = collate(episodes, pad_id)
+    L = ids.shape[1]
+    gap = torch.stack([torch.arange(L) + (torch.arange(L) >= e["prompt_len"]).long() for e in episodes])
     with torch.no_grad():
-        full = token_logprobs(model, ids)
-    compared = 0
-    for i, r in enumerate(rows):
+        full = token_logprobs(model, ids, temperature)
+        shifted = F.log_softmax(model(input_ids=ids, position_ids=gap, use_cache=False).logits[:, :-1].float()
+                                / temperature, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    compared, moved = 0, 0.0
+    for i, e in enumerate(episodes):
+        for t in range(1, len(e["ids"])):
+            if e["roles"][t] not in (ACT, REHEARSE):
+                assert e["logprobs"][t] == 0.0, (i, t)
+            elif e["logprobs"][t] != 0.0:
+                assert abs(e["logprobs"][t] - full[i, t - 1].item()) < LOGPROB_TOLERANCE, (i, t)
+                moved = max(moved, abs(shifted[i, t - 1].item() - full[i, t - 1].item()))
+                compared += 1
+    assert compared > 0 and moved > 100 * LOGPROB_TOLERANCE, (compared, moved)
+    return compared
+
+
+def assert_rehearse_logprobs_match_a_forward(model, rows, pad_id):
+    """Sampled rehearse rows: every token after the prompt is a sampled REHEARSE token, and
+    assert_sampled_logprobs_match_a_forward holds."""
+    from envace import REHEARSE
+    for r in rows:
         assert r["cause"] in ("response", "bad_rehearsal", "env_limit")
-        for t in range(r["prompt_len"], len(r["ids"])):
-            assert r["roles"][t] == REHEARSE
-            assert abs(r["logprobs"][t] - full[i, t - 1].item()) < 1e-5
-            compared += 1
-    assert compared >= len(rows)
+        assert set(r["roles"][r["prompt_len"]:]) == {REHEARSE}
+    assert assert_sampled_logprobs_match_a_forward(model, rows, pad_id) >= len(rows)
 
 
 class Bigram(torch.nn.Module):

@@ -1,5 +1,7 @@
 """BFCL-v4 multi-turn (bfcl.py): the converter, the executor, the check against the package's own
-checker, and the oracle through evaluate.py. Needs bfcl-eval (installed by .ci/run)."""
+checker, and the oracle through evaluate.py. Every test that reads BFCL's data or classes needs
+bfcl-eval (installed by .ci/run; helpers.needs: skipped where it is missing, a failure under CI);
+the schema mapping, the call parser and the refusal without the package need nothing."""
 from machinery import evaluate_cli
 import builtins
 import itertools
@@ -10,13 +12,12 @@ import pytest
 
 from benchmarks import bfcl
 from machinery.config import ConfigError
-
-bfcl_eval = pytest.importorskip("bfcl_eval")
-from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker  # noqa: E402
+from helpers import needs
 
 
 @pytest.fixture(scope="module")
 def bfcl_dir(tmp_path_factory):
+    needs("bfcl_eval")
     out = tmp_path_factory.mktemp("bfcl")
     assert bfcl.convert(str(out)) == {"multi_turn_base": 200, "multi_turn_base_rl": 160,
                                       "multi_turn_base_heldout": 40, "multi_turn_miss_param": 200,
@@ -103,9 +104,17 @@ def test_every_converted_line_passes_check_task(bfcl_dir):
         assert tasks[0]["check"] == "benchmarks.bfcl:check" and tasks[0]["env_config"]["involved_classes"]
 
 
-def test_missing_package_refuses_bfcl_only_with_the_install_line(bfcl_dir, monkeypatch, tmp_path):
+def test_missing_package_refuses_bfcl_only_with_the_install_line(monkeypatch, tmp_path):
+    """Runs whether or not bfcl-eval is installed (its import is refused here): a BFCL task line
+    (one tool, the BFCL env and check) is refused with the install line, other tasks load."""
     from chat import tasks as chat_tasks
     from machinery.taskfiles import DataError
+    task = tmp_path / "bfcl_task.jsonl"
+    task.write_text(json.dumps({
+        "messages": [{"role": "user", "content": "list the files"}], "gold_calls": [{"name": "ls", "arguments": {}}],
+        "tools": [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object", "properties": {}}}}],
+        "env": "benchmarks.bfcl:BFCLEnv", "env_config": {"initial_config": {}, "involved_classes": ["GorillaFileSystem"]},
+        "check": "benchmarks.bfcl:check"}) + "\n")
     real_import = builtins.__import__
 
     def no_bfcl(name, *args, **kwargs):
@@ -121,10 +130,36 @@ def test_missing_package_refuses_bfcl_only_with_the_install_line(bfcl_dir, monke
     assert bfcl.main(["--out", str(tmp_path)]) == 2
     with pytest.raises(DataError, match=r"line 1: env 'benchmarks.bfcl:BFCLEnv': BFCLEnv\(\*\*env_config\) raised ConfigError: "
                                         r"BFCL tasks need the bfcl-eval package, not installed: pip install --no-deps"):
-        chat_tasks.read_chat_jsonl(str(bfcl_dir / "multi_turn_base.jsonl"), "tasks")
+        chat_tasks.read_chat_jsonl(str(task), "tasks")
     toy = os.path.join(os.path.dirname(__file__), "..", "data", "toy_chat_example.jsonl")
     assert len(chat_tasks.read_chat_jsonl(toy, "tasks")) == 6                                   # other tasks load
     assert bfcl.json_schema({"type": "float"}) == {"type": "number"}      # the rest still works
+
+
+def test_an_optional_package_missing_skips_locally_and_fails_under_ci(monkeypatch):
+    def outcome():                        # pytest's skip and fail are BaseExceptions: catch either
+        try:
+            needs("no_such_package")
+        except BaseException as e:
+            return type(e), str(e)
+    monkeypatch.delenv("CI", raising=False)
+    assert needs("json") is json
+    kind, message = outcome()
+    assert kind is pytest.skip.Exception and message.startswith("no_such_package is not installed")
+    monkeypatch.setenv("CI", "1")
+    kind, message = outcome()
+    assert kind is pytest.fail.Exception and "no_such_package is not installed" in message and "CI is set" in message
+
+
+def test_no_test_skips_but_through_needs():
+    """A skip anywhere else (importorskip, skipif, pytest.skip) would pass silently under CI."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = []
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py") and name not in ("helpers.py", os.path.basename(__file__)):
+            text = open(os.path.join(here, name)).read()
+            found += [(name, w) for w in ("importorskip", "skipif", "pytest.skip(", "mark.skip") if w in text]
+    assert found == []
 
 
 # ----------------------------------------------------------------------------- the executor
@@ -198,6 +233,7 @@ def official(task, episode):
             for turn in task["gold_calls"]]
     entry = {"id": task["id"], "initial_config": task["env_config"]["initial_config"],
              "involved_classes": task["env_config"]["involved_classes"]}
+    multi_turn_checker = needs("bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker").multi_turn_checker
     return 1.0 if multi_turn_checker(strings, gold, entry, "multi_turn_base", f"envace_x{next(_RUNS)}")["valid"] else 0.0
 
 
@@ -369,24 +405,29 @@ def test_oracle_lists_a_failing_task_and_refuses_a_file_it_cannot_replay(base, t
 
 # ----------------------------------------------------------------------------- a tiny model, end to end
 
-def test_a_tiny_random_qwen2_runs_the_bfcl_path_end_to_end_and_scores_0(bfcl_dir, base, tmp_path, capsys):
+def test_a_tiny_random_qwen2_runs_the_bfcl_path_end_to_end_and_scores_0(bfcl_dir, base, tmp_path, capsys,
+                                                                         monkeypatch):
     """Two multi_turn_base tasks (prompts of ~10k characters: every tool doc of their classes)
     through train.py and evaluate.py on a random 2-layer Qwen2: the executor and the check load
     per line, the long prompts fit max_tokens and the model's positions, both tasks are executed
     in evaluation, and an untrained model scores 0 (the check can fail), before and after RL.
-    Plumbing only: such a model never finishes a turn (docs/bfcl.md)."""
+    Plumbing only: such a model never finishes a turn (docs/bfcl.md). The RL step trains on
+    rewards 1, 0 in each group (the check's 0s would skip it) and keeps the ratio-1 invariants."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     import train
-    from helpers import chat_tokenizer
+    from helpers import POSITION_INIT, assert_ratio_one, chat_tokenizer
+    real_rows = train.training_rows
+    monkeypatch.setattr(train, "training_rows", lambda episodes, rewards, groups, how: real_rows(
+        episodes, [float(i % 2 == 0) for i in range(len(episodes))], groups, how))
 
     tok = chat_tokenizer()
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(
         vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
         num_key_value_heads=1, max_position_embeddings=32768, tie_word_embeddings=True,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, initializer_range=POSITION_INIT))
     model.save_pretrained(tmp_path / "qwen")
     tok.save_pretrained(tmp_path / "qwen")
     tasks = tmp_path / "two.jsonl"
@@ -398,6 +439,9 @@ def test_a_tiny_random_qwen2_runs_the_bfcl_path_end_to_end_and_scores_0(bfcl_dir
                    "max_env_tokens: 6\nmax_tokens: 16384\nmicro_batch_tokens: 40000\nmin_fidelity: 0.0\n"
                    "n_collusion: 1\n")
     assert train.main(["--config", str(cfg)]) == 0
+    [line] = [json.loads(text) for text in open(tmp_path / "run" / "metrics.jsonl")]
+    assert line["reward"] == 0.0 and line["all_equal_groups"] == 0 and line["rows_updated"] == 4
+    assert_ratio_one([line])
     result = json.load(open(tmp_path / "run" / "eval.json"))
     assert result["executed_tasks"] == result["n_tasks"] == 2
     assert result["success"] == result["before"]["success"] == 0.0

@@ -24,7 +24,7 @@ import train
 from machinery import taskfiles
 import world
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, loss_mask
-from helpers import CHAT_TEMPLATE, chat_tokenizer, scripted_rows, tiny_qwen
+from helpers import CHAT_TEMPLATE, POSITION_INIT, assert_ratio_one, chat_tokenizer, scripted_rows, tiny_qwen
 from rollout import sample_episodes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -202,20 +202,24 @@ def sample(task, env_mode, actions, responses, answer, n=1):
 
 
 def test_roles_and_shifted_loss_mask_of_a_chat_episode():
-    """pay 3 -> '6' -> answer 6. After the 74 prompt tokens (tokens and roles from the template):
-      74-76 <|im_start|> assistant Ċ (T) | 77-96 <tool_call> Ċ {" name ": Ġ" pay ", Ġ" arguments ":
-      Ġ{" amount ": Ġ 3 }} Ċ </tool_call> <|im_end|> (A) | 97-102 Ċ <|im_start|> user Ċ
-      <tool_response> Ċ (T) | 103-105 6 Ċ </tool_response> (R) | 106-110 <|im_end|> Ċ <|im_start|>
-      assistant Ċ (T) | 111-112 6 <|im_end|> (A)."""
+    """pay 3 -> '6' -> answer 6. After the n prompt tokens (the template's rendering of the user turn
+    and the tool; n = 74 with the fixture's BPE, the tokenizer's business), tokens and roles from the
+    template: n..n+2 <|im_start|> assistant Ċ (T) | n+3..n+22 <tool_call> Ċ {" name ": Ġ" pay ",
+      Ġ" arguments ": Ġ{" amount ": Ġ 3 }} Ċ </tool_call> <|im_end|> (A) | n+23..n+28 Ċ <|im_start|>
+      user Ċ <tool_response> Ċ (T) | n+29..n+31 6 Ċ </tool_response> (R) | n+32..n+36 <|im_end|> Ċ
+      <|im_start|> assistant Ċ (T) | n+37..n+38 6 <|im_end|> (A)."""
     tags, prompt, episodes = sample(pay_task(), "rehearse", [{"name": "pay", "arguments": {"amount": 3}}],
                                     ["6"], "6")
     e = episodes[0]
-    assert len(prompt) == 74 and e["cause"] == "answer" and e["answer"] == "6"
+    want = TOK.encode(TOK.apply_chat_template([{"role": "user", "content": "pay 3"}], tools=[PAY], tokenize=False),
+                      add_special_tokens=False)
+    n = len(want)
+    assert prompt == want == e["ids"][:n] and e["cause"] == "answer" and e["answer"] == "6"
     assert e["calls"] == ['{"name": "pay", "arguments": {"amount": 3}}'] and e["responses"] == ["6"]
     P, T, A, R = PROMPT, TAG, ACT, REHEARSE
-    assert e["roles"] == [P] * 74 + [T] * 3 + [A] * 20 + [T] * 6 + [R] * 3 + [T] * 5 + [A] * 2
-    assert tokens(e["ids"][103:106]) == ["6", "Ċ", "</tool_response>"]
-    assert tokens(e["ids"][95:98]) == ["</tool_call>", "<|im_end|>", "Ċ"]
+    assert e["roles"] == [P] * n + [T] * 3 + [A] * 20 + [T] * 6 + [R] * 3 + [T] * 5 + [A] * 2
+    assert tokens(e["ids"][n + 29:n + 32]) == ["6", "Ċ", "</tool_response>"]
+    assert tokens(e["ids"][n + 21:n + 24]) == ["</tool_call>", "<|im_end|>", "Ċ"]
     # the sequence is the template's own rendering of the conversation (without the final "\n")
     messages = [{"role": "user", "content": "pay 3"},
                 {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "pay", "arguments": {"amount": 3}}}]},
@@ -223,8 +227,8 @@ def test_roles_and_shifted_loss_mask_of_a_chat_episode():
     assert e["ids"] + tags["end"] == chat.prompt_ids(TOK, messages, [PAY])
     # target t is trained iff the token at t+1 is ACT or REHEARSE
     mask = loss_mask(torch.tensor([e["roles"]]))[0].tolist()
-    assert "".join(str(int(m)) for m in mask[73:]) == "000" + "1" * 20 + "0" * 6 + "111" + "0" * 5 + "11"
-    assert not any(mask[:73])
+    assert "".join(str(int(m)) for m in mask[n - 1:]) == "000" + "1" * 20 + "0" * 6 + "111" + "0" * 5 + "11"
+    assert not any(mask[:n - 1])
     sampled = [i for i, lp in enumerate(e["logprobs"]) if lp != 0.0]
     assert all(e["roles"][i] in (A, R) for i in sampled)        # forced and prompt tokens: logprob 0
 
@@ -298,21 +302,37 @@ def test_chat_reward_combines_answer_calls_and_judge():
     assert chat_reward.chat_reward({**e, "answer": "7"}, task, judge=lambda ep, t: [1.0, 1.0]) == 0.0
 
 
+def yes_by_hand(judge, prompt):
+    """p(yes) / (p(yes) + p(no)) of the judge's next token after `prompt`, from its logits by hand;
+    the first tokens of yes/Yes and no/No in this tokenizer: 'y', 'Y', 'no' (merged, from 'not'), 'N'."""
+    ids = torch.tensor([TOK.encode(prompt, add_special_tokens=False)])
+    with torch.no_grad():
+        logits = judge(input_ids=ids).logits[0, -1].tolist()
+    z = sum(math.exp(v) for v in logits)
+    p = {t: math.exp(logits[TOK.convert_tokens_to_ids(t)]) / z for t in ("y", "Y", "no", "N")}
+    return (p["y"] + p["Y"]) / (p["y"] + p["Y"] + p["no"] + p["N"])
+
+
+def judge_prompt_by_hand(user, transcript, question):
+    """The judge's question as the Hermes template renders one user turn, written out."""
+    return (f"<|im_start|>user\nTask: {user}\n\nWhat the assistant did:\n{transcript}\n\nQuestion: {question}\n"
+            f"Answer yes or no.<|im_end|>\n<|im_start|>assistant\n")
+
+
 def test_judge_probability_of_yes_by_hand(tmp_path):
     judge = tiny_qwen(TOK, seed=3)
     prompt = "<|im_start|>user\nIs 6 right? Answer yes or no.<|im_end|>\n<|im_start|>assistant\n"
-    # first tokens of yes/Yes and no/No in this tokenizer: 'y', 'Y', 'no' (merged, from 'not'), 'N'
     assert [tokens(TOK.encode(w, add_special_tokens=False)[0]) for w in ("yes", "Yes", "no", "No")] == \
         ["y", "Y", "no", "N"]
-    ids = torch.tensor([TOK.encode(prompt, add_special_tokens=False)])
-    logits = judge(input_ids=ids).logits[0, -1].tolist()
-    z = sum(math.exp(v) for v in logits)
-    p = {t: math.exp(logits[TOK.convert_tokens_to_ids(t)]) / z for t in ("y", "Y", "no", "N")}
-    want = (p["y"] + p["Y"]) / (p["y"] + p["Y"] + p["no"] + p["N"])
-    assert chat_reward.judge_yes_probability(judge, TOK, [prompt]) == [pytest.approx(want, rel=1e-5)]
-    scores = chat_reward.make_judge(judge, TOK)({"calls": [], "responses": [], "answer": "6"},
-                                           pay_task(checklist=["a?", "b?", "c?"]))
-    assert len(set(scores)) == 3 and all(0 < s < 1 for s in scores)     # one score per question, each its own
+    # (the same forward, softmax in float32 against math.exp in float64: 1e-5 of a probability)
+    assert chat_reward.judge_yes_probability(judge, TOK, [prompt]) == [pytest.approx(yes_by_hand(judge, prompt), rel=1e-5)]
+    # make_judge: one prompt per checklist question, the episode written as its transcript
+    questions = ["a?", "b?", "c?"]
+    scores = chat_reward.make_judge(judge, TOK)({"calls": ['{"name": "pay", "arguments": {"amount": 3}}'],
+                                                 "responses": ["6"], "answer": "6"}, pay_task(checklist=questions))
+    transcript = 'call: {"name": "pay", "arguments": {"amount": 3}}\nresult: 6\nanswer: 6'
+    want = [yes_by_hand(judge, judge_prompt_by_hand("pay 3", transcript, q)) for q in questions]
+    assert scores == pytest.approx(want, rel=1e-5) and len(set(want)) == 3
 
 
 # ----------------------------------------------------------------------------- task files
@@ -398,7 +418,7 @@ def test_toy_export_round_trips_and_the_toy_world_executes_json_calls(tmp_path):
 def test_train_resume_and_evaluate_on_the_chat_path(tmp_path, monkeypatch):
     # a random model never answers right: reward episode-length parity so that steps update
     monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(len(e["ids"]) % 2))
-    tiny_qwen(TOK, tmp_path / "qwen")
+    tiny_qwen(TOK, tmp_path / "qwen", init_range=POSITION_INIT)
     overrides = [f"--model={tmp_path / 'qwen'}", f"--out_dir={tmp_path / 'run'}", "--max_act_tokens=12",
                  "--max_tokens=640", "--temperature=2.0", "--lr=0.01"]
     monkeypatch.chdir(ROOT)
@@ -408,13 +428,9 @@ def test_train_resume_and_evaluate_on_the_chat_path(tmp_path, monkeypatch):
     out = cfg["out_dir"]
     lines = [json.loads(text) for text in open(os.path.join(out, "metrics.jsonl"))]
     assert [m["step"] for m in lines] == [1, 2, 3]
-    assert any(m["status"] == "updated" for m in lines)
     for m in lines:           # every episode samples at least its first token as the actor
         assert sum(m["causes"].values()) == 4 and m["tokens_act"] >= 4
-        if m["status"] == "updated":      # one epoch at ratio 1: minus the trained tokens' mean advantage
-            n = m["tokens_act"] + m["tokens_rehearse"]
-            assert m["loss"] == pytest.approx(
-                -(m["adv_act"] * m["tokens_act"] + m["adv_rehearse"] * m["tokens_rehearse"]) / n, abs=1e-4)
+    assert_ratio_one(lines)   # the resumed step 3 too
     final = checkpoint.load_policy(os.path.join(out, "ckpt"))[0]
     warm = checkpoint.load_policy(os.path.join(out, "warmstart"))[0]
     # each updated AdamW step moves an element by at most ~1.004 lr plus weight decay; the first by lr
@@ -453,10 +469,10 @@ def test_evaluation_of_tasks_without_an_executor_scores_by_criteria_and_judge(tm
     fmt, setting = features.setup(cfg, TOK, {"logged": [], "rl": [task], "test": [task]})   # loads the judge
     result = evaluate.evaluate(Script(script["ids"][len(prompts[0]):]), TOK, [task], cfg, fmt, setting)
     judge = checkpoint.load_policy(str(tmp_path / "judge"))[0]
-    episode = {"calls": ['{"name": "pay", "arguments": {"amount": 3}}'], "responses": ["6"], "answer": "6"}
-    want = chat_reward.make_judge(judge, TOK)(episode, task)
+    transcript = 'call: {"name": "pay", "arguments": {"amount": 3}}\nresult: 6\nanswer: 6'
+    want = [yes_by_hand(judge, judge_prompt_by_hand("pay 3", transcript, q)) for q in task["checklist"]]
     assert result["causes"] == {"answer": 1} and result["rehearsed_tasks"] == 1
-    assert result["success"] == pytest.approx(sum(want) / 2, rel=1e-5) and 0 < result["success"] < 1
+    assert result["success"] == pytest.approx(sum(want) / 2, rel=1e-5)
     assert result["executed_tasks"] == 0 and result["fidelity"] == {}
 
 
@@ -476,3 +492,4 @@ def test_the_qwen3_config_runs_its_keys_together_on_a_tiny_model(tmp_path, monke
     [line] = [json.loads(text) for text in open(os.path.join(cfg["out_dir"], "metrics.jsonl"))]
     # the one step's policy is its reference (no warm start, no update before it): KL 0 up to rounding
     assert line["status"] == "updated" and line["kl_ref_act"] < 1e-9 and line["kl_ref"] < 1e-9
+    assert_ratio_one([line], kl_coef=cfg["kl_coef"])

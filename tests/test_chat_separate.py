@@ -4,6 +4,7 @@ its rehearse rows, the result copied into the actor row as the template's tool r
 examples limited by grounding_examples, warm-start rows equal to the sampler's, would-rehearse
 asked in the separate rows, and train.py / evaluate.py end to end on a tiny random Qwen2."""
 import functools
+import itertools
 import json
 import os
 from types import SimpleNamespace
@@ -26,7 +27,8 @@ import reward
 from rehearsal import separate
 import train
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask
-from helpers import assert_rehearse_logprobs_match_a_forward, chat_tokenizer, scripted_rows, tiny_qwen
+from helpers import (POSITION_INIT, assert_ratio_one, assert_rehearse_logprobs_match_a_forward, chat_tokenizer,
+                     scripted_rows, tiny_qwen)
 from rollout import sample_episodes
 from rehearsal.separate import _chat_rehearse_row, sample_separate
 
@@ -114,18 +116,23 @@ def text(ids):
 
 
 def test_chat_actor_row_and_its_rehearse_rows():
-    """Actor row: 79 prompt tokens | <|im_start|> assistant Ċ (T) | the pay 3 call, 19 tokens +
-    <|im_end|> (A) | Ċ <|im_start|> user Ċ <tool_response> Ċ (T) | 6 Ċ </tool_response> (O) |
-    <|im_end|> Ċ <|im_start|> assistant Ċ (T) | pay 2, 20 (A) | 6 T | 4 Ċ </tool_response> (O) | 5 T |
-    4 <|im_end|> (A). Rehearse row 1: 244 prompt tokens, then 6 <|im_end|> (R); row 2: 274
-    (the dialogue holds the first call and its result), then 4 <|im_end|> (R)."""
+    """Actor row: n prompt tokens (the template's rendering of the user turn and the tool: 79 with
+    the fixture's BPE) | <|im_start|> assistant Ċ (T) | the pay 3 call, 19 tokens + <|im_end|> (A) |
+    Ċ <|im_start|> user Ċ <tool_response> Ċ (T) | 6 Ċ </tool_response> (O) | <|im_end|> Ċ <|im_start|>
+    assistant Ċ (T) | pay 2, 20 (A) | 6 T | 4 Ċ </tool_response> (O) | 5 T | 4 <|im_end|> (A).
+    Rehearse row 1: its prompt, then 6 <|im_end|> (R); row 2: its prompt (the dialogue holds the
+    first call and its result), then 4 <|im_end|> (R)."""
     e, = sample(pay_task())
     assert e["cause"] == "answer" and e["answer"] == "4" and e["responses"] == ["6", "4"]
     assert e["calls"] == [json.dumps(c) for c in CALLS]
-    assert runs(e["roles"]) == [(P, 79), (T, 3), (A, 20), (T, 6), (O, 3), (T, 5), (A, 20), (T, 6), (O, 3),
+    prompt = TOK.encode(TOK.apply_chat_template(pay_task()["messages"], tools=[PAY], tokenize=False),
+                        add_special_tokens=False)
+    n = len(prompt)
+    assert e["ids"][:n] == prompt
+    assert runs(e["roles"]) == [(P, n), (T, 3), (A, 20), (T, 6), (O, 3), (T, 5), (A, 20), (T, 6), (O, 3),
                                 (T, 5), (A, 2)]
     # target t is trained iff token t+1 is ACT or REHEARSE: the copied responses never are
-    assert mask_string(e) == "0" * 78 + "000" + "1" * 20 + "0" * 6 + "000" + "00000" + "1" * 20 + "0" * 6 + \
+    assert mask_string(e) == "0" * (n - 1) + "000" + "1" * 20 + "0" * 6 + "000" + "00000" + "1" * 20 + "0" * 6 + \
         "000" + "00000" + "11"
     # the actor row is the template's own rendering of the conversation, tool turns included
     messages = pay_task()["messages"]
@@ -136,8 +143,8 @@ def test_chat_actor_row_and_its_rehearse_rows():
     assert e["ids"] + TAGS["end"] == chat.prompt_ids(TOK, messages, [PAY])
     r1, r2 = e["rehearsals"]
     assert (r1["turn"], r2["turn"], r1["cause"], r1["responses"]) == (0, 1, "response", ["6"])
-    assert r1["roles"] == [P] * 244 + [R, R] and r2["roles"] == [P] * 274 + [R, R]
-    assert mask_string(r1) == "0" * 243 + "11" and mask_string(r2) == "0" * 273 + "11"
+    for r in (r1, r2):                          # its prompt, then the result and the stop
+        assert r["roles"] == [P] * (len(r["ids"]) - 2) + [R, R] and mask_string(r) == "0" * (len(r["ids"]) - 3) + "11"
     assert TOK.convert_ids_to_tokens(r1["ids"][-5:]) == ["<|im_start|>", "assistant", "Ċ", "6", "<|im_end|>"]
     assert TOK.convert_ids_to_tokens(r2["ids"][-2:]) == ["4", "<|im_end|>"]
     # the rehearse prompt: system (tool, schema, 1 example), user (dialogue, call); never in the actor row
@@ -149,7 +156,7 @@ def test_chat_actor_row_and_its_rehearse_rows():
     for word in (SYSTEM_WORDS, "Examples", "The dialogue so far", "The call"):
         assert word not in text(e["ids"])
     # the rehearsed result sits in the actor row as OBS only, as a tool response, no logprob
-    for r, at in ((r1, 108), (r2, 142)):        # 79 + 3 + 20 + 6; + 3 + 5 + 20 + 6
+    for r, at in ((r1, n + 29), (r2, n + 63)):  # n + 3 + 20 + 6; + 3 + 5 + 20 + 6
         assert TOK.convert_ids_to_tokens(e["ids"][at:at + 3]) == [r["responses"][0], "Ċ", "</tool_response>"]
         assert e["roles"][at:at + 3] == [O] * 3 and e["logprobs"][at:at + 3] == [0.0] * 3
         assert text(e["ids"][at - 6:at]) == "\n<|im_start|>user\n<tool_response>\n"
@@ -272,7 +279,7 @@ def test_separate_warm_start_teaches_the_rows_the_sampler_then_writes():
 def test_chat_rehearse_rows_logprobs_equal_a_teacher_forced_forward():
     """Chat rehearse rows of different prompt lengths (0, 1 earlier calls) sampled together by the
     KV-cached sampler with a tiny random Qwen2: every sampled logprob equals a full forward."""
-    model = tiny_qwen(TOK, seed=2)
+    model = tiny_qwen(TOK, seed=2, init_range=POSITION_INIT)
     task = pay_task()
     world = chat.task_world(task, TAGS)
     env_tags = chat_separate.rehearse_tags(TAGS)
@@ -308,8 +315,10 @@ def test_rl_step_on_chat_separate_rows():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sums, status = train.rl_step(model, model, opt, rows, row_rewards, groups, cfg, TOK.pad_token_id)
     assert status == "updated" and sums["tokens_rehearse"] == 8 and sums["tokens_act"] == 84
-    # ratio 1: loss = -(sum of A over trained tokens) / n_tokens = -(0.5 x (42 + 2 + 2) - 0.5 x (42 + 2 + 2)) / 92
-    assert sums["tokens_obs"] == 12 and sums["rows_updated"] == 6 and sums["loss"] == pytest.approx(0.0, abs=1e-6)
+    # ratio 1: loss = -(sum of A over trained tokens) / n_tokens = -(0.5 x (42 + 2 + 2) - 0.5 x (42 + 2 + 2)) / 92;
+    # each ratio is 1 within LOGPROB_TOLERANCE (old recomputed, new from the update's forward), so the
+    # loss is 0 within 0.5 x 1e-5 (a sign or a group wrong: 0.5 x 46 / 92 = 0.25)
+    assert sums["tokens_obs"] == 12 and sums["rows_updated"] == 6 and sums["loss"] == pytest.approx(0.0, abs=5e-6)
 
 
 def test_chat_evaluation_asks_would_rehearse_in_separate_rows(monkeypatch):
@@ -352,8 +361,10 @@ def test_config_accepts_separate_chat(tmp_path, monkeypatch):
 
 
 def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
-    # a random model never answers right: reward episode-length parity so that steps update
-    monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(len(e["ids"]) % 2))
+    # rewards 0, 1, 0, 1, ... in the order episodes are scored: a group's 2 samples always differ,
+    # so every step updates whatever a random model writes
+    calls = itertools.count()
+    monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(next(calls) % 2))
     asked = []
     would = honesty.would_rehearse_rows
 
@@ -370,7 +381,7 @@ def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
     monkeypatch.setattr(separate, "sample_separate", sample_spy)     # the format's setup reads it
     monkeypatch.setattr(chat_separate, "separate_warm_start_sequences",
                         lambda *a: built.append(a[-1]) or chat_separate_warm_start(*a))
-    tiny_qwen(TOK, tmp_path / "qwen")
+    tiny_qwen(TOK, tmp_path / "qwen", init_range=POSITION_INIT)
     overrides = [f"--model={tmp_path / 'qwen'}", f"--out_dir={tmp_path / 'run'}", "--max_act_tokens=12",
                  "--max_tokens=640", "--lr=0.01", "--rehearsal_context=separate", "--grounding_examples=1",
                  "--temperature=2.0"]
@@ -382,6 +393,7 @@ def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
     assert [m["step"] for m in lines] == [1, 2]
     for m in lines:           # every episode samples at least its first token as the actor
         assert sum(m["causes"].values()) == 4 and m["tokens_act"] >= 4
+    assert len(assert_ratio_one(lines)) == 2   # actor rows resumed from their kept caches, rehearse rows prefilled
     # two RL steps, and the imagined world (format_chat.imagined_world: env toy executes) before and after RL
     assert sampled == [(TAGS["act_end"], 1)] * 4 and built == [1]
     assert len(asked) == 2                     # before and after RL (coverage reuses the same answers)

@@ -1,8 +1,10 @@
 """Several processes (gloo on CPU): 2 ranks x B/2 rows make the same update as 1 rank x B rows,
-and a 2-process torchrun run of a small config finishes and writes one metrics file."""
+a rank with no trained token adds nothing to the loss's token count, and a 2-process torchrun
+run of a small config finishes and writes one metrics file."""
 import envace
 from machinery import config
 import json
+import math
 import os
 import random
 import subprocess
@@ -19,7 +21,7 @@ from machinery import checkpoint
 import train
 import world
 from envace import REHEARSE, encode_episode
-from helpers import tiny_cfg, tiny_llama, toy_tokenizer
+from helpers import GRAD_TOLERANCE, assert_same_gradients, tiny_cfg, tiny_llama, toy_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,12 +42,18 @@ BUDGET = 50     # rank 0's rows pack into 3 micro-batches, rank 1's into 5: the 
                 # run the same number of forward/backward passes (rank 0 adds 2 with weight 0)
 
 
+SGD_LR = 0.1
+
+
 def one_update(rank, world_size):
-    """One rl_step from the fixed inputs on this rank's share of the groups; returns the model."""
+    """One rl_step from the fixed inputs on this rank's share of the groups, with plain SGD (the
+    weights move by lr x the gradient, so a float difference in the gradient stays that small in
+    the weights; AdamW's first step is g / |g| elementwise, which turns a last-bit difference of a
+    near-zero entry into a whole learning rate); returns the model."""
     tok, episodes, rewards, groups = fixed_step_inputs()
     model = tiny_llama(tok, seed=0)
     ddp_model = DDP(model) if world_size > 1 else model
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.SGD(model.parameters(), lr=SGD_LR)
     share = slice(rank * 12 // world_size, (rank + 1) * 12 // world_size)    # whole groups per rank
     cfg = {**config.DEFAULTS, "micro_batch_tokens": BUDGET, "kl_coef": 0.0}
     _, status = train.rl_step(model, ddp_model, opt, episodes[share], rewards[share], groups[share],
@@ -75,16 +83,68 @@ def test_two_ranks_make_the_one_rank_update(tmp_path):
     two, two_grads = torch.load(result)
     model = one_update(0, 1)
     one, one_grads = model.state_dict(), grads(model)
-    # Adam's first step is blind to the gradient's scale, so compare the gradients themselves too:
-    # a wrong normaliser (local instead of global token count, no x world_size) shows up here
-    for name, g in one_grads.items():
-        assert torch.allclose(g, two_grads[name], rtol=1e-5, atol=1e-8), name
+    # the first step's gradient, before any optimizer step (GRAD_TOLERANCE: why 1e-4 of the largest
+    # entry): a wrong normaliser (local instead of global token count, no x world_size) moves it by half
+    assert_same_gradients(one_grads, two_grads)
+    # one SGD step, w - lr x g (the gradient's norm is under grad_clip: not clipped): the largest
+    # move is lr x the largest gradient entry, and the two runs' weights differ by at most lr x
+    # their gradients' difference plus a float32 rounding of each w (|w| <= 1: 6e-8 each)
+    g_max = max(g.abs().max().item() for g in one_grads.values())
+    assert math.sqrt(sum(g.square().sum().item() for g in one_grads.values())) < 1
     start = tiny_llama(toy_tokenizer(), seed=0).state_dict()
     moved = max((one[k] - start[k]).abs().max().item() for k in one)
     diff = max((one[k] - two[k]).abs().max().item() for k in one)
     print(f"max abs weight difference, 2 ranks vs 1: {diff:.3g} (the step moved them up to {moved:.3g})")
-    assert moved > 1e-4
-    assert diff < 1e-5
+    assert moved == pytest.approx(SGD_LR * g_max, rel=1e-3)
+    assert diff <= SGD_LR * GRAD_TOLERANCE * g_max + 1.2e-7
+
+
+def _zero_token_worker(rank, world_size, init_file, result_file):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    model, sums, batch = zero_token_update(rank, world_size)
+    torch.save((sums, batch["n_tokens"], grads(model)), f"{result_file}.{rank}")
+    dist.destroy_process_group()
+
+
+def zero_token_update(rank, world_size):
+    """act_coef 0: only REHEARSE targets are trained. Rank 0 holds three rehearse-mode episodes of
+    'price apple' with 1, 2, 3 calls ('3 </env>': 2, 4, 6 REHEARSE targets) and rewards 1, 0, 0;
+    rank 1 (on 2 ranks) holds the same three episodes in real mode (responses OBS): no trained
+    target at all. The old logprobs are recomputed (ratio 1)."""
+    tok = toy_tokenizer()
+    env_role = REHEARSE if rank == 0 else envace.OBS
+    episodes = [encode_episode(tok, "price apple", ["price apple"] * k, ["3"] * k, "3", env_role=env_role)
+                for k in (1, 2, 3)]
+    model = tiny_llama(tok, seed=0)
+    ddp_model = DDP(model) if world_size > 1 else model
+    cfg = {**config.DEFAULTS, "act_coef": 0.0, "kl_coef": 0.0, "reuse_sampler_logprobs": False}
+    batch = train.make_batch(episodes, [1.0, 0.0, 0.0], [rank] * 3, cfg, tok.pad_token_id)
+    sums, status = train.rl_step(model, ddp_model, torch.optim.SGD(model.parameters(), lr=0.0), episodes,
+                                 [1.0, 0.0, 0.0], [rank] * 3, cfg, tok.pad_token_id, world_size=world_size)
+    assert status == "updated"
+    return model, sums, batch
+
+
+def test_a_rank_without_trained_tokens_adds_nothing_to_the_token_count(tmp_path):
+    """The loss is divided by the trained tokens of the whole step: 2 + 4 + 6 = 12 REHEARSE targets,
+    all on rank 0. Advantages 2/3, -1/3, -1/3 at ratio 1: loss = -(2/3 x 2 - 1/3 x 4 - 1/3 x 6) / 12
+    = 2 / 12 = 1/6 over both ranks, the 1-rank loss of rank 0's episodes alone, and so is the
+    gradient. Mutation: each rank's count clamped to >= 1 before the sum (13: loss 2/13)."""
+    torch.set_num_threads(1)
+    result = str(tmp_path / "sums")
+    mp.start_processes(_zero_token_worker, args=(2, str(tmp_path / "init"), result), nprocs=2, join=True,
+                       start_method="fork")
+    (sums0, n0, grads0), (sums1, n1, grads1) = (torch.load(f"{result}.{r}") for r in (0, 1))
+    assert (n0, n1) == (12, 0)                             # make_batch: this rank's own count, 0 if none
+    assert sums0["tokens_rehearse"] == 12 and sums1["tokens_rehearse"] == 0 and sums1["tokens_obs"] == 12
+    # ratio 1 within float32 rounding of two forwards (1e-6 of each token's term, 12 terms)
+    assert sums0["loss"] + sums1["loss"] == pytest.approx(1 / 6, abs=1e-5)
+    assert sums1["loss"] == 0.0 and sums1["rows_updated"] == 0
+    alone, alone_sums, _ = zero_token_update(0, 1)
+    assert alone_sums["loss"] == pytest.approx(1 / 6, abs=1e-5)
+    assert_same_gradients(grads(alone), grads0)
+    assert_same_gradients(grads0, grads1)                  # DDP: every rank holds the summed gradient
 
 
 def test_torchrun_two_processes_write_one_metrics_file(tmp_path):

@@ -3,6 +3,7 @@ a file next to the task file; its calls, state, errors, refusals and time limit;
 env_config; then real-mode sampling, fidelity, collusion and train.py / evaluate.py with it."""
 from machinery import metrics
 from machinery import evaluate_cli
+import itertools
 import json
 import os
 import types
@@ -178,7 +179,7 @@ from formats import features  # noqa: E402
 from machinery import taskfiles  # noqa: E402
 import train           # noqa: E402
 from envace import OBS, REHEARSE, TAG  # noqa: E402
-from helpers import scripted_rows, tiny_qwen  # noqa: E402
+from helpers import POSITION_INIT, assert_ratio_one, scripted_rows, tiny_qwen  # noqa: E402
 from rehearsal import honesty  # noqa: E402
 from rollout import sample_episodes  # noqa: E402
 from test_chat import TOK, Script  # noqa: E402
@@ -442,8 +443,11 @@ def test_train_on_executor_tasks_real_and_rehearse_then_evaluate(bank_dir, monke
     """A few bank tasks, a tiny random Qwen2: env_mode real and rehearse each run to the end (the
     gate passes with min_fidelity 0), eval.json counts every task as executed; evaluate.py on a
     task file without env prints "rehearsed success (no executor)" and never "real-world"."""
-    monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(len(e["ids"]) % 2))
-    tiny_qwen(TOK, bank_dir / "qwen")
+    # rewards 0, 1, 0, 1, ... in the order episodes are scored: a group's 2 samples always differ,
+    # so every step updates whatever a random model writes
+    calls = itertools.count()
+    monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(next(calls) % 2))
+    tiny_qwen(TOK, bank_dir / "qwen", init_range=POSITION_INIT)
     lines = [bank_line(env_config={"balance": b}, answer=str(b)) for b in (3, 5, 7, 9)]
     tasks = write_tasks(bank_dir, lines)
     plain = write_tasks(bank_dir, [{k: v for k, v in x.items() if k not in ("env", "env_config")} for x in lines],
@@ -464,6 +468,8 @@ def test_train_on_executor_tasks_real_and_rehearse_then_evaluate(bank_dir, monke
         assert result["before"]["executed_tasks"] == 4 and "collusion" in result
         steps = [json.loads(x) for x in open(out / "metrics.jsonl")]
         assert [s["step"] for s in steps] == [1, 2]
+        assert len(assert_ratio_one(steps)) == 2    # the executor's responses forced as OBS in real mode
+        assert all((s["tokens_obs"] > 0) == (mode == "real" and s["mean_calls"] > 0) for s in steps)
     assert evaluate_cli.main(["--ckpt", str(bank_dir / "real"), f"--test_file={plain}", "--n_test=2"]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("rehearsed success (no executor) ") and "real-world" not in printed

@@ -22,7 +22,7 @@ import train
 import world
 from machinery.checkpoint import build_tokenizer
 from envace import ACT, PROMPT, REHEARSE, TAG, encode_episode, token_logprobs
-from helpers import ScriptedModel, tiny_cfg, tiny_llama, toy_tokenizer
+from helpers import ScriptedModel, assert_same_gradients, tiny_cfg, tiny_llama, toy_tokenizer
 from reward import cause_counts, task_reward
 from rollout import sample_episodes
 
@@ -238,13 +238,14 @@ def test_rows_with_rehearse_kl_are_kept_and_match_the_one_batch_gradient():
         loss, _ = envace.clipped_pg_loss(new, old, batch["advantages"], batch["mask"], batch["n_tokens"],
                                         ref, kl_coef=batch["kl_coefs"])
         loss.backward()
-        g_all = [p.grad.clone() for p in model.parameters()]
+        g_all = {n: p.grad.clone() for n, p in model.named_parameters()}
         model.zero_grad(set_to_none=True)
         stats = train.accumulate_gradients(model, batch, old, ref, {**cfg, "micro_batch_tokens": 60})
         assert stats["rows_updated"] == kept
-        assert stats["loss"] == pytest.approx(loss.item(), rel=1e-5, abs=1e-7)
-        for a, p in zip(g_all, model.parameters()):
-            assert torch.allclose(a, p.grad, atol=1e-6, rtol=1e-5)
+        # ~300 float32 per-token terms with |values| adding up to < 3, summed in another order:
+        # at most 300 x 6e-8 x 3 = 5e-5 apart (a row left out moves the loss by its whole terms)
+        assert stats["loss"] == pytest.approx(loss.item(), rel=1e-5, abs=5e-5)
+        assert_same_gradients(g_all, {n: p.grad for n, p in model.named_parameters()})
         assert stats["kl_count_rehearse"] == (0 if extra else int((batch["roles"][:, 1:] == REHEARSE).sum()))
     # without any KL coefficient the reference is not needed at all
     assert not train.uses_kl(config.DEFAULTS) and train.uses_kl({**config.DEFAULTS, "kl_rehearse_coef": 0.1})
@@ -266,7 +267,8 @@ def test_rehearse_kl_changes_the_loss_only_through_rehearse_tokens():
     target_roles = batch["roles"][:, 1:]
     n = batch["n_tokens"]
     n_rehearse, n_act = int((target_roles == REHEARSE).sum()), int((target_roles == ACT).sum())
-    # at ratio 1 and ref above by log 2 every trained token adds coef * k3(log 2)
+    # at ratio 1 and ref above by log 2 every trained token adds coef * k3(log 2); each loss is a
+    # float32 sum of ~300 terms (error < 1e-6), the differences ~0.05: 1e-4 of them holds
     assert losses[0.0, 1.0] - losses[0.0, 0.0] == pytest.approx(n_rehearse * K3_LOG2 / n, rel=1e-4)
     assert losses[1.0, 0.0] - losses[0.0, 0.0] == pytest.approx(n_act * K3_LOG2 / n, rel=1e-4)
 
@@ -275,25 +277,36 @@ def test_rehearse_kl_changes_the_loss_only_through_rehearse_tokens():
 
 def test_guarded_run_logs_kl_per_role_collusion_and_fidelity(tmp_path, monkeypatch):
     monkeypatch.setattr(format_plain, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
-    cfg = tiny_cfg(tmp_path, rl_steps=2, kl_rehearse_coef=0.1, rehearse_check=True, n_collusion=8)
+    # KL on both roles: every row has KL terms, so every row is updated (none left out for a zero
+    # advantage) and the per-role KL means are over all of each role's trained targets
+    cfg = tiny_cfg(tmp_path, rl_steps=2, kl_coef=0.1, kl_rehearse_coef=0.1, rehearse_check=True, n_collusion=8)
     assert train.run(cfg) == 0
     out = cfg["out_dir"]
     lines = [json.loads(text) for text in open(os.path.join(out, "metrics.jsonl"))]
     for line in lines:
-        per_role = [line[k] for k in ("kl_ref_act", "kl_ref_rehearse") if k in line]
+        n_act, n_rehearse = line["tokens_act"], line["tokens_rehearse"]
+        assert line["status"] == "updated" and line["rows_updated"] == 16 and n_act > 0
         if line["step"] == 1:         # the policy is still the warm start, its reference: KL 0
-            assert line["kl_ref"] < 1e-9 and max(per_role) < 1e-9
-        else:                         # moved; the mean over trained tokens is at most the largest role's
-            assert 0 < line["kl_ref"] <= max(per_role) * (1 + 1e-6)
-        assert set(line["collusion"]) == {"calls", "wrong", "colluding", "rate"}
-        assert sum(n for _, n in line["fidelity_counts"].values()) == line["collusion"]["calls"]
+            assert line["kl_ref"] < 1e-9 and line["kl_ref_act"] < 1e-9 and line.get("kl_ref_rehearse", 0) < 1e-9
+        else:                         # moved away from it
+            assert line["kl_ref_act"] > 1e-9
+        # kl_ref (the loss's stat: the sum over trained targets / their count) is the per-role
+        # means weighted by the roles' counts (float32 sums in another order: 1e-4 of the value)
+        weighted = (line["kl_ref_act"] * n_act + line.get("kl_ref_rehearse", 0.0) * n_rehearse) / (n_act + n_rehearse)
+        assert line["kl_ref"] == pytest.approx(weighted, rel=1e-4, abs=1e-12)
+        assert ("kl_ref_rehearse" in line) == (n_rehearse > 0)
+        c = line["collusion"]
+        assert c["rate"] == (c["colluding"] / c["wrong"] if c["wrong"] else None)
+        assert sum(n for _, n in line["fidelity_counts"].values()) == c["calls"]
     result = json.load(open(os.path.join(out, "eval.json")))
     c = result["collusion"]           # the same imagined calls, counted twice; 8 imagined episodes
     assert c["calls"] == sum(n for _, n in result["imagined_fidelity_counts"].values())
-    assert c["colluding"] <= c["wrong"] <= c["calls"] and (result["imagined_success"] * 8).is_integer()
-    assert "collusion" in result["before"]
+    assert c["rate"] == (c["colluding"] / c["wrong"] if c["wrong"] else None)
+    assert (result["imagined_success"] * 8).is_integer() and "collusion" in result["before"]
     before = open(os.path.join(out, "eval.json")).read()
     assert evaluate_cli.main(["--ckpt", out, "--collusion"]) == 0
     again = json.load(open(os.path.join(out, "collusion.json")))
-    assert set(again) == {"imagined_success", "imagined_fidelity", "imagined_fidelity_counts", "collusion"}
+    # the final policy, its 8 test tasks and the eval seed again: the very same imagined episodes
+    assert again == {k: result[k] for k in ("imagined_success", "imagined_fidelity", "imagined_fidelity_counts",
+                                             "collusion")}
     assert open(os.path.join(out, "eval.json")).read() == before

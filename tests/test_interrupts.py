@@ -89,7 +89,9 @@ def test_a_signal_during_the_warm_start_evaluation_keeps_it_and_resume_matches(t
 
     assert train.main(["--config", os.path.join(out_dir, "config.yaml"), "--resume"]) == 0
     assert f"resumed from {out_dir}/warmstart" in capsys.readouterr().out
-    # the same warm start, its evaluation, every RL step and the final policy as the run never stopped
+    # the same warm start, its evaluation, every RL step and the final policy as the run never stopped,
+    # exactly: both runs are in this process (the same float operations in the same order) and the
+    # resume reads the warm start back bit for bit
     for name in ("warmstart/eval.json", "eval.json"):
         a, b = (json.load(open(os.path.join(d, name))) for d in (whole["out_dir"], out_dir))
         assert a == b, name

@@ -2,6 +2,7 @@
 template and checked, the sampler forcing the next user turn (roles, masks, logprobs, call_turns,
 answers), sampled ids never re-tokenized, per-turn gold-call rewards, task-file checks, the warm
 start on multi-turn logged trajectories, and train.py / evaluate.py end to end on a tiny Qwen2."""
+import itertools
 import json
 import os
 
@@ -20,7 +21,7 @@ from formats import chat as format_chat
 from chat import multiturn
 import train
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, loss_mask
-from helpers import CHAT_TEMPLATE, chat_tokenizer, tiny_qwen
+from helpers import CHAT_TEMPLATE, POSITION_INIT, assert_ratio_one, chat_tokenizer, tiny_qwen
 from rollout import sample_episodes
 from test_chat import Script  # the scripted fake LM (ids fed after the prompt, scripted_rows)
 
@@ -44,7 +45,11 @@ def task(**kw):
     return chat_tasks.check_task({**LINE, **kw}, "line 1", "tasks")
 
 
-# the episode after its 121 prompt tokens, token by token, as the tiny template renders it:
+# the prompt: the template's rendering of the first user turn and the tools (its length, 121 with
+# the fixture's BPE, is the tokenizer's business); then the episode, token by token, as the tiny
+# template renders it:
+N_PROMPT = len(TOK.encode(TOK.apply_chat_template(LINE["messages"], tools=LINE["tools"], tokenize=False),
+                          add_special_tokens=False))
 # price apple -> 3, answer (written as the bytes a p p l e: not the canonical 'apple' token),
 # user turn "pay 3", pay 3 -> 6, answer 6
 CALL_PRICE = ["<tool_call>", "Ċ", '{"', "name", '":', 'Ġ"', "price", '",', 'Ġ"', "arguments", '":', 'Ġ{"', "item",
@@ -112,24 +117,25 @@ def test_a_template_that_renders_user_turns_differently_after_an_answer_fails_th
 def test_roles_masks_and_forced_turn_of_a_two_turn_episode():
     tags, prompt, episodes = sample(task())
     e = episodes[0]
-    assert len(prompt) == 121
+    assert prompt == TOK.encode(TOK.apply_chat_template(LINE["messages"], tools=LINE["tools"], tokenize=False),
+                                add_special_tokens=False)
     want_ids = prompt + ids([tok for segment, _ in EPISODE for tok in segment])
-    want_roles = [P] * 121 + [role for segment, role in EPISODE for _ in segment]
-    assert e["ids"] == want_ids and e["roles"] == want_roles and len(e["ids"]) == 121 + 91
+    want_roles = [P] * N_PROMPT + [role for segment, role in EPISODE for _ in segment]
+    assert e["ids"] == want_ids and e["roles"] == want_roles and len(e["ids"]) == N_PROMPT + 91
     assert e["cause"] == "answer" and e["finished"] and e["answer"] == "6"
     assert e["answers"] == ["apple", "6"] and e["call_turns"] == [0, 1]
     assert e["calls"] == [json.dumps(PRICE_APPLE), json.dumps(PAY_3)] and e["responses"] == ["3", "6"]
     # the forced user turn: glue TAG, content PROMPT, logprob 0 (the script is certain, so every
     # logprob is 0 here: the roles say which tokens were forced)
-    turn = slice(121 + 3 + 20 + 6 + 3 + 5 + 6, 121 + 3 + 20 + 6 + 3 + 5 + 6 + 12)
+    turn = slice(N_PROMPT + 3 + 20 + 6 + 3 + 5 + 6, N_PROMPT + 3 + 20 + 6 + 3 + 5 + 6 + 12)
     assert [TOK.convert_ids_to_tokens(i) for i in e["ids"][turn]] == [
         "Ċ", "<|im_start|>", "user", "Ċ", "pay", "Ġ", "3", "<|im_end|>", "Ċ", "<|im_start|>", "assistant", "Ċ"]
     assert e["roles"][turn] == [T] * 4 + [P] * 3 + [T] * 5 and set(e["logprobs"][turn]) == {0.0}
     assert all(e["logprobs"][i] == 0.0 for i, r in enumerate(e["roles"]) if r in (P, T))
     # the shifted loss mask: position t is trained iff token t+1 is ACT or REHEARSE
     mask = "".join(str(int(m)) for m in loss_mask(torch.tensor([e["roles"]]))[0].tolist())
-    assert mask[:120] == "0" * 120 and len(mask) == 121 + 91 - 1
-    assert mask[120:] == ("000" + "1" * 20 + "0" * 6 + "111" + "0" * 5 + "1" * 6 + "0" * 4 + "000" + "0" * 5
+    assert mask[:N_PROMPT - 1] == "0" * (N_PROMPT - 1) and len(mask) == N_PROMPT + 91 - 1
+    assert mask[N_PROMPT - 1:] == ("000" + "1" * 20 + "0" * 6 + "111" + "0" * 5 + "1" * 6 + "0" * 4 + "000" + "0" * 5
                           + "1" * 20 + "0" * 6 + "111" + "0" * 5 + "11")
     # the sequence is the template's own rendering of the conversation (without the final "\n"),
     # except that the answer keeps its sampled bytes a p p l e: never re-tokenized into 'apple'
@@ -139,7 +145,7 @@ def test_roles_masks_and_forced_turn_of_a_two_turn_episode():
                 {"role": "assistant", "content": "", "tool_calls": [{"function": PAY_3}]},
                 {"role": "tool", "content": "6"}, {"role": "assistant", "content": "6"}]
     rendered = chat.prompt_ids(TOK, messages, [PRICE, PAY])
-    apple = 121 + 3 + 20 + 6 + 3 + 5
+    apple = N_PROMPT + 3 + 20 + 6 + 3 + 5
     assert rendered[apple] == ids(["apple"])[0] and e["ids"][apple:apple + 5] == ids(list("apple"))
     assert e["ids"][:apple] + e["ids"][apple + 5:] + tags["end"] == rendered[:apple] + rendered[apple + 1:]
     assert chat_reward.chat_reward(e, task()) == 1.0
@@ -156,8 +162,8 @@ def test_real_mode_runs_both_turns_in_one_toy_world_and_max_turns_counts_all_cal
     _, _, [e] = sample(task(), "rehearse", max_turns=1)          # the second call, in turn 2, is one too many
     assert e["cause"] == "turn_limit" and e["answers"] == ["apple"] and e["answer"] is None
     assert e["calls"] == [json.dumps(PRICE_APPLE)] and e["call_turns"] == [0]
-    _, _, [e] = sample(task(), "rehearse", max_tokens=121 + 50)  # max_tokens bounds the whole sequence
-    assert e["cause"] == "token_limit" and len(e["ids"]) == 171 and e["answers"] == ["apple"]
+    _, _, [e] = sample(task(), "rehearse", max_tokens=N_PROMPT + 50)  # max_tokens bounds the whole sequence
+    assert e["cause"] == "token_limit" and len(e["ids"]) == N_PROMPT + 50 and e["answers"] == ["apple"]
     assert chat_reward.chat_reward(e, task()) == 0.0
 
 
@@ -265,7 +271,7 @@ def test_the_warm_start_trains_multi_turn_trajectories_with_the_forced_turns():
     assert seq["ids"] + tags["end"] == chat.prompt_ids(TOK, trajectory()["messages"], [PRICE, PAY])
     want = [role for segment, role in EPISODE[:5] for _ in segment] + [A, A] + [role for segment, role in EPISODE[6:]
                                                                               for _ in segment]
-    assert seq["roles"] == [P] * 121 + [O if r == R else r for r in want]
+    assert seq["roles"] == [P] * N_PROMPT + [O if r == R else r for r in want]
 
 
 def test_separate_rehearsal_and_private_rehearsal_refuse_multi_turn_tasks():
@@ -297,9 +303,11 @@ def test_warm_start_rl_and_evaluation_on_two_turn_tasks(tmp_path, monkeypatch):
             {"role": "tool", "content": str(9 - p)}, {"role": "assistant", "content": str(9 - p)}]})
     for name, rows in (("tasks.jsonl", tasks), ("logged.jsonl", logged)):
         (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tiny_qwen(TOK, tmp_path / "qwen")
-    # a random model never answers right: reward episode-length parity so that steps update
-    monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(sum(e["ids"]) % 2))
+    tiny_qwen(TOK, tmp_path / "qwen", init_range=POSITION_INIT)
+    # rewards 0, 1, 0, 1, ... in the order episodes are scored: a group's 2 samples always differ,
+    # so every step updates whatever a random model writes
+    calls = itertools.count()
+    monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(next(calls) % 2))
     cfg = {**config.DEFAULTS, "format": "chat", "model": str(tmp_path / "qwen"), "out_dir": str(tmp_path / "run"),
            "tasks_file": str(tmp_path / "tasks.jsonl"), "logged_file": str(tmp_path / "logged.jsonl"),
            "sft_steps": 3, "sft_batch_size": 3, "sft_lr": 1e-3, "rl_steps": 2, "tasks_per_step": 2, "group_size": 2,
@@ -312,12 +320,17 @@ def test_warm_start_rl_and_evaluation_on_two_turn_tasks(tmp_path, monkeypatch):
         return seen.extend(build(setting)) or seen
     monkeypatch.setattr(format_chat, "warm_start_sequences", warm_start_sequences)
     assert train.run(cfg) == 0
-    # the warm start trained the three two-turn conversations: each with a PROMPT user turn and two answers
-    assert len(seen) == 3 and all(s["roles"].count(P) > 121 for s in seen)
+    # the warm start trained the three two-turn conversations: each with a PROMPT user turn and two
+    # answers: PROMPT = its first user turn's prompt (the template's rendering) + 'pay P' (pay Ġ P)
+    prompts = [len(TOK.encode(TOK.apply_chat_template(t["messages"], tools=t["tools"], tokenize=False),
+                              add_special_tokens=False)) for t in tasks]
+    assert sorted(s["roles"].count(P) for s in seen) == sorted(n + 3 for n in prompts)
     assert all(sum(1 for a, b in zip(s["roles"], s["roles"][1:]) if (a, b) == (T, P)) == 1 for s in seen)
     lines = [json.loads(text) for text in open(tmp_path / "run" / "metrics.jsonl")]
     assert [m["step"] for m in lines] == [1, 2] and all(sum(m["causes"].values()) == 4 for m in lines)
-    assert any(m["status"] == "updated" for m in lines)
+    # ratio 1 on every updated step: the sampler's logprobs, taken with the forced user turns fed
+    # as runs in the KV cache, are those of the update's full forward
+    assert len(assert_ratio_one(lines)) == 2
     result = json.load(open(tmp_path / "run" / "eval.json"))
     assert result["n_tasks"] == 3 == result["executed_tasks"] == sum(result["causes"].values())
     os.rename(tmp_path / "run" / "eval.json", tmp_path / "run" / "train_eval.json")

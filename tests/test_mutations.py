@@ -24,7 +24,7 @@ import world
 from envace import ACT, PROMPT, REHEARSE, encode_episode
 from machinery.checkpoint import find_checkpoint, save_checkpoint
 from evaluate import evaluate
-from helpers import ScriptedModel, tiny_llama, toy_tokenizer
+from helpers import GRAD_TOLERANCE, ScriptedModel, assert_same_gradients, tiny_llama, toy_tokenizer
 from chat.reward import calls_match, value_match
 from rollout import sample_episodes, sample_token
 
@@ -228,27 +228,42 @@ def warm_inputs():
     return seqs, cfg
 
 
+class RecordingSGD(torch.optim.SGD):
+    """Plain SGD in the warm start's place (it makes AdamW(params, lr=, weight_decay=)), keeping
+    every step's gradients: SGD moves a weight by lr x its gradient, so float differences between
+    two runs stay that small, where AdamW's first step (g / |g| elementwise) turns a last-bit
+    difference of a near-zero entry into a whole learning rate."""
+    steps = []
+
+    def step(self, *a, **k):
+        RecordingSGD.steps.append([p.grad.clone() for p in self.param_groups[0]["params"]])
+        return super().step(*a, **k)
+
+
 def warm_started(rank, world_size):
     seqs, cfg = warm_inputs()
     model = tiny_llama(TOK, seed=0)
     ddp_model = DDP(model) if world_size > 1 else model
-    train.warm_start(model, ddp_model, seqs, cfg, TOK.pad_token_id, rank=rank, world_size=world_size)
-    return model
+    RecordingSGD.steps = []
+    train.warm_start(model, ddp_model, seqs, {**cfg, "sft_lr": 0.3}, TOK.pad_token_id, rank=rank,
+                     world_size=world_size)
+    names = [name for name, _ in model.named_parameters()]
+    return model, [dict(zip(names, grads)) for grads in RecordingSGD.steps]
 
 
 def _warm_worker(rank, world_size, init_file, result_file):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-    model = warm_started(rank, world_size)
+    model, steps = warm_started(rank, world_size)
     if rank == 0:
-        torch.save((model.state_dict(), {k: p.grad for k, p in model.named_parameters()}), result_file)
+        torch.save((model.state_dict(), steps), result_file)
     dist.destroy_process_group()
 
 
-def test_warm_start_on_two_ranks_equals_one_rank(tmp_path):
+def test_warm_start_on_two_ranks_equals_one_rank(tmp_path, monkeypatch):
     """Each rank trains its half of the same global batch: 2 gloo ranks must make the 1-rank
-    update. Mutations: the loss not multiplied by world_size (DDP then averages: half the
-    gradient), or the token count taken per rank instead of globally."""
+    update, step by step. Mutations: the loss not multiplied by world_size (DDP then averages:
+    half the gradient), or the token count taken per rank instead of globally."""
     seqs, cfg = warm_inputs()
     # the two ranks' halves pack into different numbers of micro-batches at some step
     rng = random.Random(cfg["seed"])
@@ -258,18 +273,24 @@ def test_warm_start_on_two_ranks_equals_one_rank(tmp_path):
         counts |= {tuple(len(envace.micro_batches([len(s["ids"]) for s in half], cfg["micro_batch_tokens"]))
                          for half in (batch[:2], batch[2:]))}
     assert any(a != b for a, b in counts)
+    monkeypatch.setattr(train.torch.optim, "AdamW", RecordingSGD)       # (the forked ranks inherit it)
     result = str(tmp_path / "two.pt")
     # fork: the children start with the modules already imported (spawn would import torch anew)
     mp.start_processes(_warm_worker, args=(2, str(tmp_path / "init"), result), nprocs=2, join=True,
                        start_method="fork")
-    two, two_grads = torch.load(result)
-    model = warm_started(0, 1)
-    start = tiny_llama(TOK, seed=0).state_dict()
-    for name, p in model.named_parameters():        # the last step's gradient, before clipping
-        assert torch.allclose(p.grad, two_grads[name], rtol=1e-5, atol=1e-8), name
-    one = model.state_dict()
-    assert max((one[k] - start[k]).abs().max().item() for k in one) > 1e-4       # it moved
-    assert max((one[k] - two[k]).abs().max().item() for k in one) < 1e-5
+    two, two_steps = torch.load(result)
+    model, one_steps = warm_started(0, 1)
+    assert len(one_steps) == len(two_steps) == cfg["sft_steps"]
+    # each step's gradient (helpers.GRAD_TOLERANCE: 1e-4 of each tensor's largest entry); steps 2
+    # and 3 start from weights that differ by the earlier steps' lr x gradient difference (below)
+    for one_grads, two_grads in zip(one_steps, two_steps):
+        assert_same_gradients(one_grads, two_grads)
+    # the weights: w0 - sum over steps of lr_k x g_k (lr_k <= sft_lr 0.3), so they differ by at most
+    # the sum of the steps' gradient differences plus a float32 rounding of w per step (|w| <= 1)
+    bound = sum(0.3 * GRAD_TOLERANCE * max(g.abs().max().item() for g in step.values()) for step in one_steps)
+    one, start = model.state_dict(), tiny_llama(TOK, seed=0).state_dict()
+    assert max((one[k] - start[k]).abs().max().item() for k in one) > 100 * bound       # it moved
+    assert max((one[k] - two[k]).abs().max().item() for k in one) <= bound + 3 * 6e-8
 
 
 def test_warm_start_learning_rate_is_cosine_to_a_tenth(monkeypatch):

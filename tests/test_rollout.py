@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import torch
 
 from rehearsal import honesty
-from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask, token_logprobs
-from helpers import Bigram, ScriptedModel, tiny_llama, toy_tokenizer
+from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask
+from helpers import POSITION_INIT, Bigram, ScriptedModel, assert_sampled_logprobs_match_a_forward, tiny_llama, toy_tokenizer
 from rollout import sample_episodes
 
 P, A, R, O, T = PROMPT, ACT, REHEARSE, OBS, TAG
@@ -104,23 +104,16 @@ def test_real_mode_errors_come_from_the_world_and_the_wallet_is_per_row():
 
 
 def test_kv_cached_logprobs_equal_teacher_forced_forward():
-    model = tiny_llama(TOK)
+    """Prompts of four lengths (left-padded prefill), rows ending at different steps, the forced
+    hand-off tags fed with a sampled token (runs of 1 and 2 in one step): every sampled logprob of
+    a RoPE Llama whose attention sees positions equals a full forward's."""
+    model = tiny_llama(TOK, init_range=POSITION_INIT)
     prompts = ["price apple", "not pear buy 2 milk and egg", "cost 3 fish", "buy tea"] * 4
     for temperature in (1.0, 0.7):
         eps = sample_episodes(model, TOK, prompts, "rehearse", temperature=temperature, max_tokens=48,
                               generator=torch.Generator().manual_seed(0))
-        ids, roles = collate(eps, TOK.pad_token_id)
-        with torch.no_grad():
-            full = token_logprobs(model, ids, temperature)
-        compared = 0
-        for i, e in enumerate(eps):
-            for t in range(1, len(e["ids"])):
-                if e["roles"][t] in (ACT, REHEARSE):
-                    assert abs(e["logprobs"][t] - full[i, t - 1].item()) < 1e-5
-                    compared += 1
-                else:
-                    assert e["logprobs"][t] == 0.0
-        assert compared > 40
+        compared = assert_sampled_logprobs_match_a_forward(model, eps, TOK.pad_token_id, temperature)
+        assert compared == sum(r in (ACT, REHEARSE) for e in eps for r in e["roles"]) > 40
 
 
 class Oracle(torch.nn.Module):
@@ -156,18 +149,14 @@ def test_shared_prompt_prefill_and_dropped_rows_match_a_full_forward():
     """Fast paths against the simple one: G rows of a task share one prefill (cache rows copied)
     and finished rows leave the cache mid-batch; every sampled logprob must still equal a full
     teacher-forced forward over the finished sequence."""
-    model = tiny_llama(TOK, seed=1)
+    model = tiny_llama(TOK, seed=1, init_range=POSITION_INIT)
     prompts = [p for p in ("cost 3 fish", "not pear buy 2 milk and egg", "buy tea") for _ in range(4)]
     eps = sample_episodes(model, TOK, prompts, "rehearse", temperature=1.0, max_tokens=40,
                           generator=torch.Generator().manual_seed(5))
     lengths = [len(e["ids"]) for e in eps]
     assert len(set(lengths)) > 3                          # rows finished at many different steps
-    ids, _ = collate(eps, TOK.pad_token_id)
-    with torch.no_grad():
-        full = token_logprobs(model, ids)
-    for i, e in enumerate(eps):
-        sampled = [t for t in range(1, len(e["ids"])) if e["roles"][t] in (ACT, REHEARSE)]
-        assert max(abs(e["logprobs"][t] - full[i, t - 1].item()) for t in sampled) < 1e-5
+    compared = assert_sampled_logprobs_match_a_forward(model, eps, TOK.pad_token_id)
+    assert compared == sum(r in (ACT, REHEARSE) for e in eps for r in e["roles"])
 
 
 def test_forced_runs_in_one_forward_match_a_full_forward():
@@ -175,7 +164,7 @@ def test_forced_runs_in_one_forward_match_a_full_forward():
     hand-off are fed as one run per step, rows of different run lengths together (the shorter
     runs' slots masked holes). Every sampled logprob still equals a full teacher-forced forward,
     the ids are the plan's and the world's, and the runs took fewer steps than tokens."""
-    model = Bigram(tiny_llama(TOK, seed=3), TOK, {"<act>": "answer", "answer": "3", "3": "</act>"})
+    model = Bigram(tiny_llama(TOK, seed=3, init_range=POSITION_INIT), TOK, {"<act>": "answer", "answer": "3", "3": "</act>"})
     calls = {"price apple": [("price apple", "3")], "cost 3 fish": [("price fish", "9"), ("mul 3 , 9", "27")],
              "buy tea": []}
     prompts = [p for p in calls for _ in range(2)]
@@ -187,15 +176,8 @@ def test_forced_runs_in_one_forward_match_a_full_forward():
     two = eps[2]
     assert " ".join(TOK.convert_ids_to_tokens(two["ids"][two["prompt_len"]:]))[:80] == (
         "<act> price fish </act> <env> 9 </env> <act> mul 3 , 9 </act> <env> 2 7 </env> <act>")[:80]
-    ids, _ = collate(eps, TOK.pad_token_id)
-    with torch.no_grad():
-        full = token_logprobs(model, ids)
-    sampled = 0
-    for i, e in enumerate(eps):
-        for t in range(1, len(e["ids"])):
-            if e["logprobs"][t] != 0.0:
-                assert e["roles"][t] == ACT and abs(e["logprobs"][t] - full[i, t - 1].item()) < 1e-5
-                sampled += 1
+    assert all(e["roles"][t] == ACT for e in eps for t in range(len(e["ids"])) if e["logprobs"][t] != 0.0)
+    sampled = assert_sampled_logprobs_match_a_forward(model, eps, TOK.pad_token_id)
     assert sampled >= 6 and steps[0][1] > 1                      # the answers, after the prefill
     assert len(steps) - 1 < max(len(e["ids"]) - e["prompt_len"] for e in eps) - 10   # runs, not tokens
     assert max(shape[1] for shape in steps[1:]) >= 10            # a whole planned turn in one forward

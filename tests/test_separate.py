@@ -21,7 +21,9 @@ import train
 import world
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask, tag_ids
 from machinery.checkpoint import build_tokenizer
-from helpers import assert_rehearse_logprobs_match_a_forward, Bigram, ScriptedModel, tiny_cfg, tiny_llama
+from helpers import (POSITION_INIT, assert_ratio_one, assert_rehearse_logprobs_match_a_forward,
+                     assert_sampled_logprobs_match_a_forward,
+                     Bigram, ScriptedModel, tiny_cfg, tiny_llama)
 from reward import group_advantages, training_rows
 from rollout import sample_episodes
 from rehearsal.separate import _rehearse_row, sample_separate
@@ -142,7 +144,7 @@ def test_frozen_simulator_writes_the_rehearse_rows_as_obs():
 def test_rehearse_rows_logprobs_equal_a_teacher_forced_forward():
     """Rehearse rows of different prompt lengths, sampled together by the KV-cached sampler
     (left-padded prefixes): every sampled logprob equals a full forward over the finished row."""
-    model = tiny_llama(TOK, seed=2)
+    model = tiny_llama(TOK, seed=2, init_range=POSITION_INIT)
     actors = []
     for prompt, calls in (("buy apple", ["price apple"]), ("not pear buy 2 milk and egg", ["price milk"]),
                           ("cost 3 fish", ["price fish", "mul 3 , 9"])):
@@ -162,8 +164,8 @@ def test_actor_rows_keep_their_cache_across_rounds():
     of its slot and put back) and is fed only the ids appended since (the copied response and the
     hand-off), in one forward. Every sampled logprob of the
     actor rows and of the rehearse rows still equals a full teacher-forced forward over the row."""
-    model = Bigram(tiny_llama(TOK, seed=4), TOK, {"<act>": "price", "price": "apple", "apple": "</act>",
-                                                   "<env>": "3", "3": "</env>"})
+    model = Bigram(tiny_llama(TOK, seed=4, init_range=POSITION_INIT), TOK,
+                   {"<act>": "price", "price": "apple", "apple": "</act>", "<env>": "3", "3": "</env>"}, bonus=12.0)
     calls = []
     model.register_forward_pre_hook(lambda m, args, kw: calls.append(
         (kw["cache"].get_seq_length() if kw.get("cache") is not None else None, kw["input_ids"].shape)),
@@ -179,12 +181,9 @@ def test_actor_rows_keep_their_cache_across_rounds():
     # each resumption feeds the actors, in one forward, only the ids not in their cache: the
     # copied <env> 3 </env> and the forced <act> (the call's </act> went in before they waited)
     assert sum(1 for seen, shape in calls if seen and tuple(shape) == (4, 4)) == 2
-    ids, _ = collate(eps, TOK.pad_token_id)
-    with torch.no_grad():
-        full = envace.token_logprobs(model, ids)
     sampled = [(i, t) for i, e in enumerate(eps) for t in range(1, len(e["ids"])) if e["roles"][t] == A]
     assert len(sampled) >= 4 * 9
-    assert max(abs(eps[i]["logprobs"][t] - full[i, t - 1].item()) for i, t in sampled) < 1e-5
+    assert assert_sampled_logprobs_match_a_forward(model, eps, TOK.pad_token_id) == len(sampled)
     assert_rehearse_logprobs_match_a_forward(model, [r for e in eps for r in e["rehearsals"]], TOK.pad_token_id)
 
 
@@ -194,7 +193,7 @@ def test_rows_that_call_at_different_steps_match_a_full_forward():
     response with the call's stop) still give every sampled logprob of a full teacher-forced
     forward over the finished rows; frozen: the actor rows' logprobs are the policy's own."""
     pairs = {"<act>": "price", "price": "apple", "apple": "</act>", "<env>": "3", "3": "</env>"}
-    model = Bigram(tiny_llama(TOK, seed=4), TOK, pairs, bonus=12.0)
+    model = Bigram(tiny_llama(TOK, seed=4, init_range=POSITION_INIT), TOK, pairs, bonus=12.0)
     feeds = []
     model.register_forward_pre_hook(lambda m, args, kw: feeds.append(
         [" ".join(w for w in TOK.convert_ids_to_tokens(r) if w != "<pad>") for r in kw["input_ids"].tolist()]),
@@ -213,15 +212,12 @@ def test_rows_that_call_at_different_steps_match_a_full_forward():
     assert feeds[6] == ["<act> mul 2 , 4 </act> <env> 3 </env>", "</act> <env> 3 </env>", "</act> <env> 3 </env>",
                         "<act> pay 3 </act> <env> 3 </env>"]
     assert sum(1 for f in feeds if f[0].startswith("<bos> buy apple")) == 1     # no actor prefilled twice
-    ids, _ = collate(eps, TOK.pad_token_id)
-    with torch.no_grad():
-        full = envace.token_logprobs(model, ids)
     acted = [(i, t) for i, e in enumerate(eps) for t in range(1, len(e["ids"])) if e["roles"][t] == A]
     sampled = [(i, t) for i, t in acted if eps[i]["logprobs"][t] != 0.0]
     # 3 acts of "price apple </act>" per row, less the planned first calls, forced (logprob 0)
     assert len(acted) == 4 * 9 - 2 * 3 + len("mul 2 , 4 </act>".split()) + len("pay 3 </act>".split())
     assert len(sampled) == 4 * 9 - 2 * 3
-    assert max(abs(eps[i]["logprobs"][t] - full[i, t - 1].item()) for i, t in sampled) < 1e-5
+    assert assert_sampled_logprobs_match_a_forward(model, eps, TOK.pad_token_id) == len(sampled)
     assert_rehearse_logprobs_match_a_forward(model, [r for e in eps for r in e["rehearsals"]], TOK.pad_token_id)
     # frozen: a simulator that writes 7; the actor rows' logprobs are still the policy's own
     simulator = Bigram(tiny_llama(TOK, seed=5), TOK, {"<env>": "7", "7": "</env>"})
@@ -229,12 +225,9 @@ def test_rows_that_call_at_different_steps_match_a_full_forward():
                           plans=plans, generator=torch.Generator().manual_seed(1))
     assert all(e["responses"] == ["7", "7"] and e["cause"] == "turn_limit" for e in eps)
     assert all(r["roles"][-2:] == [O, O] and set(r["logprobs"]) == {0.0} for e in eps for r in e["rehearsals"])
-    ids, _ = collate(eps, TOK.pad_token_id)
-    with torch.no_grad():
-        full = envace.token_logprobs(model, ids)
     sampled = [(i, t) for i, e in enumerate(eps) for t in range(1, len(e["ids"])) if e["logprobs"][t] != 0.0]
     assert len(sampled) == 4 * 9 - 2 * 3 and all(eps[i]["roles"][t] == A for i, t in sampled)
-    assert max(abs(eps[i]["logprobs"][t] - full[i, t - 1].item()) for i, t in sampled) < 1e-5
+    assert assert_sampled_logprobs_match_a_forward(model, eps, TOK.pad_token_id) == len(sampled)
 
 
 def test_advantage_groups_task_role_and_task():
@@ -391,12 +384,8 @@ def test_train_run_with_separate_rows(tmp_path, monkeypatch):
     out = cfg["out_dir"]
     lines = [json.loads(text) for text in open(os.path.join(out, "metrics.jsonl"))]
     assert [line["step"] for line in lines] == [1, 2]
+    assert len(assert_ratio_one(lines)) == 2    # both steps updated, at ratio 1
     for line in lines:
-        assert line["status"] == "updated"
-        # one epoch at ratio 1: the loss is minus the mean advantage over the trained tokens
-        n = line["tokens_act"] + line["tokens_rehearse"]
-        assert line["loss"] == pytest.approx(
-            -(line["adv_act"] * line["tokens_act"] + line["adv_rehearse"] * line["tokens_rehearse"]) / n, abs=1e-4)
         # each rehearse row trains at least one token; the actor rows hold copies of responses (OBS)
         assert 0 < line["rehearse_rows"] <= line["tokens_rehearse"] and 0 < line["tokens_obs"] <= line["tokens_rehearse"]
     result = json.load(open(os.path.join(out, "eval.json")))

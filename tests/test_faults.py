@@ -680,11 +680,8 @@ def test_user_code_exiting_in_a_run_is_one_line_exit_1(capsys):
 # BFCL's converter: needs bfcl-eval (CI installs it; without it, a skip that says so, or under CI a failure)
 
 def needs_bfcl():
-    import importlib.util
-    if importlib.util.find_spec("bfcl_eval") is None:
-        if os.environ.get("CI"):
-            pytest.fail("bfcl-eval is not installed (CI installs it: pip install --no-deps bfcl-eval==2026.3.23 mpmath)")
-        pytest.skip("bfcl-eval is not installed")
+    from helpers import needs
+    needs("bfcl_eval")
 
 
 @pytest.fixture

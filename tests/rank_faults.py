@@ -73,7 +73,7 @@ if __name__ == "__main__":
     rank, fault = int(os.environ["RANK"]), os.environ.get("ENVACE_FAULT", "")
     if rank == 0:
         {"metrics": lambda: full_disk_for("metrics.jsonl", "a"),      # step 1's line
-         "eval_json": lambda: full_disk_for(os.path.join("run", "eval.json")),   # the final evaluation's
+         "eval_json": lambda: full_disk_for(os.path.join("run", ".tmp.eval.json")),   # the final evaluation's
          "ckpt": lambda: full_disk_from_save(2),                          # step 1's checkpoint
          "sigint_eval": lambda: signal_in_evaluate(1, signal.SIGINT),     # the warm start's evaluation
          "": lambda: None}.get(fault, lambda: None)()

@@ -117,7 +117,7 @@ def run_script(tmp_path, body):
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    (tmp_path / "script.py").write_text(f"import sys\nsys.path.insert(0, {root!r})\nimport executor\n" + body)
+    (tmp_path / "script.py").write_text(f"import sys\nsys.path.insert(0, {root!r})\nfrom chat import executor\n" + body)
     done = subprocess.run([sys.executable, str(tmp_path / "script.py")], capture_output=True, text=True, timeout=60)
     return done.returncode, done.stdout, done.stderr
 

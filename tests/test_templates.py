@@ -270,7 +270,8 @@ def test_derive_keeps_a_trailing_space_of_the_tool_turn_with_the_response_not_a_
     chatml_tool = CHAT_TEMPLATE.replace(tool_turn, "{{- '<|im_start|>tool\\n' + message.content + '<|im_end|>\\n' }}")
     tags = chat.chat_format(chat_tokenizer(chatml_tool))
     fmt = tags["format"]
-    assert (fmt["act_env"], fmt["env_lead"], fmt["env_pre"], fmt["env_stop"]) == ("\n<|im_start|>tool\n", "", "", "<|im_end|>")
+    assert (fmt["act_env"], fmt["env_lead"], fmt["env_pre"], fmt["env_stop"]) == \
+        ("\n<|im_start|>tool\n", "", "", "<|im_end|>")
 
 
 def test_derive_stops_on_the_longer_of_two_special_tokens_starting_at_one_place():

@@ -3,7 +3,8 @@
 The design card's files (plus the toy world) are the paper's path: at most 400 lines each and
 1,600 together, no function over 60 lines, no branch on a feature chosen at setup (the format,
 the rehearsal layout, FSDP), code that points to docs, not to issue numbers, and prose (docstrings,
-comments, docs) that names each function where it lives now."""
+comments, docs) that names each function where it lives now. The seam the loop calls through:
+every format module defines the same functions (features.INTERFACE) as defs with one signature."""
 import ast
 import glob
 import inspect

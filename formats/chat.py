@@ -105,7 +105,8 @@ def coverage(setting, model, tokenizer, tasks, pairs=None):
     """Fidelity by warm-start coverage on `pairs` (an evaluation's), or, when None, on the gold
     calls of the tasks with an executor (chat_setup.expert_episodes)."""
     if pairs is None:
-        pairs = would_rehearse(setting, model, tokenizer, *chat_setup.expert_episodes(tokenizer, setting["tags"], tasks))
+        gold_tasks, episodes = chat_setup.expert_episodes(tokenizer, setting["tags"], tasks)
+        pairs = would_rehearse(setting, model, tokenizer, gold_tasks, episodes)
     return honesty.fidelity_by_coverage(pairs, setting["counts"])
 
 

@@ -9,7 +9,7 @@
 
 `setup(cfg, tokenizer, splits, device)` looks at these keys once and returns (fmt, setting): the
 format module and its setting (a dict). Every format module defines the same functions with the
-same signatures (INTERFACE; tests/test_layout.py checks it), each taking the setting first;
+same signatures (INTERFACE; tests/test_layout.py checks it), each but setup taking the setting first;
 train.py and evaluate.py call them (`fmt.rl_sample(setting, ...)`) and never branch on the format
 or the layout. What each function does: formats/plain.py's docstring.
 Here too: the splits (`build_tasks`) and the tiny model's vocabulary (`tiny_words`).

@@ -5,7 +5,9 @@ feature chosen at setup (the format, the rehearsal layout, FSDP) in them; the ex
 packages whose imports name the folder, and no import cycle runs through the repo; code points to
 docs, not to issue numbers; prose (docstrings, comments, docs) names each function where it lives
 now. Sizes (lines a file, lines a function) are guides for a reader, printed by
-`python docs/measurements/import_graph.py --sizes`, not limits held here."""
+`python docs/measurements/import_graph.py --sizes`, not limits held here. The seam the loop calls
+through: every format module defines the same functions (features.INTERFACE) as defs with one
+signature."""
 import ast
 import glob
 import inspect

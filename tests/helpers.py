@@ -33,8 +33,9 @@ def toy_tokenizer():
 
 
 # Random weights at 10x transformers' default init (0.02): attention scores of order 1, so a
-# token's rotary position changes the logits by ~0.1 (a gap of one position moves sampled logprobs
-# by more than 100 x LOGPROB_TOLERANCE); at 0.02 attention is near uniform and hides positions.
+# token's rotary position matters (a gap of one position after the prompt moves a 2-layer Llama's
+# logits by ~1, against LOGPROB_TOLERANCE 1e-5); at 0.02 attention is near uniform and the same gap
+# moves them by ~2e-4, which a sampled logprob near 0 (a Bigram bonus) shrinks below 1e-5.
 POSITION_INIT = 0.2
 
 
@@ -240,7 +241,7 @@ def assert_sampled_logprobs_match_a_forward(model, episodes, pad_id, temperature
     equals a full teacher-forced forward's over the finished rows (LOGPROB_TOLERANCE), and every
     token of another role records 0. The model must see positions: the same forward with a gap of
     one position after each row's prompt (what an off-by-one in the decoder's positions gives)
-    moves the compared logprobs by more than 100 x the tolerance, or the comparison could not tell
+    moves some compared logprob by more than 10 x the tolerance, or the comparison could not tell
     a position error (a position-blind model, or near-uniform attention, passes whatever the
     positions). Returns the number of compared tokens."""
     from envace import ACT, REHEARSE, collate, token_logprobs
@@ -249,8 +250,10 @@ def assert_sampled_logprobs_match_a_forward(model, episodes, pad_id, temperature
     gap = torch.stack([torch.arange(L) + (torch.arange(L) >= e["prompt_len"]).long() for e in episodes])
     with torch.no_grad():
         full = token_logprobs(model, ids, temperature)
-        shifted = F.log_softmax(model(input_ids=ids, position_ids=gap, use_cache=False).logits[:, :-1].float()
-                                / temperature, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        # (with an attention mask: without one, transformers reads a jump in position_ids as the
+        # start of another packed sequence and masks the prompt out, which is no position effect)
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=gap, use_cache=False).logits
+        shifted = F.log_softmax(logits[:, :-1].float() / temperature, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
     compared, moved = 0, 0.0
     for i, e in enumerate(episodes):
         for t in range(1, len(e["ids"])):
@@ -260,7 +263,8 @@ def assert_sampled_logprobs_match_a_forward(model, episodes, pad_id, temperature
                 assert abs(e["logprobs"][t] - full[i, t - 1].item()) < LOGPROB_TOLERANCE, (i, t)
                 moved = max(moved, abs(shifted[i, t - 1].item() - full[i, t - 1].item()))
                 compared += 1
-    assert compared > 0 and moved > 100 * LOGPROB_TOLERANCE, (compared, moved)
+    print(f"{compared} sampled logprobs match a full forward; a one-position gap moves them up to {moved:.2g}")
+    assert compared > 0 and moved > 10 * LOGPROB_TOLERANCE, (compared, moved)
     return compared
 
 

@@ -255,6 +255,9 @@ def test_doc_commands_run(doc, tiny_model, tmp_path, monkeypatch, capsys):
         torch.set_num_threads(threads)
 
 
+REPORTS_RUN = set()   # commands over the committed results/ that already ran as written (any doc)
+
+
 def run_commands(doc, commands, tiny_model, capsys):
     for line, words in commands:
         where = f"{doc} line {line}: {' '.join(words)}"
@@ -269,5 +272,10 @@ def run_commands(doc, commands, tiny_model, capsys):
                 words = tiny(words, tiny_model)
             except ConfigError as e:
                 pytest.fail(f"{where}: {e}")
+        report = " results/" in " ".join(words)     # reads only files in the repo: the same on every run
+        if report and " ".join(words) in REPORTS_RUN:
+            continue
         code, printed = run_python(words, capsys)
         assert code == 0, f"{where}: exit {code}\n{printed}"
+        if report:
+            REPORTS_RUN.add(" ".join(words))

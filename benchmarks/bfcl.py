@@ -375,7 +375,8 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 2
     written = []
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)    # SIGTERM as Ctrl-C
+    # Ctrl-C and SIGTERM both raise KeyboardInterrupt here, whatever handler the caller left
+    previous = {s: signal.signal(s, signal.default_int_handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         counts = convert(args.out, written=written)
     except KeyboardInterrupt:
@@ -389,7 +390,8 @@ def main(argv=None):
         print(f"error while converting BFCL: {error_text(e)}", file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     for stem, n in counts.items():
         print(f"{stem}: {n} tasks -> {os.path.join(args.out, stem + '.jsonl')}")
     for category, why in LEFT_OUT.items():

@@ -11,10 +11,11 @@ chat/multiturn.py, which it joins, so that imports run one way.
 
 Simplified: a judge model is loaded once per path and kept for the process (`_JUDGES`).
 """
+import world as toy_world
 from machinery import taskfiles
-from chat.format import _call, _json, assemble, chat_format, has_executor, prompt_ids, task_world
+from chat.format import _call, _json, assemble, chat_format, has_executor, prompt_ids, task_world, toy_task_line
 from chat.reward import make_judge
-from chat.tasks import read_chat_jsonl
+from chat.tasks import check_task, read_chat_jsonl
 from machinery.checkpoint import load_policy
 from machinery.config import DEFAULTS, ConfigError
 from envace import PROMPT
@@ -24,7 +25,10 @@ from chat.templates import TemplateError
 
 def chat_tasks(cfg):
     """Chat JSONL splits (read_chat_jsonl): tasks_file for RL, test_file (default: the same
-    file) for evaluation, logged_file (optional) for the warm start."""
+    file) for evaluation, logged_file (optional) for the warm start; tasks_file: toy, the toy
+    world's splits as chat tasks (toy_chat_splits)."""
+    if cfg["tasks_file"] == "toy":
+        return toy_chat_splits(cfg)
     try:
         rl = read_chat_jsonl(cfg["tasks_file"], "tasks")
         test = read_chat_jsonl(cfg["test_file"], "tasks") if cfg["test_file"] else rl
@@ -35,6 +39,17 @@ def chat_tasks(cfg):
         raise ConfigError(f"env_mode: real needs tasks a real environment executes ('env': 'toy' or "
                           f"'MODULE:CLASS', docs/tools.md); {cfg['tasks_file']} has tasks without one")
     return {"rl": rl, "test": test, "logged": logged}
+
+
+def toy_chat_splits(cfg):
+    """The toy world's splits (world.make_splits from data_seed, n_logged, n_new_logged,
+    n_rl_tasks, n_test) as chat tasks, made in memory: the lines `python -m chat.format --export`
+    writes (toy_task_line), checked as a file's lines are (check_task)."""
+    splits = toy_world.make_splits(cfg["data_seed"], cfg["n_logged"], cfg["n_new_logged"], cfg["n_rl_tasks"],
+                                   cfg["n_test"])
+    return {name: [check_task(toy_task_line(t, name == "logged"), f"toy {name} task {i + 1}",
+                              "trajectories" if name == "logged" else "tasks", ".")
+                   for i, t in enumerate(splits[name])] for name in ("rl", "test", "logged")}
 
 
 def chat_tags(tokenizer, think="keep", multiturn=False):

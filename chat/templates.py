@@ -130,6 +130,10 @@ def derive(tokenizer, think="keep", tools=None):
         return render(tokenizer, messages, tools, generation_prompt, kw)
 
     prompt, first = tool(opening), tool(opening, True)
+    if tools and prompt == render(tokenizer, opening, None, template=kw):
+        raise TemplateError("the chat template ignores `tools` (a tool list changes nothing it renders): set the "
+                            "config key chat_template to a tool-aware Jinja file (chat/chatml_tools.jinja for "
+                            "ChatML models such as SmolLM2)")
     if not first.startswith(prompt):
         raise TemplateError("hand-off prompt->act: the generation prompt does not extend the rendered opening")
     first = first[len(prompt):]
@@ -250,12 +254,16 @@ def _words(text):
 
 
 def is_call(text, fmt=None):
-    """Does this actor text try to call a tool (it holds a call marker; a template with no marker
-    token, Llama's: it starts with '{')?"""
+    """Does this actor text try to call a tool? It holds the call wrapper's first word (Hermes'
+    <tool_call>, Mistral's [TOOL_CALLS]) or another marker token of the wrapper, whether or not the
+    vocabulary has that word as a special token (SmolLM2's has no <tool_call>: there the same
+    wrapper is ordinary text); for a template with no wrapper (Llama's bare object), it starts with
+    '{'. A call that breaks off or has text around it is still a call (read_calls says what is wrong)."""
     fmt = fmt or HERMES
-    if fmt["markers"]:
-        return any(m in text for m in fmt["markers"])
-    return text.lstrip().startswith("{")
+    opening = (fmt["open"] + fmt["wrap_pre"]).split()
+    if any(m in text for m in fmt["markers"] + opening[:1]):
+        return True
+    return not opening and text.lstrip().startswith("{")
 
 
 def read_calls(text, fmt=None):

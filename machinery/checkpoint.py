@@ -30,6 +30,7 @@ import yaml
 from safetensors import SafetensorError, safe_open
 
 from machinery.config import DEFAULTS, ConfigError
+from machinery.realmodel import ModelFileError, local_folder
 from machinery.distributed import (all_gather, all_sum, autocast, from_rank0, full_state_dict, load_device,
                          load_optimizer_state, optimizer_state, shard)
 from envace import TAGS, NonFiniteError
@@ -297,6 +298,10 @@ def load_policy(path, device="cpu", init="pretrained"):
     """A saved policy (a folder, or a hub name) and its tokenizer, with clear errors for a missing
     or broken checkpoint. init "random": the same architecture, random weights, none loaded."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    try:
+        path = local_folder(path)        # gguf:PACKAGE/FILE.gguf: converted once (machinery/realmodel.py)
+    except ModelFileError as e:
+        raise ConfigError(str(e)) from None
     hub_name = not os.path.exists(path) and len(path.split("/")) == 2 and not path.startswith(".")
     if not hub_name and not is_checkpoint(path):
         raise ConfigError(f"no model checkpoint in {path} (config.json missing)")
@@ -321,7 +326,7 @@ MODEL_SHAPE_KEYS = ("model", "n_layer", "n_embd", "n_head")
 # lr, group_size, tasks_per_step, env_mode, ...) may change: no RL state is saved with a warm start.
 WARM_START_KEYS = ("format", "world", "seed", "data_seed", "n_logged", "n_new_logged", "snippet_repeats",
                    "coverage", "logged_file", "uncertain_items", "stale_rate", "choice_items", "choice_kind", "memory_max",
-                   "memory_noise", "rehearsal_context", "think",
+                   "memory_noise", "rehearsal_context", "think", "chat_template",
                    "sft_steps", "sft_batch_size", "sft_lr")
 
 
@@ -492,6 +497,9 @@ def build_policy(cfg, resume, device, world_size, tiny_words):
         model = build_model(cfg, tokenizer).to(load_to)
     else:
         model, tokenizer = load_policy(cfg["model"], load_to, cfg["model_init"])
+    if cfg["chat_template"]:          # kept by save_pretrained: every checkpoint of the run has it
+        with open(cfg["chat_template"], encoding="utf-8") as f:
+            tokenizer.chat_template = f.read()
     if warm is not None:
         check_shape(warm, cfg, "warm start")
         warm_model, warm_tokenizer = load_policy(warm, load_to)

@@ -76,8 +76,12 @@ DEFAULTS = {
     # sampled) | disable (the template's own switch, enable_thinking false: its empty block is forced)
     "think": "keep",
     # optional JSONL files replacing the generated splits (plain: taskfiles.read_jsonl; chat: chat
-    # JSONL, tasks_file required)
+    # JSONL, tasks_file required; tasks_file: toy = the toy world's splits as chat tasks, made in
+    # memory from data_seed, n_logged, n_new_logged, n_rl_tasks, n_test: chat/setup.py)
     "tasks_file": "", "test_file": "", "logged_file": "",
+    # a Jinja file replacing the tokenizer's chat template (models whose own template has no tools:
+    # chat/chatml_tools.jinja for ChatML models such as SmolLM2); saved with every checkpoint
+    "chat_template": "",
     # --- rehearsal layout (rehearsal/separate.py)
     # where rehearsals are written: inline (in the actor's own sequence) or separate (a row of
     # their own, prompt: tool signature, grounding_examples logged examples (chat: the task's own
@@ -92,6 +96,8 @@ DEFAULTS = {
     # model_init random = the architecture of `model` with random weights (a smoke test of a real
     # size); gradient_checkpointing recomputes layers in backward; fsdp shards under torchrun
     "model_init": "pretrained", "gradient_checkpointing": False, "fsdp": False,
+    # bf16 autocast on the CPU too (bf16 is CUDA's); logprobs and the loss stay fp32
+    "cpu_bf16": False,
 }
 
 
@@ -314,9 +320,15 @@ def check_lengths(cfg, tokenizer, model_config, tasks):
 def check_format(cfg):
     """The keys `format: chat` needs, and those it cannot use."""
     if cfg["format"] == "plain":
-        if cfg["judge_model"]:
-            raise ConfigError("judge_model scores chat tasks' checklists: it needs format: chat")
+        for key in ("judge_model", "chat_template"):
+            if cfg[key]:
+                raise ConfigError(f"{key} is for chat models: it needs format: chat")
         return
+    if cfg["chat_template"] and not os.path.isfile(cfg["chat_template"]):
+        raise ConfigError(f"chat_template: no file {cfg['chat_template']} (a Jinja chat template, e.g. "
+                          f"chat/chatml_tools.jinja)")
+    if cfg["tasks_file"] == "toy" and (cfg["test_file"] or cfg["logged_file"]):
+        raise ConfigError("tasks_file: toy makes every split from the toy world: remove test_file and logged_file")
     if cfg["model"] == "tiny":
         raise ConfigError("format: chat needs model: a local path or hub name whose tokenizer has a chat template")
     if not cfg["tasks_file"]:

@@ -34,9 +34,13 @@ def pick_device(cfg):
 
 
 def autocast(cfg, device):
-    """bf16 autocast on CUDA (weights stay fp32; logprobs are taken in fp32), nothing on CPU."""
+    """bf16 autocast on CUDA (cfg bf16) or on the CPU (cfg cpu_bf16: faster only on a CPU with bf16
+    instructions, avx512_bf16 or AMX; measure). Weights stay fp32; logprobs, softmax and the loss
+    are taken in fp32 (envace.token_logprobs casts the logits before its log_softmax)."""
     if str(device).startswith("cuda") and cfg["bf16"]:
         return torch.autocast("cuda", dtype=torch.bfloat16)
+    if str(device) == "cpu" and cfg["cpu_bf16"]:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 

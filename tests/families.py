@@ -5,7 +5,8 @@ qwen2_newline (a Qwen2-style template writing "\\n" before the call, after the g
 prompt's own "\\n"), llama3 (Llama 3.1/3.2 JSON tool calling: a bare {"name", "parameters"}
 object, <|eot_id|>, results in an ipython turn), mistral ([TOOL_CALLS] [{...}, ...] </s>,
 [TOOL_RESULTS] {"content": ...}[/TOOL_RESULTS], no call ids), qwen3 (Hermes calls, <think>
-blocks kept after the last user message, an empty one on the last turn, enable_thinking)."""
+blocks kept after the last user message, an empty one on the last turn, enable_thinking),
+chatml_text (Hermes calls on a vocabulary where <tool_call> is ordinary text, as SmolLM2's)."""
 from helpers import CHAT_CORPUS, CHAT_SPECIALS, CHAT_TEMPLATE, chat_tokenizer
 
 _TOOLS_IN_SYSTEM = (
@@ -98,6 +99,9 @@ FAMILIES = {
                                                   "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
                                                   "[/TOOL_RESULTS]"], "eos": "</s>", "bos": "<s>"},
     "qwen3": {"template": QWEN3, "specials": CHAT_SPECIALS + ["<think>", "</think>"]},
+    # the Hermes template on a vocabulary whose tool wrappers are ordinary text (SmolLM2's: no
+    # <tool_call> or <tool_response> token, only the ChatML ones)
+    "chatml_text": {"template": CHAT_TEMPLATE, "specials": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]},
 }
 
 

@@ -28,6 +28,18 @@ def needs(package):
         pytest.skip(f"{package} is not installed (CI unset: skipped; under CI this fails)")
 
 
+def needs_gguf(spec):
+    """The path of a GGUF file inside an optional package ('PACKAGE/FILE.gguf', realmodel.gguf_file:
+    found without importing the package), skipped or failed under CI as `needs` does."""
+    from machinery.realmodel import ModelFileError, gguf_file
+    try:
+        return gguf_file(spec)
+    except ModelFileError as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"{e} and CI is set: CI installs it (.ci/run)", pytrace=False)
+        pytest.skip(f"{e} (CI unset: skipped; under CI this fails)")
+
+
 def toy_tokenizer():
     return build_tokenizer(world.WORDS)
 

@@ -413,6 +413,24 @@ def test_toy_export_round_trips_and_the_toy_world_executes_json_calls(tmp_path):
                          chat_tasks.tool_schemas(chat.TOY_TOOLS))[0] == "bad_arguments"   # enum of items
 
 
+def test_tasks_file_toy_makes_the_exported_splits_in_memory(tmp_path):
+    """tasks_file: toy gives, split by split, the tasks `python -m chat.format --export` writes and
+    read_chat_jsonl reads back, from the same data keys; it refuses test_file/logged_file beside it."""
+    chat.export_toy(str(tmp_path), seed=3, n_logged=6, n_new_logged=2, n_rl=5, n_test=4)
+    cfg = {**config.DEFAULTS, "format": "chat", "tasks_file": "toy", "data_seed": 3, "n_logged": 6,
+           "n_new_logged": 2, "n_rl_tasks": 5, "n_test": 4}
+    made = chat_setup.chat_tasks(cfg)
+    for name, kind in (("rl", "tasks"), ("test", "tasks"), ("logged", "trajectories")):
+        read = chat_tasks.read_chat_jsonl(str(tmp_path / f"{name}.jsonl"), kind)
+
+        def content(tasks):                    # where a task came from: a file's line, or "toy rl task 3"
+            return [{k: v for k, v in t.items() if k != "where"} for t in tasks]
+        assert content(made[name]) == content(read), name
+    assert [len(made[k]) for k in ("rl", "test", "logged")] == [5, 4, 6 + 2]
+    with pytest.raises(config.ConfigError, match="tasks_file: toy makes every split .*remove test_file and logged_file"):
+        config.check_format({**cfg, "model": "m", "test_file": "t.jsonl"})
+
+
 # ----------------------------------------------------------------------------- train.py, resume, evaluate.py
 
 def test_train_resume_and_evaluate_on_the_chat_path(tmp_path, monkeypatch):

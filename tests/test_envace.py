@@ -40,3 +40,24 @@ def test_padding_is_masked_by_role_not_by_id():
     mask = loss_mask(roles)
     assert mask[0, len(short["ids"]) - 1:].sum() == 0               # no loss on any pad
     assert mask[0, len(short["ids"]) - 2]                           # the real final </act> is trained
+
+
+def test_logprobs_stay_fp32_under_cpu_bf16_autocast():
+    """cpu_bf16: the model runs in bf16, but token_logprobs casts its logits to fp32 before the
+    log_softmax: the result is fp32 and equals the fp32 log_softmax of the bf16 logits, where a
+    log_softmax taken in bf16 rounds each value to 8 bits of mantissa (errors of ~1e-2 at |logp| ~ 5)."""
+    import torch.nn.functional as F
+    from envace import token_logprobs
+    from helpers import tiny_llama
+    tok = toy_tokenizer()
+    model = tiny_llama(tok, init_range=0.2).eval()
+    ids = torch.randint(5, len(tok), (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logprobs = token_logprobs(model, ids)
+        logits = model(input_ids=ids).logits
+    assert logits.dtype == torch.bfloat16 and logprobs.dtype == torch.float32
+    targets = ids[:, 1:, None]
+    fp32 = F.log_softmax(logits[:, :-1].float(), -1).gather(-1, targets).squeeze(-1)
+    in_bf16 = F.log_softmax(logits[:, :-1], -1).float().gather(-1, targets).squeeze(-1)
+    assert torch.allclose(logprobs, fp32, atol=1e-6, rtol=0)
+    assert (in_bf16 - fp32).abs().max() > 1e-3          # the check can tell the two apart

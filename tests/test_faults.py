@@ -135,9 +135,12 @@ def test_missing_data_file_is_one_line(tmp_path, capsys):
     assert len(err) == 1 and "cannot read tasks file" in err[0] and "nope.jsonl" in err[0]
 
 
-def test_bf16_autocast_only_on_cuda():
+def test_bf16_autocast_on_cuda_and_on_the_cpu_only_with_cpu_bf16():
     on = {**config.DEFAULTS, "bf16": True}
     assert not isinstance(distributed.autocast(on, "cpu"), torch.autocast)
+    cpu = distributed.autocast({**on, "cpu_bf16": True}, "cpu")
+    assert isinstance(cpu, torch.autocast) and cpu.device == "cpu" and cpu.fast_dtype == torch.bfloat16
+    assert not distributed.reuse_sampler_logprobs({**on, "cpu_bf16": True}, "cpu")   # bf16 decode rounds apart
     assert not isinstance(distributed.autocast({**on, "bf16": False}, "cuda"), torch.autocast)
     with warnings.catch_warnings():          # a CPU-only torch warns that it disables it
         warnings.simplefilter("ignore")

@@ -24,7 +24,8 @@ from rollout import sample_episodes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = {"hermes": ("hermes", "keep"), "qwen2_newline": ("qwen2_newline", "keep"), "llama3": ("llama3", "keep"),
-         "mistral": ("mistral", "keep"), "qwen3_keep": ("qwen3", "keep"), "qwen3_disable": ("qwen3", "disable")}
+         "mistral": ("mistral", "keep"), "qwen3_keep": ("qwen3", "keep"), "qwen3_disable": ("qwen3", "disable"),
+         "chatml_text": ("chatml_text", "keep")}
 TOKS = {}
 PAY = {"type": "function", "function": {"name": "pay", "parameters": {
     "type": "object", "properties": {"amount": {"type": "integer"}}, "required": ["amount"]}}}
@@ -82,6 +83,14 @@ EPISODES = {
                       (A, ['<tool_call>', 'Ċ'] + CALL + ['Ċ', '</tool_call>', '<|im_end|>']),
                       (T, IM_TOOL), (R, ['6', 'Ċ', '</tool_response>']), (T, IM_BACK + BLOCK), (A, ['6', '<|im_end|>'])],
 }
+# chatml_text: the same wrappers as hermes, spelled in ordinary tokens
+CALL_OPEN, CALL_CLOSE = ['<', 't', 'oo', 'l', '_', 'call', '>'], ['<', '/', 't', 'oo', 'l', '_', 'call', '>']
+RESPONSE_OPEN = ['<', 't', 'oo', 'l', '_', 'r', 'es', 'p', 'on', 'se', '>']
+EPISODES["chatml_text"] = [
+    (T, ['<|im_start|>', 'assistant', 'Ċ']), (A, CALL_OPEN + ['Ċ'] + CALL + ['Ċ'] + CALL_CLOSE + ['<|im_end|>']),
+    (T, ['Ċ', '<|im_start|>', 'user', 'Ċ'] + RESPONSE_OPEN + ['Ċ']),
+    (R, ['6', 'Ċ', '<', '/'] + RESPONSE_OPEN[1:] + ['<|im_end|>']),    # the first special token after the
+    (T, IM_BACK[1:]), (A, ['6', '<|im_end|>'])]                          # response is its stop: <|im_end|>
 THINKS = {"qwen3_keep": ["pay 3", "done"]}
 
 
@@ -128,7 +137,7 @@ def roles_of_one_episode(case, tok, tags):
     prompts, worlds = chat_setup.episode_inputs(tok, tags, [pay_task()])
     script = chat.assemble(tok, tags, prompts[0], [PAY3], ["6"], "6", thinks=THINKS.get(case))["ids"][len(prompts[0]):]
     (e,) = sample_episodes(Script(len(tok), script), tok, prompts, "rehearse", world=worlds, tags=tags,
-                           max_act_tokens=40, max_env_tokens=8, max_tokens=400)
+                           max_act_tokens=50, max_env_tokens=16, max_tokens=400)   # chatml_text: 13
     runs = EPISODES[case]
     # the prompt: the tokenizer's own template rendering of the user turn and the tool (no
     # generation prompt: the hand-off to the actor is the first forced run); its length is the
@@ -246,7 +255,7 @@ def test_real_mode_forces_the_response_as_the_template_renders_it(case):
     prompts, worlds = chat_setup.episode_inputs(tok, tags, [pay_task()])
     script = chat.assemble(tok, tags, prompts[0], [PAY3], ["6"], "6")["ids"][len(prompts[0]):]
     (e,) = sample_episodes(Script(len(tok), script), tok, prompts, "real", world=worlds, tags=tags,
-                           max_act_tokens=40, max_env_tokens=8, max_tokens=400)
+                           max_act_tokens=50, max_env_tokens=16, max_tokens=400)   # chatml_text: 13
     assert (e["cause"], e["responses"], e["answer"]) == ("answer", ["6"], "6")
     call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": PAY3}]}
     rendered = chat.prompt_ids(tok, pay_task()["messages"] + [call, {"role": "tool", "content": "6"},

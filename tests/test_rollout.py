@@ -266,3 +266,24 @@ def test_segments_exactly_at_their_token_limit_pass_one_more_is_cut():
     assert words(eps[1]["ids"]) == "<bos> price milk <act> price milk </act> <env> 1 2 3 4 5"
     assert eps[1]["roles"][-5:] == [R] * 5
     assert words(eps[2]["ids"]) == "<bos> price egg <act> answer 1 2 3 4"
+
+
+def test_the_decoder_runs_the_lm_head_on_each_rows_last_position_only():
+    """A prefill of 3 rows x up to 9 ids and a step of runs of 4: the LM head sees [3, 1, width]
+    each time (a real model's vocabulary makes the other positions' logits the largest tensor of
+    sampling), and the logits it returns are the full forward's at each row's last id."""
+    from machinery.kvcache import Decoder
+    model = tiny_llama(TOK, seed=1)
+    seen = []
+    model.lm_head.register_forward_hook(lambda module, args, out: seen.append(tuple(args[0].shape)))
+    rows = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [5, 6, 7], [9, 8, 7, 6, 5]]
+    dec = Decoder(model, rows, TOK.pad_token_id)
+    first = dec.logits.clone()
+    dec.step([[14, 15, 16, 17]] * 3)
+    width = model.config.hidden_size
+    assert seen == [(3, 1, width), (3, 1, width)]
+    with torch.no_grad():
+        for j, row in enumerate(rows):
+            full = model(input_ids=torch.tensor([row + [14, 15, 16, 17]])).logits[0]
+            assert torch.allclose(first[j], full[len(row) - 1], atol=1e-5)   # fp32, other sum orders: ~1e-7
+            assert torch.allclose(dec.logits[j], full[-1], atol=1e-5)

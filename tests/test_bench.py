@@ -17,7 +17,7 @@ FIGURES = ("sampler_rehearse", "sampler_real", "sampler_separate", "generate_reh
            "generate_one_call", "old_logprob_forward", "train_step")
 
 
-def test_bench_writes_every_figure_of_both_workloads(tmp_path):
+def test_bench_writes_every_figure_of_both_workloads(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert bench.main(["--tasks", "2", "--group_size", "2", "--repeats", "2", "--min_seconds", "0",
                        "--out", str(out), "--ckpt", "", "--pad_tools", "1", "--max_new", "120"]) == 0
@@ -39,6 +39,9 @@ def test_bench_writes_every_figure_of_both_workloads(tmp_path):
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         assert r["parameters"] * 4 / 2 ** 20 <= r["peak_memory_mb"] <= peak
         assert r["train_step"]["estimate_train_gib"] > 0 and "mfu" not in r["train_step"]   # no peak given on CPU
+        assert r["shared_vs_plain"] == pytest.approx(r["update_plain"]["seconds"] / r["update_shared"]["seconds"])
+    assert [line.split(": ")[0] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("update shared")] == ["update shared prefix / plain"] * 2
     # the toy update's batch is the last real-mode sample: its ids are the sampled ones plus the prompts
     tasks = world.make_splits(0, 10, 0, 200, 10)["rl"][:2]
     prompt_ids = 2 * sum(1 + len(encode(TOK, t["prompt"])) for t in tasks)

@@ -264,10 +264,11 @@ def test_fidelity_gate_stops_rl(tmp_path, capsys):
     assert not os.path.exists(os.path.join(cfg["out_dir"], "metrics.jsonl"))
 
 
-def test_logprobs_from_the_first_needed_target_skip_the_prompt_logits():
+def test_logprobs_from_the_first_needed_target_skip_the_prompt_logits(monkeypatch):
     """token_logprobs(start=s): the LM head runs on positions s.. only (a long prompt's logits are
-    never made), the values from s on equal the full forward's, and 0 before s; the warm start's and
-    the update's gradients through it equal those of the full forward (the prompt has no loss)."""
+    never made: the chunked head, envace.head_logprobs, is given those positions' hidden states), the
+    values from s on equal the full forward's, and 0 before s; the warm start's and the update's
+    gradients through it equal those of the full forward (the prompt has no loss)."""
     model = tiny_llama(TOK)
     eps = [encode_episode(TOK, "not pear buy 2 milk and egg " * 3, ["price milk"], ["2"], "2"),
            encode_episode(TOK, "not pear buy 2 milk and egg " * 2, ["price egg"], ["1"], "1")]
@@ -275,11 +276,12 @@ def test_logprobs_from_the_first_needed_target_skip_the_prompt_logits():
     mask = envace.loss_mask(roles)
     start = envace.first_target(mask)
     assert start == roles[1].tolist().index(envace.TAG) == 15     # the shorter prompt's <act>: predicts its first ACT
-    heads = []
-    model.lm_head.register_forward_hook(lambda m, args, out: heads.append(out.shape[1]))
+    heads, head_logprobs = [], envace.head_logprobs
+    monkeypatch.setattr(envace, "head_logprobs",
+                        lambda hidden, *a: heads.append(hidden.shape[1]) or head_logprobs(hidden, *a))
     part = token_logprobs(model, ids, start=start)
     full = token_logprobs(model, ids)
-    assert heads == [ids.shape[1] - start, ids.shape[1]]
+    assert heads == [ids.shape[1] - 1 - start, ids.shape[1] - 1]      # the last position predicts nothing
     assert (part[:, :start] == 0).all() and torch.allclose(part[:, start:], full[:, start:], atol=LOGPROB_TOLERANCE)
     grads = []
     for s in (start, 0):

@@ -1,0 +1,184 @@
+"""The update's forward, two ways of saving work that must not change a number: the prefix every
+row of a micro-batch shares runs once (envace.shared_prefix_forward), and the LM head runs in
+chunks of positions under checkpoint (envace.head_logprobs). Each is compared with the plain
+forward on a tiny random Llama (RoPE, at POSITION_INIT so that a position out of place moves the
+logprobs far past the tolerance): logprobs, entropy and gradients; then the warm start and rl_step
+with share_prefix on and off."""
+import copy
+
+import pytest
+import torch
+
+import envace
+import train
+from envace import REHEARSE, encode_episode, shared_prefix_length, token_logprobs
+from helpers import (GRAD_TOLERANCE, LOGPROB_TOLERANCE, POSITION_INIT, assert_same_gradients, tiny_llama,
+                     toy_tokenizer)
+from machinery import config
+
+TOK = toy_tokenizer()
+PROMPT = "not pear buy 2 milk and egg"
+
+
+class Plain(torch.nn.Module):
+    """The model behind a wrapper that is no transformers model: token_logprobs takes its plain
+    path (full logits, one log_softmax), the reference both savings are compared with."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **kw):
+        return self.model(**kw)
+
+
+def shared_rows():
+    """Three episodes of one prompt, right-padded to different lengths. They share <bos>, the
+    prompt, <act> and `price` (10 ids); the target at position 8 (<act> -> price) is ACT, trained
+    inside the shared prefix."""
+    eps = [encode_episode(TOK, PROMPT, ["price milk"], ["2"], "2", env_role=REHEARSE),
+           encode_episode(TOK, PROMPT, ["price egg"], ["1"], "1", env_role=REHEARSE),
+           encode_episode(TOK, PROMPT, ["price milk", "price egg"], ["2", "1"], "3", env_role=REHEARSE)]
+    ids, roles = envace.collate(eps, TOK.pad_token_id)
+    return ids, roles, [len(e["ids"]) for e in eps]
+
+
+def forward_shapes(model):
+    """The (batch, length) of every forward through the model's embedding, appended as they run."""
+    shapes = []
+    model.model.embed_tokens.register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
+    return shapes
+
+
+def test_shared_prefix_length_by_hand():
+    ids = torch.tensor([[1, 2, 3, 4, 0], [1, 2, 3, 5, 6]])
+    assert shared_prefix_length(ids, [4, 5]) == 3
+    # identical up to row 0's end, then its pad: only real tokens count, and each row keeps one after
+    ids = torch.tensor([[1, 2, 3, 0, 0], [1, 2, 3, 0, 0]])
+    assert shared_prefix_length(ids, [3, 3]) == 2
+    assert shared_prefix_length(torch.tensor([[1, 2, 3, 4, 0], [1, 2, 3, 4, 5]]), [4, 5]) == 3   # row 0 is the prefix
+    assert shared_prefix_length(torch.tensor([[1, 2, 3], [1, 2, 4]]), [3, 3]) == 2
+    assert shared_prefix_length(torch.tensor([[1, 2, 3], [1, 4, 4]]), [3, 3]) == 0      # one id: not worth it
+    assert shared_prefix_length(torch.tensor([[1, 2, 3], [1, 2, 4]]), [2, 3]) == 0      # 1 after the cap
+    assert shared_prefix_length(torch.tensor([[1, 2, 3, 4]]), [4]) == 0                # one row
+    ids, _, lengths = shared_rows()
+    assert shared_prefix_length(ids, lengths) == 10
+
+
+@pytest.mark.parametrize("start", [0, 8, 12])
+def test_shared_prefix_logprobs_and_entropy_equal_the_plain_forward(start):
+    """start 0: every target; 8: the first trained one, inside the shared prefix; 12: past it. The
+    prefix runs once as one row, the suffixes as three; the result equals the plain forward's."""
+    model = tiny_llama(TOK, init_range=POSITION_INIT)
+    ids, _, lengths = shared_rows()
+    prefix = shared_prefix_length(ids, lengths)
+    with torch.no_grad():
+        want, want_entropy = token_logprobs(Plain(model), ids, 0.7, with_entropy=True, start=start)
+        shapes = forward_shapes(model)
+        got, got_entropy = token_logprobs(model, ids, 0.7, with_entropy=True, start=start, prefix=prefix)
+    assert shapes == [(1, prefix), (3, ids.shape[1] - prefix)]
+    assert got.shape == want.shape == got_entropy.shape == (3, ids.shape[1] - 1)
+    assert (got[:, :start] == 0).all() and (got_entropy[:, :start] == 0).all()
+    assert (got - want).abs().max() < LOGPROB_TOLERANCE and (got_entropy - want_entropy).abs().max() < LOGPROB_TOLERANCE
+    assert want[:, start:].abs().min() > 0.01              # (not a comparison of zeros)
+
+
+def test_shared_prefix_gradients_equal_the_plain_forward():
+    """A loss of the trained targets' logprobs (one inside the prefix) and the entropy: the first
+    step's gradient, through the cached keys and values into the prefix pass, is the plain one's."""
+    model = tiny_llama(TOK, init_range=POSITION_INIT)
+    ids, roles, lengths = shared_rows()
+    mask = envace.loss_mask(roles).float()
+    assert mask[:, 8].all()                                 # a trained target inside the prefix
+    weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(0)) * mask
+    grads = []
+    for m, prefix in ((Plain(model), 0), (model, shared_prefix_length(ids, lengths))):
+        model.zero_grad(set_to_none=True)
+        logp, entropy = token_logprobs(m, ids, 0.7, with_entropy=True, start=8, prefix=prefix)
+        ((logp * weights).sum() + 0.1 * (entropy * mask).sum()).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert_same_gradients(*grads)
+
+
+def saved_logit_tensors(fn, vocab):
+    """fn() run with autograd's saved tensors watched: the shapes of the [B, T, vocab] tensors kept
+    for backward (checkpoint keeps its own inside; only what outlives a chunk is seen here)."""
+    shapes = []
+
+    def pack(t):
+        if t.dim() == 3 and t.shape[-1] == vocab:
+            shapes.append(tuple(t.shape))
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return shapes, out
+
+
+def test_chunked_head_equals_the_full_logits(monkeypatch):
+    """LOGIT_CHUNK of 3 positions' logits: values and gradients equal the plain path's (the chunks
+    only regroup positions: each logprob is the same sum of products over the hidden width, so they
+    agree within float32 rounding, LOGPROB_TOLERANCE and GRAD_TOLERANCE); the plain path keeps its
+    [B, T, V] log-softmax for backward, the chunked one no tensor of the vocabulary's width."""
+    model = tiny_llama(TOK, init_range=POSITION_INIT)
+    ids, roles, _ = shared_rows()
+    vocab = model.config.vocab_size
+    monkeypatch.setattr(envace, "LOGIT_CHUNK", 3 * ids.shape[0] * vocab)     # 3 positions of the 3 rows
+    chunks, checkpoint = [], envace.checkpoint
+    monkeypatch.setattr(envace, "checkpoint", lambda fn, h, *a, **k: chunks.append(h.shape[1]) or checkpoint(fn, h, *a, **k))
+    weights = torch.randn(ids.shape[0], ids.shape[1] - 1, generator=torch.Generator().manual_seed(1))
+    results = []
+    for m in (Plain(model), model):
+        model.zero_grad(set_to_none=True)
+        saved, (logp, entropy) = saved_logit_tensors(lambda: token_logprobs(m, ids, 0.7, with_entropy=True), vocab)
+        ((logp * weights).sum() + entropy.sum()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        results.append((saved, logp.detach(), entropy.detach(), grads))
+    (plain_saved, want, want_entropy, want_grads), (saved, got, got_entropy, grads) = results
+    assert chunks == [3] * ((ids.shape[1] - 1) // 3) + [(ids.shape[1] - 1) % 3] * bool((ids.shape[1] - 1) % 3)
+    assert (got - want).abs().max() < LOGPROB_TOLERANCE and (got_entropy - want_entropy).abs().max() < LOGPROB_TOLERANCE
+    assert_same_gradients(want_grads, grads)
+    assert (3, ids.shape[1] - 1, vocab) in plain_saved and saved == []
+
+
+def warm_start_grads(model, cfg, sequences, monkeypatch):
+    """The first warm-start step's gradient (taken where it is clipped, before AdamW's step)."""
+    seen = []
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def record(params, max_norm):
+        params = list(params)
+        seen.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        return clip(params, max_norm)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", record)
+    train.warm_start(model, model, sequences, cfg, TOK.pad_token_id)
+    monkeypatch.undo()
+    return seen[0]
+
+
+def test_warm_start_and_rl_step_give_the_same_gradients_with_and_without_sharing(monkeypatch):
+    """One warm-start step and one rl_step (old logprobs recomputed, a KL reference: every logprob
+    pass of the step) with share_prefix true and false: the same first-step gradients, and sharing
+    did run (a forward of one row)."""
+    import world
+    model = tiny_llama(TOK, init_range=POSITION_INIT)
+    calls = [["price milk"], ["price egg"], ["price milk", "price egg"], ["price tea"]]
+    logged = [encode_episode(TOK, PROMPT, c, world.replay(c), "9") for c in calls]
+    episodes = [encode_episode(TOK, PROMPT, c, world.replay(c), "9", env_role=REHEARSE) for c in calls]
+    base = {**config.DEFAULTS, "sft_steps": 1, "sft_batch_size": 4, "micro_batch_tokens": 1000, "kl_coef": 0.1,
+            "reuse_sampler_logprobs": False}
+    reference = copy.deepcopy(model)
+    shapes = forward_shapes(model)
+    grads = {}
+    for share in (False, True):
+        cfg = {**base, "share_prefix": share}
+        start = copy.deepcopy(model.state_dict())
+        warm = warm_start_grads(model, cfg, logged, monkeypatch)
+        model.load_state_dict(start)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        _, status = train.rl_step(model, model, opt, episodes, [1.0, 0.0, 0.0, 1.0], [0, 0, 0, 0], cfg,
+                                  TOK.pad_token_id, reference=reference)
+        assert status == "updated"
+        grads[share] = warm, {n: p.grad.clone() for n, p in model.named_parameters()}
+        assert any(b == 1 for b, _ in shapes) == share
+    assert_same_gradients(grads[False][0], grads[True][0])
+    assert_same_gradients(grads[False][1], grads[True][1])

@@ -284,7 +284,8 @@ def paired_bootstrap(a, b=None, n_boot=4000, seed=0, level=0.95):
     `called` when the interval excludes 0 (a difference) -- for b None always False.
     Where every seed has as many tasks, a resample's task draws are one call of the generator (the
     same numbers as one call per drawn seed: integers() of one bound is one stream) and its means
-    one reduction per row (the same sums, row by row, as one mean per seed)."""
+    one reduction per row (the same sums, row by row, as one mean per seed); with one seed, 256
+    resamples' task draws are one call."""
     import numpy as np
     seeds = sorted(a)
     if b is not None and (sorted(b) != seeds or any(len(a[s]) != len(b[s]) for s in seeds)):
@@ -293,7 +294,12 @@ def paired_bootstrap(a, b=None, n_boot=4000, seed=0, level=0.95):
     rng = np.random.default_rng(seed)
     means = np.empty(n_boot)
     n_seeds, n_tasks = len(seeds), {len(d) for d in diff}
-    if len(n_tasks) == 1:
+    if n_seeds == 1:                    # the seed drawn (of 1) takes nothing from the stream: the task
+        (n_tasks,) = n_tasks            # draws of 256 resamples in one call
+        for start in range(0, n_boot, 256):
+            tasks = rng.integers(n_tasks, size=(min(256, n_boot - start), n_tasks))
+            means[start:start + len(tasks)] = diff[0][tasks].sum(axis=1) / n_tasks
+    elif len(n_tasks) == 1:
         table, (n_tasks,) = np.stack(diff), n_tasks
         for k in range(n_boot):
             drawn = rng.integers(n_seeds, size=n_seeds)

@@ -281,7 +281,11 @@ def paired_bootstrap(a, b=None, n_boot=4000, seed=0, level=0.95):
     a, b: {seed: [outcome per test task]}, the same tasks in the same order for both arms. Each
     resample draws seeds with replacement, then within each drawn seed the test tasks with
     replacement; both arms get the SAME seeds and tasks (paired). Returns (mean, low, high, called):
-    `called` when the interval excludes 0 (a difference) -- for b None always False."""
+    `called` when the interval excludes 0 (a difference) -- for b None always False.
+    Where every seed has as many tasks, a resample's task draws are one call of the generator (the
+    same numbers as one call per drawn seed: integers() of one bound is one stream) and its means
+    one reduction per row (the same sums, row by row, as one mean per seed); with one seed, 256
+    resamples' task draws are one call."""
     import numpy as np
     seeds = sorted(a)
     if b is not None and (sorted(b) != seeds or any(len(a[s]) != len(b[s]) for s in seeds)):
@@ -289,9 +293,22 @@ def paired_bootstrap(a, b=None, n_boot=4000, seed=0, level=0.95):
     diff = [np.asarray(a[s], float) - (np.asarray(b[s], float) if b is not None else 0.0) for s in seeds]
     rng = np.random.default_rng(seed)
     means = np.empty(n_boot)
-    for k in range(n_boot):
-        drawn = rng.integers(len(seeds), size=len(seeds))
-        means[k] = np.mean([diff[i][rng.integers(len(diff[i]), size=len(diff[i]))].mean() for i in drawn])
+    n_seeds, n_tasks = len(seeds), {len(d) for d in diff}
+    if n_seeds == 1:                    # the seed drawn (of 1) takes nothing from the stream: the task
+        (n_tasks,) = n_tasks            # draws of 256 resamples in one call
+        for start in range(0, n_boot, 256):
+            tasks = rng.integers(n_tasks, size=(min(256, n_boot - start), n_tasks))
+            means[start:start + len(tasks)] = diff[0][tasks].sum(axis=1) / n_tasks
+    elif len(n_tasks) == 1:
+        table, (n_tasks,) = np.stack(diff), n_tasks
+        for k in range(n_boot):
+            drawn = rng.integers(n_seeds, size=n_seeds)
+            tasks = rng.integers(n_tasks, size=(n_seeds, n_tasks))
+            means[k] = (table[drawn[:, None], tasks].sum(axis=1) / n_tasks).sum() / n_seeds
+    else:
+        for k in range(n_boot):
+            drawn = rng.integers(n_seeds, size=n_seeds)
+            means[k] = np.mean([diff[i][rng.integers(len(diff[i]), size=len(diff[i]))].mean() for i in drawn])
     low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
     mean = float(np.mean([d.mean() for d in diff]))
     return mean, float(low), float(high), b is not None and (low > 0 or high < 0)

@@ -13,20 +13,20 @@ import json
 import os
 import sys
 
-import torch
-
-from formats import features
-from machinery.checkpoint import find_checkpoint, load_policy
 from machinery.config import ConfigError, load_config
-from reward import task_reward
-from rollout import sample_episodes
-from experiments.uncertain import copy_counts, failure_table, looked_up, uncertain_set
 
 
 def failures(folder, split="test", n=500):
     """A run folder (its latest checkpoint) or a checkpoint, greedy in the REAL world on the first
     n tasks of `split`: the markdown lines of failure_table per family x distractor position, and
     copy_counts per subset. `rl` reads the RL tasks (to diagnose without the test set)."""
+    if not os.path.exists(folder):      # said before the imports below (torch, the model code: seconds)
+        raise ConfigError(f"no checkpoint written by train.py in {folder}")
+    import torch
+    from formats import features
+    from machinery.checkpoint import find_checkpoint, load_policy
+    from rollout import sample_episodes
+    from experiments.uncertain import copy_counts, failure_table, uncertain_set
     path = find_checkpoint(os.path.join(folder, "ckpt")) or find_checkpoint(folder)
     if path is None or not os.path.isfile(os.path.join(path, "config.yaml")):
         raise ConfigError(f"no checkpoint written by train.py in {folder}")
@@ -59,6 +59,12 @@ def write_lookups(results):
     tasks again in the REAL world, greedy (as evaluate.py: the same episodes), and
     <run>/lookups.json = {"looked_up": [per test task], "strict": [success and looked_up]}, the
     input of experiments/compare.py's lookup table (one already there is kept). Returns the folders written."""
+    import torch
+    from formats import features
+    from machinery.checkpoint import find_checkpoint, load_policy
+    from reward import task_reward
+    from rollout import sample_episodes
+    from experiments.uncertain import looked_up
     written = []
     for folder in sorted(glob.glob(os.path.join(results, "*", "*", "eval.json"))):
         folder = os.path.dirname(folder)

@@ -191,6 +191,33 @@ def test_paired_bootstrap_by_hand():
         experiments.paired_bootstrap({"1": [1]}, {"2": [1]})
 
 
+def test_paired_bootstrap_draws_as_one_call_per_drawn_seed():
+    """The resamples of seeds with as many tasks each (one generator call for a resample's tasks,
+    one reduction per row; one call for 256 resamples of one seed) are exactly those of one call
+    and one mean per drawn seed, the rule the
+    committed results/ tables were made with: the same four numbers, to the last bit, for 0/1,
+    fractional and >128-task outcomes (where numpy's sums go pairwise)."""
+    import numpy as np
+
+    def one_call_per_seed(a, b, n_boot, seed=0, level=0.95):
+        diff = [np.asarray(a[s], float) - np.asarray(b[s], float) for s in sorted(a)]
+        rng = np.random.default_rng(seed)
+        means = np.empty(n_boot)
+        for k in range(n_boot):
+            drawn = rng.integers(len(diff), size=len(diff))
+            means[k] = np.mean([diff[i][rng.integers(len(diff[i]), size=len(diff[i]))].mean() for i in drawn])
+        low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+        return float(np.mean([d.mean() for d in diff])), float(low), float(high), bool(low > 0 or high < 0)
+    g = np.random.default_rng(5)
+    for n_seeds, n_tasks, draw in ((5, 40, lambda n: g.integers(0, 2, n)), (3, 7, g.random), (2, 300, g.random),
+                                   (1, 2, lambda n: g.integers(0, 2, n)), (1, 129, g.random)):
+        a, b = ({s: list(draw(n_tasks)) for s in range(n_seeds)} for _ in range(2))
+        assert experiments.paired_bootstrap(a, b, n_boot=600, seed=n_tasks) == one_call_per_seed(a, b, 600, n_tasks)
+    uneven = {1: [1.0, 0.0, 1.0], 2: [0.0, 1.0]}                  # seeds with different task counts
+    assert experiments.paired_bootstrap(uneven, {1: [0.0] * 3, 2: [0.0] * 2}, n_boot=300) == \
+        one_call_per_seed(uneven, {1: [0.0] * 3, 2: [0.0] * 2}, 300)
+
+
 def test_the_hooks_log_every_subset_measure():
     from helpers import tiny_llama
     cfg = {**CFG, "env_mode": "rehearse", "n_collusion": 3}

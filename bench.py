@@ -227,6 +227,13 @@ def update_sharing(model, episodes, cfg, group_size, pad_id, args):
             return accumulate_gradients(model, batch, old, None, {**cfg, "share_prefix": share})
         times, _ = timed(update, device, args.repeats, args.min_seconds)
         res["update_shared" if share else "update_plain"] = figure(times, sum(batch["lengths"]))
+    if args.cpu_bf16 and device == "cpu":     # the same shared update under bf16 autocast (cfg cpu_bf16)
+        def update_bf16():
+            model.zero_grad(set_to_none=True)
+            return accumulate_gradients(model, batch, old, None, {**cfg, "share_prefix": True, "cpu_bf16": True})
+        times, _ = timed(update_bf16, device, args.repeats, args.min_seconds)
+        res["update_shared_bf16"] = figure(times, sum(batch["lengths"]))
+        res["bf16_vs_fp32"] = res["update_shared"]["seconds"] / res["update_shared_bf16"]["seconds"]
     model.eval()
     model.zero_grad(set_to_none=True)
     res["shared_vs_plain"] = res["update_plain"]["seconds"] / res["update_shared"]["seconds"]
@@ -397,6 +404,8 @@ def main(argv=None):
     parser.add_argument("--min_seconds", type=float, default=1.0)
     parser.add_argument("--peak_tflops", type=float, default=None,
                         help="for MFU: the device's dense peak (default on CUDA: 989, an H200 in bf16)")
+    parser.add_argument("--cpu_bf16", action="store_true",
+                        help="smollm2 on the CPU: also time the shared update under bf16 autocast (cfg cpu_bf16)")
     parser.add_argument("--out", default="out/bench.json")
     args = parser.parse_args(argv)
     cuda = args.device.startswith("cuda")
@@ -417,10 +426,13 @@ def main(argv=None):
             results[name] = {"model": model_name, "rows": len(rows), **res}
             print(f"== smollm2: {model_name}, {len(rows)} rows of {sum(len(r['ids']) for r in rows) / len(rows):.0f} "
                   f"tokens on average")
-            for k in ("update_shared", "update_plain"):
-                print(f"{k:20s} {res[k]['tok_per_s']:9.0f} tok/s  {res[k]['seconds'] * 1e3:8.1f} ms "
-                      f"({res[k]['min_s'] * 1e3:.1f}-{res[k]['max_s'] * 1e3:.1f})")
+            for k in ("update_shared", "update_plain", "update_shared_bf16"):
+                if k in res:
+                    print(f"{k:20s} {res[k]['tok_per_s']:9.0f} tok/s  {res[k]['seconds'] * 1e3:8.1f} ms "
+                          f"({res[k]['min_s'] * 1e3:.1f}-{res[k]['max_s'] * 1e3:.1f})")
             print(sharing_line(res), flush=True)
+            if "bf16_vs_fp32" in res:
+                print(f"update (shared prefix) cpu_bf16 / fp32: {res['bf16_vs_fp32']:.2f}x", flush=True)
             continue
         model, tokenizer, w, cfg, model_name = (toy_workload if name == "toy" else chat_workload)(args)
         if cuda:

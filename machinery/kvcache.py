@@ -82,9 +82,24 @@ def restore_rows(config, saved, device):
             torch.cat([s["pos"] for s in saved]).to(device))
 
 
+MIN_SHARED = 16     # ids; a shorter common start of the prefixes is prefilled with the rest
+
+
+def common_prefix(prefixes):
+    """The number of leading ids all `prefixes` (tuples) hold alike, leaving each at least one id
+    of its own: (1, 2, 3, 4) and (1, 2, 3, 5, 6) -> 3; (1, 2) and (1, 2, 3) -> 1."""
+    n = min(len(p) for p in prefixes) - 1
+    for k in range(max(n, 0)):
+        if any(p[k] != prefixes[0][k] for p in prefixes):
+            return k
+    return max(n, 0)
+
+
 class Decoder:
     """A batch of left-padded prefixes and their KV cache, advanced by one run of tokens per row per
-    step. Identical prefixes (a task's G samples) are prefilled once and their cache rows copied, and
+    step. Identical prefixes (a task's G samples) are prefilled once and their cache rows copied;
+    the ids that all prefixes start with (a chat prompt's system turn and tool schemas, the same for
+    every task) are prefilled once as one row, copied, and each prefix's rest fed as a step; and
     `keep` drops finished rows from the cache, so that they cost nothing afterwards. A step feeds
     each row its run (a sampled token and the forced ids queued after it; a finished row none),
     right-aligned in one [B, longest run] forward: the shorter runs' left slots are holes, masked
@@ -98,15 +113,23 @@ class Decoder:
             self.cache, self.mask, self.pos = restore_rows(model.config, saved, device)
             return
         unique = {p: i for i, p in enumerate(dict.fromkeys(map(tuple, prefixes)))}
-        P = max(len(p) for p in unique)
-        ids = torch.full((len(unique), P), pad_id, dtype=torch.long, device=device)
-        mask = torch.zeros((len(unique), P), dtype=torch.long, device=device)
-        for p, i in unique.items():
-            ids[i, P - len(p):] = torch.tensor(p, device=device)
-            mask[i, P - len(p):] = 1                   # left pads masked
         self.cache = new_cache(model.config)
-        self.mask = mask
-        logits = self._forward(ids, (mask.cumsum(1) - 1).clamp(min=0))
+        shared = common_prefix(list(unique))
+        if shared >= MIN_SHARED and len(unique) > 1:    # the ids every prefix starts with run once
+            first = torch.tensor([list(unique)[0][:shared]], device=device)
+            self.mask = torch.ones_like(first)
+            self.keep(torch.zeros(len(unique), dtype=torch.long, device=device), self._forward(first, None))
+            self.pos = torch.full((len(unique),), shared, device=device)
+            logits = self.step([list(p[shared:]) for p in unique])      # the rest: runs right-aligned
+        else:
+            P = max(len(p) for p in unique)
+            ids = torch.full((len(unique), P), pad_id, dtype=torch.long, device=device)
+            mask = torch.zeros((len(unique), P), dtype=torch.long, device=device)
+            for p, i in unique.items():
+                ids[i, P - len(p):] = torch.tensor(p, device=device)
+                mask[i, P - len(p):] = 1                   # left pads masked
+            self.mask = mask
+            logits = self._forward(ids, (mask.cumsum(1) - 1).clamp(min=0))
         if len(unique) < len(prefixes):               # each row: a copy of its prefix's cache
             self.keep(torch.tensor([unique[tuple(p)] for p in prefixes], device=device), logits)
         else:

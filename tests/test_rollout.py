@@ -287,3 +287,31 @@ def test_the_decoder_runs_the_lm_head_on_each_rows_last_position_only():
             full = model(input_ids=torch.tensor([row + [14, 15, 16, 17]])).logits[0]
             assert torch.allclose(first[j], full[len(row) - 1], atol=1e-5)   # fp32, other sum orders: ~1e-7
             assert torch.allclose(dec.logits[j], full[-1], atol=1e-5)
+
+
+def test_the_decoder_prefills_the_ids_every_prefix_starts_with_once():
+    """Four prefixes (two alike) that start with the same 20 ids, then 1, 3 and 6 ids of their own:
+    the 20 run once as one row, the rests as one step of right-aligned runs; each row's logits,
+    then and after a further step, equal a plain forward over its ids (a RoPE model at
+    POSITION_INIT: a row read one position off moves them by ~1e-1; fp32 sums in another order ~1e-7)."""
+    from machinery.kvcache import Decoder, common_prefix
+    model = tiny_llama(TOK, seed=3, init_range=POSITION_INIT)
+    g = torch.Generator().manual_seed(1)
+    shared = torch.randint(5, len(TOK), (20,), generator=g).tolist()
+    rests = [torch.randint(5, len(TOK), (n,), generator=g).tolist() for n in (1, 3, 6)]
+    prefixes = [shared + rests[0], shared + rests[1], shared + rests[0], shared + rests[2]]
+    assert common_prefix([tuple(p) for p in prefixes]) == 20
+    assert common_prefix([(1, 2, 3, 4), (1, 2, 3, 5, 6)]) == 3 and common_prefix([(1, 2), (1, 2, 3)]) == 1
+    shapes = []
+    model.model.embed_tokens.register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
+    dec = Decoder(model, prefixes, TOK.pad_token_id)
+    assert shapes == [(1, 20), (3, 6)]                # the shared ids once; the three distinct rests
+    first = dec.logits.clone()
+    extra = [[7], [8, 9], [10], [11, 12, 13]]
+    dec.step(extra)
+    with torch.no_grad():
+        for j, p in enumerate(prefixes):
+            full = model(input_ids=torch.tensor([p + extra[j]])).logits[0]
+            assert torch.allclose(first[j], full[len(p) - 1], atol=1e-5), j
+            assert torch.allclose(dec.logits[j], full[-1], atol=1e-5), j
+    assert dec.pos.tolist() == [len(p) + len(e) for p, e in zip(prefixes, extra)]

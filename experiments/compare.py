@@ -554,17 +554,34 @@ def uncertain(results):
     return text
 
 
+def before_after(run):
+    """One run's eval.json: real-world success before RL (the warm start, `before`) and after, and
+    the paired bootstrap of after - before over its test tasks (one seed)."""
+    with open(os.path.join(run, "eval.json")) as f:
+        after = json.load(f)
+    before = after["before"]
+    diff, low, high, called = paired_bootstrap({1: after["task_rewards"]}, {1: before["task_rewards"]})
+    return (f"{run}: real-world success {before['success']:.3f} -> {after['success']:.3f} on "
+            f"{len(after['task_rewards'])} test tasks; after - before {diff:+.3f} [{low:+.3f}, {high:+.3f}]"
+            f"{' (called)' if called else ''}")
+
+
 def main(argv=None):
     import argparse
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--compare", metavar="RESULTS", help="compare <RESULTS>/<arm>/<seed> runs")
     group.add_argument("--uncertain", metavar="RESULTS", help="the world: uncertain runs under RESULTS")
+    group.add_argument("--before_after", metavar="RUN", help="one run's success before and after RL, paired")
     args = parser.parse_args(argv)
     try:
-        print(compare(args.compare) if args.compare else uncertain(args.uncertain))
+        if args.before_after:
+            print(before_after(args.before_after))
+        else:
+            print(compare(args.compare) if args.compare else uncertain(args.uncertain))
     except (OSError, KeyError, json.JSONDecodeError) as e:
-        print(f"error: cannot compare the runs in {args.compare or args.uncertain}: {e}", file=sys.stderr)
+        print(f"error: cannot compare the runs in {args.compare or args.uncertain or args.before_after}: {e}",
+              file=sys.stderr)
         return 2
     return 0
 

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
+from envace import shared_prefix_length
+
 
 class GrowingLayer(DynamicLayer):
     """A KV cache layer whose keys and values live in a buffer with room to grow (doubled when
@@ -85,16 +87,6 @@ def restore_rows(config, saved, device):
 MIN_SHARED = 16     # ids; a shorter common start of the prefixes is prefilled with the rest
 
 
-def common_prefix(prefixes):
-    """The number of leading ids all `prefixes` (tuples) hold alike, leaving each at least one id
-    of its own: (1, 2, 3, 4) and (1, 2, 3, 5, 6) -> 3; (1, 2) and (1, 2, 3) -> 1."""
-    n = min(len(p) for p in prefixes) - 1
-    for k in range(max(n, 0)):
-        if any(p[k] != prefixes[0][k] for p in prefixes):
-            return k
-    return max(n, 0)
-
-
 class Decoder:
     """A batch of left-padded prefixes and their KV cache, advanced by one run of tokens per row per
     step. Identical prefixes (a task's G samples) are prefilled once and their cache rows copied;
@@ -114,7 +106,8 @@ class Decoder:
             return
         unique = {p: i for i, p in enumerate(dict.fromkeys(map(tuple, prefixes)))}
         self.cache = new_cache(model.config)
-        shared = common_prefix(list(unique))
+        rows = [list(p) + [pad_id] * (max(map(len, unique)) - len(p)) for p in unique]   # right-padded
+        shared = shared_prefix_length(torch.tensor(rows), [len(p) for p in unique])
         # the ids every prefix starts with run once (a transformers model; tests' scripted fakes
         # tell rows apart by their prefill, so they get the plain one)
         if shared >= MIN_SHARED and len(unique) > 1 and isinstance(model, PreTrainedModel):

@@ -294,14 +294,14 @@ def test_the_decoder_prefills_the_ids_every_prefix_starts_with_once():
     the 20 run once as one row, the rests as one step of right-aligned runs; each row's logits,
     then and after a further step, equal a plain forward over its ids (a RoPE model at
     POSITION_INIT: a row read one position off moves them by ~1e-1; fp32 sums in another order ~1e-7)."""
-    from machinery.kvcache import Decoder, common_prefix
+    from envace import shared_prefix_length
+    from machinery.kvcache import Decoder
     model = tiny_llama(TOK, seed=3, init_range=POSITION_INIT)
     g = torch.Generator().manual_seed(1)
     shared = torch.randint(5, len(TOK), (20,), generator=g).tolist()
     rests = [torch.randint(5, len(TOK), (n,), generator=g).tolist() for n in (1, 3, 6)]
     prefixes = [shared + rests[0], shared + rests[1], shared + rests[0], shared + rests[2]]
-    assert common_prefix([tuple(p) for p in prefixes]) == 20
-    assert common_prefix([(1, 2, 3, 4), (1, 2, 3, 5, 6)]) == 3 and common_prefix([(1, 2), (1, 2, 3)]) == 1
+    assert shared_prefix_length(torch.tensor([p + [0] * (26 - len(p)) for p in prefixes]), list(map(len, prefixes))) == 20
     shapes = []
     model.model.embed_tokens.register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
     dec = Decoder(model, prefixes, TOK.pad_token_id)

@@ -24,7 +24,8 @@ import torch
 
 import rollout
 import world as toy_world
-from envace import OBS, REHEARSE, collate, encode_episode, micro_batches, tag_ids
+from envace import (OBS, REHEARSE, can_share_prefix, collate, encode_episode, final_hidden, lean_head, micro_batches,
+                    shared_prefix_forward, shared_prefix_length, tag_ids)
 from reward import task_reward
 
 
@@ -96,17 +97,33 @@ def replay_fidelity(episodes, world=toy_world):
 
 
 @torch.no_grad()
-def greedy_hits(model, rows, pad_id, token_budget=4096):
+def greedy_hits(model, rows, role, pad_id, token_budget=4096):
     """One teacher-forced forward over `rows` (micro-batched): hits[i, t] is whether the argmax
-    after row i's first t+1 tokens IS its token t+1. Returns (hits [B, T-1], roles [B, T])."""
+    after row i's first t+1 tokens IS its token t+1, for the targets of `role` (OBS: the real
+    responses; REHEARSE: a rehearse row's); every other target is False.
+    A transformers model (envace.lean_head) runs the ids every row of a micro-batch shares (a chat
+    row's system prompt and tool schemas) once (envace.shared_prefix_forward) and its LM head on
+    the `role` targets only: the full-vocabulary logits of the other positions, most of a chat
+    row, are never made. Other models (tests' fakes) give their logits whole.
+    Returns (hits [B, T-1], roles [B, T])."""
     device = next(model.parameters()).device
     ids, roles = collate(rows, pad_id)
+    wanted = roles[:, 1:] == role
     lengths = [len(r["ids"]) for r in rows]
     hits = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)
+    head = lean_head(model)
     for index in micro_batches(lengths, token_budget):
         n = max(lengths[i] for i in index)
-        batch = ids[index, :n].to(device)
-        hits[index, :n - 1] = (model(input_ids=batch).logits[:, :-1].argmax(-1) == batch[:, 1:]).cpu()
+        batch, want = ids[index, :n].to(device), wanted[index, :n - 1].to(device)
+        if head is None:
+            hits[index, :n - 1] = ((model(input_ids=batch).logits[:, :-1].argmax(-1) == batch[:, 1:]) & want).cpu()
+            continue
+        prefix = shared_prefix_length(batch, [lengths[i] for i in index]) if can_share_prefix(model) else 0
+        pieces = shared_prefix_forward(model, batch, prefix) if prefix else [(0, final_hidden(model, batch))]
+        hidden = torch.cat([h.expand(len(index), -1, -1) for _, h in pieces], 1)    # [b, n, H]
+        found = torch.zeros_like(want)
+        found[want] = head(hidden[:, :-1][want]).argmax(-1) == batch[:, 1:][want]
+        hits[index, :n - 1] = found.cpu()
     return hits, roles
 
 
@@ -121,7 +138,7 @@ def would_rehearse_calls(model, tokenizer, episodes, token_budget=4096, env_end=
     env_end = tag_ids(tokenizer)["env_end"] if env_end is None else env_end
     if not any(e["calls"] for e in episodes):
         return []
-    hits, _ = greedy_hits(model, episodes, tokenizer.pad_token_id, token_budget)
+    hits, _ = greedy_hits(model, episodes, OBS, tokenizer.pad_token_id, token_budget)
     pairs = []
     for i, e in enumerate(episodes):
         obs = [t for t in range(1, len(e["ids"])) if e["roles"][t] == OBS]
@@ -159,7 +176,7 @@ def would_rehearse_rows(model, rows, pad_id, token_budget=4096):
     (one teacher-forced forward)? The rows of rehearsal_rows, or chat_separate.rehearse_rows."""
     if not rows:
         return []
-    hits, roles = greedy_hits(model, rows, pad_id, token_budget)
+    hits, roles = greedy_hits(model, rows, REHEARSE, pad_id, token_budget)
     target = roles[:, 1:] == REHEARSE
     return [(r["call"], bool(hits[i][target[i]].all())) for i, r in enumerate(rows)]
 

@@ -1,9 +1,8 @@
-"""A train.py launcher for torchrun tests (tests/test_distributed.py): on rank 0, a fault named by
-ENVACE_FAULT (a write refused for a full disk, or a signal during the evaluation), or a signal
-to rank 1 alone while rank 0 evaluates (sigterm_rank1_eval);
-every rank writes its exit status to ENVACE_RC_DIR/rank<N>.rc, then exits with it.
+"""train.py on each rank of a 2-rank job with a fault (tests/test_distributed.py runs main in
+ranks forked by helpers.fork_ranks): on rank 0, a write refused for a full disk or a signal during
+the evaluation; or a signal to rank 1 alone while rank 0 evaluates (sigterm_rank1_eval). By hand:
 
-    ENVACE_FAULT=metrics ENVACE_RC_DIR=/tmp/rc torchrun --nproc_per_node=2 tests/rank_faults.py --config c.yaml
+    ENVACE_FAULT=metrics torchrun --nproc_per_node=2 tests/rank_faults.py --config c.yaml
 """
 import builtins
 import errno
@@ -69,8 +68,10 @@ def signal_in_evaluate(call, signum):
     metrics.evaluate = patched
 
 
-if __name__ == "__main__":
-    rank, fault = int(os.environ["RANK"]), os.environ.get("ENVACE_FAULT", "")
+def main(argv, fault):
+    """train.main(argv) on this rank (RANK set, as torchrun sets it), with `fault` (on rank 0, or
+    sigterm_rank1_eval on rank 1) patched in first; returns its exit status."""
+    rank = int(os.environ["RANK"])
     if rank == 0:
         {"metrics": lambda: full_disk_for("metrics.jsonl", "a"),      # step 1's line
          "eval_json": lambda: full_disk_for(os.path.join("run", ".tmp.eval.json")),   # the final evaluation's
@@ -79,7 +80,8 @@ if __name__ == "__main__":
          "": lambda: None}.get(fault, lambda: None)()
     elif fault == "sigterm_rank1_eval":       # the warm start's evaluation
         signal_in_from_rank0(1, signal.SIGTERM)
-    rc = train.main(sys.argv[1:])
-    with open(os.path.join(os.environ["ENVACE_RC_DIR"], f"rank{rank}.rc"), "w") as f:
-        f.write(str(rc))
-    sys.exit(rc)
+    return train.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:], os.environ.get("ENVACE_FAULT", "")))

@@ -407,10 +407,11 @@ def test_oracle_lists_a_failing_task_and_refuses_a_file_it_cannot_replay(base, t
 
 def test_a_tiny_random_qwen2_runs_the_bfcl_path_end_to_end_and_scores_0(bfcl_dir, base, tmp_path, capsys,
                                                                          monkeypatch):
-    """Two multi_turn_base tasks (prompts of ~10k characters: every tool doc of their classes)
-    through train.py and evaluate.py on a random 2-layer Qwen2: the executor and the check load
-    per line, the long prompts fit max_tokens and the model's positions, both tasks are executed
-    in evaluation, and an untrained model scores 0 (the check can fail), before and after RL.
+    """The two multi_turn_base tasks with the shortest prompts (~9.5k characters: every tool doc
+    of their classes) through train.py and evaluate.py on a random 2-layer Qwen2: the executor and
+    the check load per line, the long prompts fit max_tokens and the model's positions, both tasks
+    are executed in evaluation, and an untrained model scores 0 (the check can fail), before and
+    after RL.
     Plumbing only: such a model never finishes a turn (docs/bfcl.md). The RL step trains on
     rewards 1, 0 in each group (the check's 0s would skip it) and keeps the ratio-1 invariants."""
     import torch
@@ -431,8 +432,9 @@ def test_a_tiny_random_qwen2_runs_the_bfcl_path_end_to_end_and_scores_0(bfcl_dir
     model.save_pretrained(tmp_path / "qwen")
     tok.save_pretrained(tmp_path / "qwen")
     tasks = tmp_path / "two.jsonl"
-    with open(bfcl_dir / "multi_turn_base.jsonl") as f:
-        tasks.write_text("".join(next(f) for _ in range(2)))
+    with open(bfcl_dir / "multi_turn_base.jsonl") as f:      # the two shortest prompts (~5k tokens each)
+        shortest = sorted(f, key=lambda line: len(json.dumps(json.loads(line)["tools"])))[:2]
+    tasks.write_text("".join(shortest))
     cfg = tmp_path / "bfcl_tiny.yaml"
     cfg.write_text(f"format: chat\nmodel: {tmp_path / 'qwen'}\ntasks_file: {tasks}\nout_dir: {tmp_path / 'run'}\n"
                    "sft_steps: 0\nrl_steps: 1\ntasks_per_step: 2\ngroup_size: 2\nmax_act_tokens: 6\n"

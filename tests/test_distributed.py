@@ -21,7 +21,8 @@ from machinery import checkpoint
 import train
 import world
 from envace import REHEARSE, encode_episode
-from helpers import GRAD_TOLERANCE, assert_same_gradients, tiny_cfg, tiny_llama, toy_tokenizer
+import rank_faults
+from helpers import GRAD_TOLERANCE, assert_same_gradients, fork_ranks, tiny_cfg, tiny_llama, toy_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -67,6 +68,7 @@ def grads(model):
 
 
 def _worker(rank, world_size, init_file, result_file):
+    torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     model = one_update(rank, world_size)
     if rank == 0:
@@ -79,7 +81,7 @@ def test_two_ranks_make_the_one_rank_update(tmp_path):
     lengths = [len(e["ids"]) for e in fixed_step_inputs()[1]]
     assert [len(envace.micro_batches(half, BUDGET)) for half in (lengths[:6], lengths[6:])] == [3, 5]
     result = str(tmp_path / "two_ranks.pt")
-    mp.spawn(_worker, args=(2, str(tmp_path / "init"), result), nprocs=2, join=True)
+    mp.start_processes(_worker, args=(2, str(tmp_path / "init"), result), nprocs=2, join=True, start_method="fork")
     two, two_grads = torch.load(result)
     model = one_update(0, 1)
     one, one_grads = model.state_dict(), grads(model)
@@ -166,21 +168,15 @@ def test_torchrun_two_processes_write_one_metrics_file(tmp_path):
     assert len(torch.load(os.path.join(out, "ckpt", "trainer_state.pt"), weights_only=False)["rngs"]) == 2
 
 
-def torchrun_with_fault(tmp_path, fault, **kw):
-    """A 2-rank torchrun of tests/rank_faults.py with `fault` on rank 0: (cfg, each rank's exit
-    status, our lines on stderr: torchrun's own report of a failed worker left out). A rank left
-    waiting at a collective makes the run time out (a failure) instead of hanging the suite."""
+def ranks_with_fault(tmp_path, fault, **kw):
+    """tests/rank_faults.py on 2 ranks (forked as torchrun would start them: helpers.fork_ranks)
+    with `fault` on rank 0: (cfg, each rank's exit status, our lines on stderr). A rank left
+    waiting at a collective is killed after 90 s (status None: a failure) instead of hanging."""
     cfg = tiny_cfg(tmp_path, sft_steps=2, n_test=2, rl_steps=1, **kw)
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ENVACE_FAULT": fault, "ENVACE_RC_DIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "tests/rank_faults.py", "--config", str(path)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=90)
-    rcs = [int((tmp_path / f"rank{r}.rc").read_text()) if (tmp_path / f"rank{r}.rc").exists() else None
-           for r in (0, 1)]
-    ours = [line for line in proc.stderr.replace("\r", "\n").splitlines()
-            if line.startswith(("error", "rank ", "interrupted", "warning"))]
+    rcs, err = fork_ranks(rank_faults.main, (["--config", str(path)], fault), tmp_path)
+    ours = [line for line in err if line.startswith(("error", "rank ", "interrupted", "warning"))]
     return cfg, rcs, ours
 
 
@@ -189,7 +185,7 @@ def test_a_write_refused_on_rank0_stops_every_rank_with_one_line(tmp_path, fault
     """Rank 0 alone writes; its full disk (the step-1 checkpoint, a metrics line, the final
     eval.json) is one `error:` line naming the file and exit 2 on BOTH ranks: before, rank 1 went
     on to the next collective and died of rank 0's closed connection (its own line, exit 1)."""
-    cfg, rcs, ours = torchrun_with_fault(tmp_path, fault)
+    cfg, rcs, ours = ranks_with_fault(tmp_path, fault)
     assert rcs == [2, 2], (rcs, ours)
     assert len(ours) == 1 and ours[0].startswith("error: cannot ") and f"{cfg['out_dir']}/{file}" in ours[0], ours
     ckpt = os.path.join(cfg["out_dir"], "ckpt")
@@ -205,7 +201,7 @@ def test_a_signal_during_rank0s_evaluation_stops_every_rank_with_one_line(tmp_pa
     rank 1 alone while it waits for it: exit 130 on both ranks, rank 0's one line naming the saved
     warm start (the final evaluation goes the same way, real_world_eval); before, one rank died of
     the other's closed connection with a second line and exit 1."""
-    cfg, rcs, ours = torchrun_with_fault(tmp_path, fault)
+    cfg, rcs, ours = ranks_with_fault(tmp_path, fault)
     assert rcs == [130, 130], (rcs, ours)
     warm = os.path.join(cfg["out_dir"], "warmstart")
     assert ours == [f"interrupted during evaluation: the finished warm start is saved in {warm}; continue from "

@@ -218,7 +218,9 @@ def _fsdp_worker(rank, world_size, init_file, out_dir):
 
 def test_fsdp_two_ranks_make_the_one_rank_update_and_save_a_normal_folder(tmp_path):
     torch.set_num_threads(1)
-    mp.spawn(_fsdp_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    # fork: the ranks start with the modules already imported (spawn would import torch anew)
+    mp.start_processes(_fsdp_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True,
+                       start_method="fork")
     fsdp_grads, fsdp_ids, fsdp_opt = torch.load(tmp_path / "rank0.pt", weights_only=False)
     model = one_update(0, 1)
     one_grads = {n: p.grad for n, p in model.named_parameters()}

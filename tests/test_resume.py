@@ -207,7 +207,9 @@ def test_two_rank_run_stopped_and_resumed_matches_the_uninterrupted_one(tmp_path
     uninterrupted one (both ranks' episodes), the same weights and the same RNG states: the same
     operations in the same order on one machine, so equal exactly, as in the one-process test."""
     import torch.multiprocessing as mp
-    mp.spawn(_two_rank_runs, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    # fork: the ranks start with the modules already imported (spawn would import torch anew)
+    mp.start_processes(_two_rank_runs, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True,
+                       start_method="fork")
     whole, part = ({"out_dir": str(tmp_path / name / "run")} for name in ("whole", "part"))
     expected, got = metrics(whole), metrics(part)
     assert [m["step"] for m in got] == [1, 2]

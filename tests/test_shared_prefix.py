@@ -182,3 +182,39 @@ def test_warm_start_and_rl_step_give_the_same_gradients_with_and_without_sharing
         assert any(b == 1 for b, _ in shapes) == share
     assert_same_gradients(grads[False][0], grads[True][0])
     assert_same_gradients(grads[False][1], grads[True][1])
+
+
+def test_greedy_hits_run_the_head_on_the_responses_only_and_equal_the_plain_argmax():
+    """honesty.greedy_hits on a transformers model: the 10 shared ids run once, the LM head runs
+    on the OBS targets only (and on the one position each forward keeps), and the hits equal the
+    plain forward's argmax there, False at every other target. The responses are made the model's
+    own greedy choices (so that hits are True), then row 2's last is made wrong (a False). Where
+    an argmax is compared its top-2 margin is asserted > 1e-3: the two computations differ by
+    float rounding (~1e-6 in a logit), so no comparison is a near-tie. Mutations: the suffix one
+    position off, the head on every position, the role mask dropped (hits at ACT targets)."""
+    from rehearsal import honesty
+    model = tiny_llama(TOK, seed=0, init_range=POSITION_INIT).eval()
+    eps = [encode_episode(TOK, PROMPT, ["price milk"], ["2"], "2"),
+           encode_episode(TOK, PROMPT, ["price egg"], ["1"], "1"),
+           encode_episode(TOK, PROMPT, ["price milk", "price egg"], ["2", "1"], "3")]
+    with torch.no_grad():
+        for e in eps:                          # each OBS id: the plain model's greedy choice
+            for t in range(1, len(e["ids"])):
+                if e["roles"][t] == envace.OBS:
+                    e["ids"][t] = int(Plain(model)(input_ids=torch.tensor([e["ids"][:t]])).logits[0, -1].argmax())
+        wrong = max(t for t, r in enumerate(eps[2]["roles"]) if r == envace.OBS)     # no OBS id after it
+        eps[2]["ids"][wrong] = (eps[2]["ids"][wrong] + 1) % len(TOK)
+        ids, roles = envace.collate(eps, TOK.pad_token_id)
+        logits = Plain(model)(input_ids=ids).logits[:, :-1]
+    obs = roles[:, 1:] == envace.OBS
+    top2 = logits.topk(2, dim=-1).values
+    assert ((top2[..., 0] - top2[..., 1])[obs] > 1e-3).all()
+    expected = (logits.argmax(-1) == ids[:, 1:]) & obs
+    assert expected.sum() == obs.sum() - 1 and not expected[2, wrong - 1]
+    heads, shapes = [], forward_shapes(model)
+    model.lm_head.register_forward_hook(lambda m, args, out: heads.append(args[0].shape[:-1].numel()))
+    hits, got_roles = honesty.greedy_hits(model, eps, envace.OBS, TOK.pad_token_id)
+    assert torch.equal(got_roles, roles) and torch.equal(hits, expected)
+    L = ids.shape[1]
+    assert shapes == [(1, 10), (3, L - 10)]                 # the shared ids once, then the suffixes
+    assert sum(heads) == int(obs.sum()) + 1 + 3             # + the one kept position of each forward

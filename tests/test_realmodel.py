@@ -140,6 +140,51 @@ def test_one_sampled_episode_token_by_token(smollm2):
     assert e["ids"] + tags["end"] == rendered
 
 
+def test_shared_prefix_gradients_on_the_real_model(smollm2):
+    """Two rows of SmolLM2's own ids sharing a chat prompt (a system and a user turn), each with its
+    own assistant answer (right-padded): token_logprobs with the shared prefix run once gives the plain forward's
+    logprobs (10 x helpers.LOGPROB_TOLERANCE: 30 layers) and the first step's gradient of a loss over targets inside
+    and after the prefix (10 x helpers.GRAD_TOLERANCE: 1e-3 of each tensor's largest entry), through
+    30 layers of grouped-query attention with RoPE."""
+    from envace import shared_prefix_length, token_logprobs
+    from helpers import GRAD_TOLERANCE, LOGPROB_TOLERANCE, assert_same_gradients
+
+    class Plain(torch.nn.Module):                  # no transformers model: the whole forward per row
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, **kw):
+            return self.model(**kw)
+
+    model, tokenizer, _, _ = smollm2
+    prompt = "<|im_start|>system\nYou sell cake.<|im_end|>\n<|im_start|>user\nprice cake<|im_end|>\n<|im_start|>assistant\n"
+    rows = [tokenizer(prompt + answer)["input_ids"] for answer in ("It costs 4.<|im_end|>", "It is 5 coins.<|im_end|>")]
+    n = len(tokenizer(prompt)["input_ids"])
+    lengths = [len(r) for r in rows]
+    ids = torch.tensor([r + [tokenizer.pad_token_id] * (max(lengths) - len(r)) for r in rows])   # right-padded
+    prefix = shared_prefix_length(ids, lengths)
+    assert prefix >= n and rows[0][prefix] != rows[1][prefix]
+    weights = torch.randn(2, ids.shape[1] - 1, generator=torch.Generator().manual_seed(0))
+    weights[0, lengths[0] - 1:] = 0                # no loss on the pad
+    start = n - 4                                  # targets inside the prefix too
+    results = []
+    for m, p in ((Plain(model), 0), (model, prefix)):
+        model.zero_grad(set_to_none=True)
+        logp = token_logprobs(m, ids, start=start, prefix=p)
+        (logp * weights).sum().backward()
+        results.append((logp.detach(), {name: q.grad.clone() for name, q in model.named_parameters()}))
+    model.zero_grad(set_to_none=True)
+    (want, want_grads), (got, got_grads) = results
+    real = weights != 0
+    # float32 sums in another order (one prefix row, then the suffixes on its cache) through 30
+    # layers: 8.6e-6 at most measured here, 10x that allowed; logprobs of up to ~8 nats compared
+    assert (got - want)[real].abs().max() < 10 * LOGPROB_TOLERANCE and want[real].abs().max() > 1
+    # forward and back through 30 layers: up to 1.2e-4 of a tensor's largest entry measured here
+    # (2 threads), 10 x GRAD_TOLERANCE allowed; the prefix pass without gradients misses them whole
+    assert_same_gradients(want_grads, got_grads, rel=10 * GRAD_TOLERANCE)
+
+
 def test_the_smollm2_config_loads_and_its_template_key_is_checked(monkeypatch):
     monkeypatch.chdir(ROOT)              # its paths are relative to where train.py runs, as tasks_file is
     cfg = load_config(os.path.join(ROOT, "configs", "smollm2.yaml"), [])

@@ -166,60 +166,81 @@ def assert_ratio_one(lines, kl_coef=0.0, kl_rehearse_coef=0.0):
     return updated
 
 
-def fork_ranks(target, args, log_dir, world_size=2, timeout=90):
-    """Run `target(*args)` as `world_size` ranks of one gloo job, as torchrun would: forked
-    processes with the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-    MASTER_PORT), one thread each. A fork starts with torch, transformers and train already
-    imported (a launch imports them anew in every process: ~10 s of CPU each on 2 cores); one test
-    (test_distributed.py) still launches torchrun itself. Each rank's stdout and stderr go to
-    log_dir/rank<N>.out and .err; returns (each rank's exit status, both ranks' stderr lines). A rank
-    still running after `timeout` seconds (waiting at a collective) is killed: status None."""
+def fork_process(target, args, log_dir, name="child", env=None):
+    """Start `target(*args)` in a forked process, as `python SCRIPT` would run it but with torch,
+    transformers and this repo already imported (a new process imports them anew: ~10 s of CPU on
+    2 cores): its own pid, signal handlers (Python's defaults), exit status (target's return value;
+    1 for an exception, whose traceback goes to stderr) and one thread. Its stdout and stderr go
+    to log_dir/NAME.out and NAME.err; `env` is added to its environment. Returns the pid."""
     import signal
-    import socket
     import sys
-    import time
     import traceback
+    pid = os.fork()
+    if pid:
+        return pid
+    rc = 1                                      # the child: never returns into pytest
+    try:
+        for fd, ext in ((1, "out"), (2, "err")):
+            f = os.open(os.path.join(log_dir, f"{name}.{ext}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(f, fd)
+            os.close(f)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.environ.update(env or {})
+        torch.set_num_threads(1)
+        rc = target(*args)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc if isinstance(rc, int) else 1)
+
+
+def wait_process(pid, timeout):
+    """The exit status of process `pid` (os.waitstatus_to_exitcode: -N for signal N), or None if
+    it was still running after `timeout` seconds (then killed)."""
+    import signal
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
+
+
+def read_log(log_dir, name):
+    """(stdout, stderr) a fork_process child wrote."""
+    return tuple(open(os.path.join(log_dir, f"{name}.{ext}")).read() for ext in ("out", "err"))
+
+
+def fork_ranks(target, args, log_dir, world_size=2, timeout=90):
+    """Run `target(*args)` as `world_size` ranks of one gloo job, as torchrun would: processes
+    forked by fork_process with the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR, MASTER_PORT); one test (test_distributed.py) still launches torchrun itself. Each
+    rank's output goes to log_dir/rank<N>.out and .err; returns (each rank's exit status, both
+    ranks' stderr lines). A rank still running after `timeout` seconds (waiting at a collective) is
+    killed: status None."""
+    import socket
+    import time
     with socket.socket() as s:                  # a free port for the rendezvous (torchrun --standalone)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    pids = []
-    for rank in range(world_size):
-        pid = os.fork()
-        if pid == 0:                            # the rank: never returns into pytest
-            rc = 1
-            try:
-                for fd, ext in ((1, "out"), (2, "err")):
-                    f = os.open(os.path.join(log_dir, f"rank{rank}.{ext}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-                    os.dup2(f, fd)
-                    os.close(f)
-                sys.stdout = open(1, "w", buffering=1, closefd=False)
-                sys.stderr = open(2, "w", buffering=1, closefd=False)
-                signal.signal(signal.SIGINT, signal.default_int_handler)
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                                  LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-                torch.set_num_threads(1)
-                rc = target(*args)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(rc if isinstance(rc, int) else 1)
-        pids.append(pid)
-    rcs, deadline = [None] * world_size, time.monotonic() + timeout
-    while None in rcs and time.monotonic() < deadline:
-        for i, pid in enumerate(pids):
-            if rcs[i] is None:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    rcs[i] = os.waitstatus_to_exitcode(status)
-        time.sleep(0.05)
-    for i, pid in enumerate(pids):
-        if rcs[i] is None:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-    err = "".join(open(os.path.join(log_dir, f"rank{r}.err")).read() for r in range(world_size))
+    pids = [fork_process(target, args, log_dir, f"rank{rank}",
+                         {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                          "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+            for rank in range(world_size)]
+    deadline = time.monotonic() + timeout
+    rcs = [wait_process(pid, max(0.0, deadline - time.monotonic())) for pid in pids]
+    err = "".join(read_log(log_dir, f"rank{rank}")[1] for rank in range(world_size))
     return rcs, err.replace("\r", "\n").splitlines()
 
 

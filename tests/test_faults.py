@@ -598,29 +598,28 @@ def test_an_empty_text_override_is_the_empty_text():
 
 
 def test_a_signal_while_a_tool_runs_stops_the_oracle_with_one_line_and_keeps_its_last_result(tmp_path):
-    """SIGTERM to `python evaluate.py --oracle` while a tool hangs (a process of its own: the exit
-    status is the process's): exit 130, one line, the oracle.json of an earlier run byte for byte
-    as it was, no temporary file. Before: killed by SIGTERM (Ctrl-C: a traceback)."""
+    """SIGTERM to `python evaluate.py --oracle` while a tool hangs (a process of its own, forked,
+    evaluate_cli.main as evaluate.py calls it: the exit status is the process's): exit 130, one
+    line, the oracle.json of an earlier run byte for byte as it was, no temporary file. Before:
+    killed by SIGTERM (Ctrl-C: a traceback)."""
     import signal
-    import subprocess
-    import sys
     import time
+    from helpers import fork_process, read_log, wait_process
     path = task_file(tmp_path, weather_line(gold_calls=city_calls("Hangs")))
     (tmp_path / "o").mkdir()
     (tmp_path / "o" / "oracle.json").write_text('{"an earlier": "result"}')
     mark = tmp_path / "mark"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.Popen([sys.executable, os.path.join(root, "evaluate.py"), "--oracle", f"--test_file={path}",
-                             f"--out_dir={tmp_path / 'o'}", "--tool_timeout=60"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "TOOL_MARK": str(mark)})
-    deadline = time.time() + 120                 # the start (imports) on a loaded machine, not a timing
-    while not mark.exists() and proc.poll() is None and time.time() < deadline:
+    pid = fork_process(evaluate_cli.main, (["--oracle", f"--test_file={path}", f"--out_dir={tmp_path / 'o'}",
+                                            "--tool_timeout=60"],), tmp_path, "oracle", {"TOOL_MARK": str(mark)})
+    deadline = time.time() + 120                 # a loaded machine, not a timing
+    while not mark.exists() and not os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) \
+            and time.time() < deadline:
         time.sleep(0.1)
-    assert mark.exists(), proc.communicate()
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and out == ""
+    assert mark.exists(), read_log(tmp_path, "oracle")
+    os.kill(pid, signal.SIGTERM)
+    rc = wait_process(pid, 60)
+    out, err = read_log(tmp_path, "oracle")
+    assert rc == 130 and out == ""
     assert [x for x in err.splitlines() if x.strip()] == ["interrupted during the oracle's replay: nothing written"]
     assert os.listdir(tmp_path / "o") == ["oracle.json"]
     assert (tmp_path / "o" / "oracle.json").read_text() == '{"an earlier": "result"}'

@@ -7,8 +7,6 @@ from machinery import checkpoint
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -17,9 +15,8 @@ import yaml
 
 import train
 from machinery.checkpoint import find_checkpoint, save_checkpoint
-from helpers import tiny_cfg, tiny_llama, toy_tokenizer
+from helpers import fork_process, read_log, tiny_cfg, tiny_llama, toy_tokenizer, wait_process
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("time_sample", "time_logprobs", "time_update", "time_step", "tok_per_s")
 
 
@@ -87,23 +84,23 @@ def test_a_crash_between_the_renames_leaves_a_whole_checkpoint(tmp_path):
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_during_rl_saves_and_exits_zero_then_resumes(tmp_path, signum, capsys):
-    """The signal goes to a real train.py process (its exit status, its handlers); the resume from
-    what it saved runs in this process (train.main, as `python train.py` calls it)."""
+    """The signal goes to a train.py process (forked, train.main as `python train.py` calls it:
+    its own exit status and handlers; helpers.fork_process); the resume from what it saved runs in
+    this process."""
     cfg = tiny_cfg(tmp_path, rl_steps=100000, save_every=0, n_test=4)    # (n_test: fewer evaluations to wait for)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "train.py", "--config", str(path)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = fork_process(train.main, (["--config", str(path)],), tmp_path, "train")
     metrics_file = os.path.join(cfg["out_dir"], "metrics.jsonl")
     deadline = time.time() + 180
-    while time.time() < deadline and proc.poll() is None:
+    while time.time() < deadline and not os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
         if os.path.exists(metrics_file) and len(open(metrics_file).readlines()) >= 2:
             break
         time.sleep(0.2)
-    proc.send_signal(signum)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-2000:]
+    os.kill(pid, signum)
+    rc = wait_process(pid, 120)
+    out, err = read_log(tmp_path, "train")
+    assert rc == 0, err[-2000:]
     assert "interrupted" in out and "--resume" in out and "Traceback" not in err
     step = torch.load(os.path.join(cfg["out_dir"], "ckpt", "trainer_state.pt"), weights_only=False)["step"]
     assert step == len(open(metrics_file).readlines()) >= 2

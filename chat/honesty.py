@@ -67,9 +67,14 @@ def _response_segments(episode, env_end):
 
 
 @torch.no_grad()
-def greedy_responses(model, prefixes, stop, pad_id, max_new):
+def greedy_responses(model, prefixes, stop, pad_id, max_new, rows=32):
     """Per prefix, the ids greedy decoding writes before `stop` (None if it does not stop within
-    max_new ids), all rows in one KV-cached batch (kvcache.Decoder, as the sampler decodes)."""
+    max_new ids), `rows` prefixes at a time in one KV-cached batch (kvcache.Decoder, as the sampler
+    decodes): the keys and values of every missed response at once would be SmolLM2's 400 prefixes
+    of ~550 ids, 10 GB."""
+    if len(prefixes) > rows:
+        return [ids for k in range(0, len(prefixes), rows)
+                for ids in greedy_responses(model, prefixes[k:k + rows], stop, pad_id, max_new, rows)]
     decoder = kvcache.Decoder(model, prefixes, pad_id)
     written, done = [[] for _ in prefixes], [False] * len(prefixes)
     for _ in range(max_new):

@@ -410,6 +410,27 @@ def test_would_rehearse_fidelity_compares_responses_as_normalised_json(bank_dir)
     assert [m for _, m in chat_honesty.would_rehearse_inline(never, TOK, [task], [episode], tags)] == [False, False]
 
 
+def test_greedy_responses_decode_in_chunks_of_rows_what_one_batch_writes(bank_dir):
+    """chat_honesty.greedy_responses decodes `rows` prefixes at a time (a bounded KV cache): the
+    scripted model writes {"balance":10} after the first response's prefix and {"balance": 3} after
+    the second's, each then the stop; three prefixes (the first twice) give those ids, stop left
+    out, in the prefixes' order with one batch, chunks of 2 and one row at a time. Mutations: a
+    chunk's results out of order, the last chunk dropped."""
+    task = read_one(bank_dir)
+    tags = chat.chat_format(TOK)
+    prompts, _ = chat_setup.episode_inputs(TOK, tags, [task])
+    actions, real = [call("deposit", amount=5), call("withdraw", amount=8)], ['{"balance": 10}', '{"balance": 2}']
+    built = chat.assemble(TOK, tags, prompts[0], actions, real, "2")
+    episode = {"ids": built["ids"], "roles": built["roles"]}
+    starts = [seg[0] for seg in chat_honesty._response_segments(episode, tags["env_end"])[:2]]
+    texts = {starts[0]: '{"balance":10}\n', starts[1]: '{"balance": 3}\n'}
+    model = Writer(built["ids"], built["roles"], {t: chat.encode(TOK, x) + [tags["env_end"]] for t, x in texts.items()})
+    prefixes = [built["ids"][:starts[0]], built["ids"][:starts[1]], built["ids"][:starts[0]]]
+    want = [chat.encode(TOK, texts[t]) for t in (starts[0], starts[1], starts[0])]
+    for rows in (32, 2, 1):
+        assert chat_honesty.greedy_responses(model, prefixes, tags["env_end"], TOK.pad_token_id, 40, rows) == want
+
+
 def test_the_imagined_world_of_an_executor_task(bank_dir):
     """format_chat.imagined_world on the bank: the policy rehearses episode A of the collusion test (withdraw 8
     imagined as {"balance": 2}, deposit 5 as {"balance": 7}, answer 2): imagined success 1, 1 of 1

@@ -554,16 +554,29 @@ def uncertain(results):
     return text
 
 
-def before_after(run):
-    """One run's eval.json: real-world success before RL (the warm start, `before`) and after, and
-    the paired bootstrap of after - before over its test tasks (one seed)."""
-    with open(os.path.join(run, "eval.json")) as f:
-        after = json.load(f)
-    before = after["before"]
-    diff, low, high, called = paired_bootstrap({1: after["task_rewards"]}, {1: before["task_rewards"]})
-    return (f"{run}: real-world success {before['success']:.3f} -> {after['success']:.3f} on "
-            f"{len(after['task_rewards'])} test tasks; after - before {diff:+.3f} [{low:+.3f}, {high:+.3f}]"
-            f"{' (called)' if called else ''}")
+def before_after(runs):
+    """Each run's eval.json: real-world success before RL (the warm start, `before`) and after, and
+    the paired bootstrap of after - before over its test tasks; for several runs (seeds of one
+    config, the same test tasks), a last line pooling them: the bootstrap resamples seeds, then
+    test tasks within each (paired_bootstrap)."""
+    lines, afters, befores = [], {}, {}
+    for k, run in enumerate(runs):
+        with open(os.path.join(run, "eval.json")) as f:
+            after = json.load(f)
+        before = after["before"]
+        afters[k], befores[k] = after["task_rewards"], before["task_rewards"]
+        diff, low, high, called = paired_bootstrap({1: afters[k]}, {1: befores[k]})
+        lines.append(f"{run}: real-world success {before['success']:.3f} -> {after['success']:.3f} on "
+                     f"{len(after['task_rewards'])} test tasks; after - before {diff:+.3f} [{low:+.3f}, {high:+.3f}]"
+                     f"{' (called)' if called else ''}")
+    if len(runs) > 1:
+        diff, low, high, called = paired_bootstrap(afters, befores)
+        mean = {name: sum(sum(r) / len(r) for r in rewards.values()) / len(runs)
+                for name, rewards in (("before", befores), ("after", afters))}
+        lines.append(f"{len(runs)} runs pooled: real-world success {mean['before']:.3f} -> {mean['after']:.3f}; "
+                     f"after - before {diff:+.3f} [{low:+.3f}, {high:+.3f}]{' (called)' if called else ''} "
+                     "(resampling runs, then test tasks)")
+    return "\n".join(lines)
 
 
 def main(argv=None):
@@ -572,7 +585,8 @@ def main(argv=None):
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--compare", metavar="RESULTS", help="compare <RESULTS>/<arm>/<seed> runs")
     group.add_argument("--uncertain", metavar="RESULTS", help="the world: uncertain runs under RESULTS")
-    group.add_argument("--before_after", metavar="RUN", help="one run's success before and after RL, paired")
+    group.add_argument("--before_after", metavar="RUN", nargs="+",
+                       help="each run's success before and after RL, paired; several runs (seeds) pooled too")
     args = parser.parse_args(argv)
     try:
         if args.before_after:
@@ -580,7 +594,8 @@ def main(argv=None):
         else:
             print(compare(args.compare) if args.compare else uncertain(args.uncertain))
     except (OSError, KeyError, json.JSONDecodeError) as e:
-        print(f"error: cannot compare the runs in {args.compare or args.uncertain or args.before_after}: {e}",
+        where = args.compare or args.uncertain or " ".join(args.before_after)
+        print(f"error: cannot compare the runs in {where}: {e}",
               file=sys.stderr)
         return 2
     return 0

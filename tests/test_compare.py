@@ -129,15 +129,27 @@ def test_paired_table_by_hand():
 
 def test_before_after_reads_one_runs_eval_json(tmp_path, capsys):
     """after - before over the same 4 test tasks: (3 - 2) / 4 = +0.250, with the paired
-    bootstrap's interval around it; a folder with no eval.json is one line, exit 2."""
+    bootstrap's interval around it; a folder with no eval.json is one line, exit 2. Two runs
+    (+0.250 and 0.000 on the same tasks) pooled: +0.125, the mean over runs, with the bootstrap
+    over runs then tasks."""
     from experiments import compare as compare_module
     before = {"success": 0.5, "task_rewards": [0.0, 0.0, 1.0, 1.0]}
     (tmp_path / "eval.json").write_text(json.dumps({"success": 0.75, "task_rewards": [1.0, 0.0, 1.0, 1.0],
                                                     "before": before}))
-    line = compare_module.before_after(str(tmp_path))
+    line = compare_module.before_after([str(tmp_path)])
     diff, low, high, _ = compare_module.paired_bootstrap({1: [1.0, 0.0, 1.0, 1.0]}, {1: [0.0, 0.0, 1.0, 1.0]})
     assert diff == 0.25 and low <= 0.0 < 0.25 <= high <= 1.0
     assert line == (f"{tmp_path}: real-world success 0.500 -> 0.750 on 4 test tasks; after - before +0.250 "
                     f"[{low:+.3f}, {high:+.3f}]")
+    other = tmp_path / "seed2"
+    other.mkdir()
+    (other / "eval.json").write_text(json.dumps({"success": 0.25, "task_rewards": [0.0, 0.0, 0.0, 1.0],
+                                                 "before": {"success": 0.25, "task_rewards": [0.0, 0.0, 0.0, 1.0]}}))
+    lines = compare_module.before_after([str(tmp_path), str(other)]).splitlines()
+    diff, low, high, _ = compare_module.paired_bootstrap({0: [1.0, 0.0, 1.0, 1.0], 1: [0.0, 0.0, 0.0, 1.0]},
+                                                         {0: [0.0, 0.0, 1.0, 1.0], 1: [0.0, 0.0, 0.0, 1.0]})
+    assert diff == 0.125 and lines[0] == line and lines[1].endswith("+0.000 [+0.000, +0.000]")
+    assert lines[2] == (f"2 runs pooled: real-world success 0.375 -> 0.500; after - before +0.125 "
+                        f"[{low:+.3f}, {high:+.3f}] (resampling runs, then test tasks)")
     assert compare_module.main(["--before_after", str(tmp_path / "none")]) == 2
     assert capsys.readouterr().err.startswith(f"error: cannot compare the runs in {tmp_path / 'none'}: ")

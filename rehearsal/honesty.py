@@ -119,7 +119,10 @@ def greedy_hits(model, rows, role, pad_id, token_budget=4096):
             hits[index, :n - 1] = ((model(input_ids=batch).logits[:, :-1].argmax(-1) == batch[:, 1:]) & want).cpu()
             continue
         prefix = shared_prefix_length(batch, [lengths[i] for i in index]) if can_share_prefix(model) else 0
-        pieces = shared_prefix_forward(model, batch, prefix) if prefix else [(0, final_hidden(model, batch))]
+        if prefix:
+            pieces = shared_prefix_forward(model, batch, prefix)
+        else:
+            pieces = [(0, final_hidden(model, batch, use_cache=False))]
         hidden = torch.cat([h.expand(len(index), -1, -1) for _, h in pieces], 1)    # [b, n, H]
         found = torch.zeros_like(want)
         found[want] = head(hidden[:, :-1][want]).argmax(-1) == batch[:, 1:][want]

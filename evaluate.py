@@ -25,7 +25,7 @@ from reward import outcome_record
 from rollout import sample_episodes
 
 
-def evaluate(model, tokenizer, tasks, cfg, fmt, setting, batch_size=512, seed=0, rehearser=None):
+def evaluate(model, tokenizer, tasks, cfg, fmt, setting, seed=0, rehearser=None):
     """Paper, evaluation by real execution: run `tasks` in the REAL world (sampling per cfg eval_temperature/top_p) and measure
     success, how episodes ended, and would-rehearse fidelity per tool kind. Tasks no executor can
     run (fmt.executes) are rehearsed by the policy instead, and counted apart. With cfg
@@ -41,8 +41,8 @@ def evaluate(model, tokenizer, tasks, cfg, fmt, setting, batch_size=512, seed=0,
     executed = [i for i, t in enumerate(tasks) if fmt.executes(setting, t)]
     episodes, imagined = [None] * len(tasks), [0] * len(tasks)
     for mode, index in (("real", executed), ("rehearse", [i for i in range(len(tasks)) if i not in set(executed)])):
-        for k in range(0, len(index), batch_size):
-            part = index[k:k + batch_size]
+        for k in range(0, len(index), cfg["eval_batch_size"]):      # tasks sampled at once
+            part = index[k:k + cfg["eval_batch_size"]]
             prompts, worlds, tags = fmt.inputs(setting, [tasks[i] for i in part])
             if mode == "rehearse":             # no executor: the policy plays the world
                 out = fmt.sample(setting, model, tokenizer, prompts, mode, world=worlds, tags=tags, **sampling)

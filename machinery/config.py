@@ -61,8 +61,9 @@ DEFAULTS = {
     # sampling
     "temperature": 1.0, "top_p": 1.0, "max_turns": 6, "max_act_tokens": 8, "max_env_tokens": 6,
     "max_tokens": 96,
-    # evaluation; min_fidelity is the gate (rehearse/frozen RL needs every tool kind this faithful)
-    "eval_temperature": 0.0, "eval_every": 0, "min_fidelity": 0.95,
+    # evaluation; min_fidelity is the gate (rehearse/frozen RL needs every tool kind this faithful);
+    # eval_batch_size: test tasks sampled at once (their KV cache is the evaluation's memory)
+    "eval_temperature": 0.0, "eval_every": 0, "min_fidelity": 0.95, "eval_batch_size": 512,
     # collusion at evaluation: imagined (rehearse-mode) episodes on the first n_collusion test tasks
     "n_collusion": 200,
     # test-time private rehearsal in evaluation (rehearse.py): imagined episodes per task
@@ -113,7 +114,8 @@ CHOICES = {"env_mode": ("rehearse", "real", "frozen", "none"), "device": ("auto"
 
 POSITIVE = {"n_layer", "n_embd", "n_head", "n_logged", "n_rl_tasks", "n_test", "sft_batch_size",
             "tasks_per_step", "group_size", "ppo_epochs", "micro_batch_tokens", "max_turns",
-            "max_act_tokens", "max_env_tokens", "max_tokens", "temperature", "lr", "sft_lr", "tool_timeout"}
+            "max_act_tokens", "max_env_tokens", "max_tokens", "temperature", "lr", "sft_lr", "tool_timeout",
+            "eval_batch_size"}
 
 
 NON_NEGATIVE = {"seed", "data_seed", "n_new_logged", "snippet_repeats", "sft_steps", "rl_steps", "save_every",

@@ -290,3 +290,31 @@ def test_logprobs_from_the_first_needed_target_skip_the_prompt_logits(monkeypatc
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
     assert_same_gradients(*grads)
     assert envace.first_target(torch.zeros(2, 5, dtype=torch.bool)) == 0
+
+
+def test_evaluation_samples_eval_batch_size_tasks_at_once(monkeypatch):
+    """eval_batch_size bounds the tasks sampled at once (their KV cache is the evaluation's memory):
+    5 toy test tasks at 2 are sampled as 2, 2, 1 prompts, the same prompts in the same order as
+    one batch of 5, and every task gets its episode and reward. Mutations: the last part dropped,
+    parts overlapping."""
+    import random
+    import evaluate
+    import world
+    from formats import features
+    tok = toy_tokenizer()
+    rng = random.Random(0)
+    tasks = [world.random_task(rng, "new") for _ in range(5)]
+    model = tiny_llama(tok, seed=0)
+    cfg = {**config.DEFAULTS, "n_collusion": 0}
+    fmt, setting = features.setup(cfg, tok, {"logged": [], "rl": tasks, "test": tasks})
+    real, calls = evaluate.sample_episodes, []
+
+    def recording(model, tokenizer, prompts, *a, **k):
+        calls.append(prompts)
+        return real(model, tokenizer, prompts, *a, **k)
+    monkeypatch.setattr(evaluate, "sample_episodes", recording)
+    evaluate.evaluate(model, tok, tasks, cfg, fmt, setting)
+    parts = evaluate.evaluate(model, tok, tasks, {**cfg, "eval_batch_size": 2}, fmt, setting)
+    assert [len(p) for p in calls] == [5, 2, 2, 1]
+    assert calls[1] + calls[2] + calls[3] == calls[0]
+    assert len(parts["task_rewards"]) == parts["n_tasks"] == 5 and sum(parts["causes"].values()) == 5

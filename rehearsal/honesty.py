@@ -125,6 +125,7 @@ def greedy_hits(model, rows, role, pad_id, token_budget=4096):
             pieces = [(0, final_hidden(model, batch, use_cache=False))]
         hidden = torch.cat([h.expand(len(index), -1, -1) for _, h in pieces], 1)    # [b, n, H]
         found = torch.zeros_like(want)
+        # shift by one: position t's hidden state predicts id t+1, the target `want` marks
         found[want] = head(hidden[:, :-1][want]).argmax(-1) == batch[:, 1:][want]
         hits[index, :n - 1] = found.cpu()
     return hits, roles

@@ -43,6 +43,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache, PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 PROMPT, ACT, REHEARSE, OBS, TAG, PAD = range(6)
 ROLE_NAMES = ["prompt", "act", "rehearse", "obs", "tag", "pad"]
@@ -211,11 +212,27 @@ def can_share_prefix(model):
     """Whether token_logprobs may run a shared prefix once for `model` (unwrapped from DDP).
     Not under FSDP: a second forward of every sharded layer before one backward would gather its
     weights and register its gradient reduce-scatter twice, which is not tested here.
-    Not under transformers' gradient checkpointing while training with gradients: its layers then
-    drop the KV cache (`cache=None`), so the suffix would run without the prefix."""
+    Under gradient checkpointing with gradients, only when every checkpointed layer keeps its cache
+    (`keep_cache_when_checkpointing`): transformers otherwise passes `cache=None` to a checkpointed
+    layer, and the suffix would run without the prefix."""
     if isinstance(model, FSDPModule):
         return False
-    return not (model.is_activation_checkpointing and model.training and torch.is_grad_enabled())
+    if not (model.training and torch.is_grad_enabled()):
+        return True
+    return all(m._can_checkpoint_with_cache for m in model.modules()
+               if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing)
+
+
+def keep_cache_when_checkpointing(model):
+    """Let the checkpointed decoder layers of a transformers model keep the cache they are passed,
+    so that a shared prefix runs once under gradient checkpointing too. Safe because the only
+    caches a training forward passes are the shared-prefix ones (`RecordingCache`,
+    `ReadOnlyCache`), which never change what a layer already holds: the recompute in backward
+    reads the same keys and values as the forward did. (Sampling runs without gradients, where
+    nothing is checkpointed.)"""
+    for m in model.modules():
+        if isinstance(m, GradientCheckpointingLayer):
+            m._can_checkpoint_with_cache = True
 
 
 def lean_head(model):
@@ -244,15 +261,36 @@ def shared_prefix_forward(model, ids, prefix):
     rows' suffixes run on, at positions prefix .. L-1.
     Under DDP the prefix pass runs through the unwrapped module and the suffix pass through the
     wrapper: one DDP forward per backward, as DDP expects; the gradients of both passes reach the
-    same parameters, whose hooks DDP's all-reduce rides on."""
+    same parameters, whose hooks DDP's all-reduce rides on.
+    Both caches leave what a layer holds unchanged after the first pass (`RecordingCache`,
+    `ReadOnlyCache`), so a layer recomputed by gradient checkpointing reads the same keys and values."""
     inner = model.module if isinstance(model, DDP) else model
     B, L = ids.shape
-    cache = DynamicCache(config=inner.config)
-    shared = final_hidden(inner, ids[:1, :prefix], cache=cache, use_cache=True)
-    cache.batch_repeat_interleave(B)
+    recorded = RecordingCache(config=inner.config)
+    shared = final_hidden(inner, ids[:1, :prefix], cache=recorded, use_cache=True)
+    cache = ReadOnlyCache(config=inner.config, ddp_cache_data=[
+        (layer.keys.repeat_interleave(B, 0), layer.values.repeat_interleave(B, 0)) for layer in recorded.layers])
     positions = torch.arange(prefix, L, device=ids.device)[None].expand(B, -1)
     rest = final_hidden(model, ids[:, prefix:], cache=cache, use_cache=True, position_ids=positions)
     return [(0, shared), (prefix, rest)]
+
+
+class RecordingCache(DynamicCache):
+    """The prefix pass's cache: a layer's first keys and values are kept; every call returns the
+    new ones as they are (the prefix attends to itself only), so a recomputed layer sees what the
+    first pass saw instead of the kept keys followed by its own again."""
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        if layer_idx >= len(self.layers) or not self.layers[layer_idx].is_initialized:
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        return key_states, value_states
+
+
+class ReadOnlyCache(DynamicCache):
+    """The suffix pass's cache: the prefix's keys and values (repeated for the rows), read and never
+    extended: every call returns them followed by the new ones, the same in a recompute."""
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        layer = self.layers[layer_idx]
+        return torch.cat([layer.keys, key_states], -2), torch.cat([layer.values, value_states], -2)
 
 
 LOGIT_CHUNK = 2 ** 24      # vocabulary entries of fp32 logits per chunk (64 MiB) in head_logprobs

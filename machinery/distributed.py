@@ -22,6 +22,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from envace import keep_cache_when_checkpointing
 from machinery.config import ConfigError
 
 
@@ -200,10 +201,12 @@ def memory_line(e, cfg, world_size):
 def parallel_model(model, cfg, device, world_size):
     """The module the training forwards go through: the model itself (one process), DDP, or,
     with `fsdp`, the model sharded in place by FSDP2 (`shard`). With gradient_checkpointing the
-    decoder layers recompute their activations in backward; transformers does it only in training
-    mode with grad enabled, so the no-grad KV-cached sampler runs exactly as without it."""
+    decoder layers recompute their activations in backward, the shared-prefix caches kept
+    (envace.keep_cache_when_checkpointing); transformers does it only in training mode with grad
+    enabled, so the no-grad KV-cached sampler runs exactly as without it."""
     if cfg["gradient_checkpointing"]:
         model.activation_checkpointing_enable()     # transformers 5.x name of gradient_checkpointing_enable
+        keep_cache_when_checkpointing(model)        # the shared prefix still runs once
     if world_size == 1:
         return model
     if cfg["fsdp"]:

@@ -100,6 +100,39 @@ def test_shared_prefix_gradients_equal_the_plain_forward():
     assert_same_gradients(*grads)
 
 
+def test_shared_prefix_under_gradient_checkpointing_gives_the_plain_gradients():
+    """With every decoder layer checkpointed (recomputed in backward), the prefix still runs once
+    and its cache is read by the recompute as by the forward: the gradients equal the plain
+    forward's without checkpointing. Without keep_cache_when_checkpointing, transformers would
+    drop the cache in a checkpointed layer, so sharing is refused there (the plain path runs)."""
+    model = tiny_llama(TOK, init_range=POSITION_INIT)
+    ids, roles, lengths = shared_rows()
+    prefix = shared_prefix_length(ids, lengths)
+    mask = envace.loss_mask(roles).float()
+    weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(0)) * mask
+    model.train()
+
+    def gradients(m, prefix):
+        model.zero_grad(set_to_none=True)
+        logp = token_logprobs(m, ids, 0.7, start=8, prefix=prefix)
+        (logp * weights).sum().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+    want = gradients(Plain(model), 0)
+    model.activation_checkpointing_enable()
+    assert not envace.can_share_prefix(model)
+    envace.keep_cache_when_checkpointing(model)
+    assert envace.can_share_prefix(model)
+    calls = []
+    for layer in model.model.layers:
+        inner = layer._gradient_checkpointing_func
+        layer._gradient_checkpointing_func = lambda *a, f=inner, **k: calls.append(1) or f(*a, **k)
+    shapes = forward_shapes(model)
+    got = gradients(model, prefix)
+    assert shapes == [(1, prefix), (3, ids.shape[1] - prefix)]
+    assert len(calls) == 2 * len(model.model.layers)          # both passes checkpointed, every layer
+    assert_same_gradients(want, got)
+
+
 def saved_logit_tensors(fn, vocab):
     """fn() run with autograd's saved tensors watched: the shapes of the [B, T, vocab] tensors kept
     for backward (checkpoint keeps its own inside; only what outlives a chunk is seen here)."""

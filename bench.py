@@ -25,6 +25,8 @@ the update's forward and backward with share_prefix true and false (`update shar
 plain: N.NNx`, the only figures of smollm2).
 Each figure is the median of --repeats timings (min-max alongside), each timing over at least
 --min_seconds of work (a call repeated), after one warm-up; every ratio comes from this one run.
+The update with and without the shared prefix is timed in turn (one call each, --repeats times),
+and its ratio is the median of the pairs' ratios.
 Peak memory: the process's peak resident size on CPU, torch's peak allocation on CUDA. On CUDA the
 train step also reports MFU (6 x parameters x tokens / time against --peak_tflops) and the peak
 against distributed.memory_estimate. JSON to --out (default out/bench.json).
@@ -55,26 +57,56 @@ QWEN3_1_7B = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28
                   num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True)
 
 
+def sync(device):
+    """Wait for the device's queued work (CUDA runs asynchronously), so a timing ends when it does."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def timed(fn, device, repeats, min_seconds):
     """(median, min, max) seconds of one call of fn, each timing over >= min_seconds of calls,
     after one warm-up; and fn's last result."""
-    def sync():
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-    sync()
+    sync(device)
     t0 = time.perf_counter()
     result = fn()
-    sync()
+    sync(device)
     calls = max(1, int(min_seconds / max(time.perf_counter() - t0, 1e-6)) + 1) if min_seconds else 1
     times = []
     for _ in range(repeats):
-        sync()
+        sync(device)
         t0 = time.perf_counter()
         for _ in range(calls):
             result = fn()
-        sync()
+        sync(device)
         times.append((time.perf_counter() - t0) / calls)
-    return (statistics.median(times), min(times), max(times)), result
+    return summary(times), result
+
+
+def timed_in_turn(fns, device, repeats):
+    """Seconds of one call of each of `fns`, called in turn `repeats` times after one warm-up each:
+    [[fn 0's timings], [fn 1's], ...]. A slow spell of a shared machine then falls on all of them
+    alike, and a ratio is taken pair by pair (the median of the pairs' ratios)."""
+    def one(fn):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        return time.perf_counter() - t0
+    for fn in fns:
+        one(fn)
+    runs = [[one(fn) for fn in fns] for _ in range(repeats)]
+    return [list(column) for column in zip(*runs)]
+
+
+def ratio_in_turn(first, second):
+    """How many times longer `second` took than `first`, timed in turn: the median of the pairs'
+    ratios. [1, 2, 10] and [3, 8, 9] -> ratios 3, 4, 0.9 -> 3 (the medians' ratio would say 4)."""
+    return statistics.median(b / a for a, b in zip(first, second))
+
+
+def summary(times):
+    """(median, min, max) of a list of seconds."""
+    return statistics.median(times), min(times), max(times)
 
 
 def figure(times, tokens, **extra):
@@ -219,14 +251,15 @@ def update_sharing(model, episodes, cfg, group_size, pad_id, args):
     batch["n_tokens"] = max(batch["n_tokens"], 1)
     device = args.device
     old = batch_logprobs(model, batch["ids"].to(device), batch["lengths"], cfg, batch["mask"].to(device))
-    res = {}
     model.train()
-    for share in (True, False):
-        def update():
-            model.zero_grad(set_to_none=True)
-            return accumulate_gradients(model, batch, old, None, {**cfg, "share_prefix": share})
-        times, _ = timed(update, device, args.repeats, args.min_seconds)
-        res["update_shared" if share else "update_plain"] = figure(times, sum(batch["lengths"]))
+
+    def update(share):
+        model.zero_grad(set_to_none=True)
+        return accumulate_gradients(model, batch, old, None, {**cfg, "share_prefix": share})
+    times = timed_in_turn([lambda: update(True), lambda: update(False)], device, args.repeats)
+    res = {"update_shared": figure(summary(times[0]), sum(batch["lengths"])),
+           "update_plain": figure(summary(times[1]), sum(batch["lengths"])),
+           "shared_vs_plain": ratio_in_turn(times[0], times[1])}
     if args.cpu_bf16 and device == "cpu":     # the same shared update under bf16 autocast (cfg cpu_bf16)
         def update_bf16():
             model.zero_grad(set_to_none=True)
@@ -236,7 +269,6 @@ def update_sharing(model, episodes, cfg, group_size, pad_id, args):
         res["bf16_vs_fp32"] = res["update_shared"]["seconds"] / res["update_shared_bf16"]["seconds"]
     model.eval()
     model.zero_grad(set_to_none=True)
-    res["shared_vs_plain"] = res["update_plain"]["seconds"] / res["update_shared"]["seconds"]
     return res
 
 

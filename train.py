@@ -50,8 +50,8 @@ from formats import features
 from machinery.checkpoint import (build_policy, check_out_dir, reference_model, rl_state, save_state,
                         save_warm_start, write_file)
 from machinery.config import check_lengths, check_splits, command_line, load_config
-from machinery.distributed import (all_sum, autocast, from_rank0, gathered, in_step, memory_estimate, memory_line, parallel_model,
-                         reuse_sampler_logprobs, setup_distributed)
+from machinery.distributed import (adamw, all_sum, autocast, from_rank0, gathered, in_step, memory_estimate,
+                         memory_line, parallel_model, reuse_sampler_logprobs, setup_distributed)
 from envace import (ACT, OBS, REHEARSE, NonFiniteError, batch_logprobs, clipped_pg_loss, collate, first_target,
                     loss_mask, micro_batches, padded_fraction, shared_prefix_length, token_advantages, token_kl_coefs,
                     token_logprobs)
@@ -83,7 +83,7 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
     if cfg["sft_steps"] == 0 or not sequences:
         return 0
     device = next(model.parameters()).device
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg["sft_lr"], weight_decay=cfg["weight_decay"])
+    opt = adamw(model, cfg["sft_lr"], cfg)
     rng = random.Random(cfg["seed"])
     per_rank = cfg["sft_batch_size"] // world_size
     model.train()

@@ -31,7 +31,7 @@ from safetensors import SafetensorError, safe_open
 
 from machinery.config import DEFAULTS, ConfigError
 from machinery.realmodel import ModelFileError, local_folder
-from machinery.distributed import (all_gather, all_sum, autocast, from_rank0, full_state_dict, load_device,
+from machinery.distributed import (adamw, all_gather, all_sum, autocast, from_rank0, full_state_dict, load_device,
                          load_optimizer_state, optimizer_state, shard)
 from envace import TAGS, NonFiniteError
 
@@ -425,7 +425,7 @@ def rl_state(model, tokenizer, cfg, state, before, rank, log, phase):
     """(optimizer, the sampler's generator, the task RNG, progress counters, first step): new ones
     saved as checkpoint 0 after the warm start (`phase`, train.run's dict, then says so), or those
     of the checkpoint being resumed."""
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    opt = adamw(model, cfg["lr"], cfg)
     generator = torch.Generator().manual_seed(cfg["seed"] * 1000 + rank)   # each rank its own stream
     task_rng = random.Random(cfg["seed"])                                   # the same on every rank
     progress = {"skipped_steps": 0, "nonfinite_steps": 0, "nonfinite_in_a_row": 0}

@@ -255,6 +255,15 @@ def full_state_dict(model):
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+def adamw(model, lr, cfg):
+    """AdamW over `model`'s parameters (plain, DDP-wrapped or FSDP-sharded), fused: one kernel per
+    parameter updates it in place, where torch's default (foreach) makes parameter-sized
+    temporaries. A step over SmolLM2-135M's 134.5M fp32 parameters on this repo's 2-core CPU: 0.08 s
+    against 0.72 s, and 2.48 GB peak resident against 3.00 GB for the step alone (docs/speed.md).
+    Same update rule, same state_dict."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg["weight_decay"], fused=True)
+
+
 def optimizer_state(model, opt):
     """opt.state_dict(); under FSDP the full one, gathered to rank 0 and keyed by parameter name
     (a collective). Before the first step it stays opt.state_dict(): torch's gather would make up

@@ -318,3 +318,17 @@ def test_evaluation_samples_eval_batch_size_tasks_at_once(monkeypatch):
     assert [len(p) for p in calls] == [5, 2, 2, 1]
     assert calls[1] + calls[2] + calls[3] == calls[0]
     assert len(parts["task_rewards"]) == parts["n_tasks"] == 5 and sum(parts["causes"].values()) == 5
+
+
+def test_adamw_is_fused_with_the_configs_lr_and_weight_decay():
+    """AdamW's steps with bias correction and a constant gradient: m_hat = g, v_hat = g^2, so
+    p <- p (1 - lr wd) - lr g / (|g| + eps). p = 1, g = 0.5, lr 0.1, weight_decay 0.01:
+    0.999 - 0.1 = 0.899, then 0.899 x 0.999 - 0.1 = 0.798101; p = -2, g = 0.25: -2.098, -2.195902."""
+    model = torch.nn.Module()
+    model.p = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    opt = distributed.adamw(model, 0.1, {"weight_decay": 0.01})
+    assert opt.defaults["fused"] is True         # no parameter-sized temporaries in the step
+    for want in ([0.899, -2.098], [0.798101, -2.195902]):
+        model.p.grad = torch.tensor([0.5, 0.25])
+        opt.step()
+        assert model.p.detach().tolist() == pytest.approx(want, abs=1e-6)

@@ -18,6 +18,7 @@ import functools
 import runpy
 
 import torch
+from tqdm import tqdm
 
 from rehearsal import honesty
 import rehearse
@@ -39,27 +40,30 @@ def evaluate(model, tokenizer, tasks, cfg, fmt, setting, seed=0, rehearser=None)
     limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
     sampling = {"temperature": cfg["eval_temperature"], "top_p": cfg["top_p"], "generator": generator, **limits}
     executed = [i for i, t in enumerate(tasks) if fmt.executes(setting, t)]
-    episodes, imagined = [None] * len(tasks), [0] * len(tasks)
-    for mode, index in (("real", executed), ("rehearse", [i for i in range(len(tasks)) if i not in set(executed)])):
-        for k in range(0, len(index), cfg["eval_batch_size"]):      # tasks sampled at once
-            part = index[k:k + cfg["eval_batch_size"]]
-            prompts, worlds, tags = fmt.inputs(setting, [tasks[i] for i in part])
-            if mode == "rehearse":             # no executor: the policy plays the world
-                out = fmt.sample(setting, model, tokenizer, prompts, mode, world=worlds, tags=tags, **sampling)
-            else:
-                plans, used = None, [0] * len(part)
-                if cfg["rehearsal_budget"]:
-                    plans, used = rehearse.private_rehearsal_plans(
-                        model, tokenizer, prompts, cfg["rehearsal_budget"], cfg["rehearsal_mode"], rehearser,
-                        temperature=cfg["imagine_temperature"], generator=generator, world=worlds,
-                        sample=functools.partial(fmt.sample, setting), **limits)   # the layout's sampler
-                out = sample_episodes(model, tokenizer, prompts, mode, world=worlds, tags=tags, plans=plans,
-                                      **sampling)
-                for i, n in zip(part, used):
-                    imagined[i] = n
-            for i, e in zip(part, out):
-                episodes[i] = e
-    rewards = [fmt.reward(setting, e, t) for e, t in zip(episodes, tasks)]
+    episodes, imagined, rewards = [None] * len(tasks), [0] * len(tasks), [None] * len(tasks)
+    with tqdm(total=len(tasks), desc="evaluate", dynamic_ncols=True, leave=False) as bar:   # tasks done
+        for mode, index in (("real", executed), ("rehearse", [i for i in range(len(tasks)) if i not in set(executed)])):
+            for k in range(0, len(index), cfg["eval_batch_size"]):      # tasks sampled at once
+                part = index[k:k + cfg["eval_batch_size"]]
+                prompts, worlds, tags = fmt.inputs(setting, [tasks[i] for i in part])
+                if mode == "rehearse":             # no executor: the policy plays the world
+                    out = fmt.sample(setting, model, tokenizer, prompts, mode, world=worlds, tags=tags, **sampling)
+                else:
+                    plans, used = None, [0] * len(part)
+                    if cfg["rehearsal_budget"]:
+                        plans, used = rehearse.private_rehearsal_plans(
+                            model, tokenizer, prompts, cfg["rehearsal_budget"], cfg["rehearsal_mode"], rehearser,
+                            temperature=cfg["imagine_temperature"], generator=generator, world=worlds,
+                            sample=functools.partial(fmt.sample, setting), **limits)   # the layout's sampler
+                    out = sample_episodes(model, tokenizer, prompts, mode, world=worlds, tags=tags, plans=plans,
+                                          **sampling)
+                    for i, n in zip(part, used):
+                        imagined[i] = n
+                for i, e in zip(part, out):
+                    episodes[i], rewards[i] = e, fmt.reward(setting, e, tasks[i])
+                done = [r for r in rewards if r is not None]
+                bar.update(len(part))
+                bar.set_postfix(success=f"{sum(done) / len(done):.3f}")
     pairs = fmt.would_rehearse(setting, model, tokenizer, [tasks[i] for i in executed], [episodes[i] for i in executed])
     fidelity = fmt.by_kind(setting, pairs, [tasks[i] for i in executed])
     result = {**outcome_record(tasks, episodes, rewards),

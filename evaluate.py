@@ -61,9 +61,8 @@ def evaluate(model, tokenizer, tasks, cfg, fmt, setting, seed=0, rehearser=None)
                         imagined[i] = n
                 for i, e in zip(part, out):
                     episodes[i], rewards[i] = e, fmt.reward(setting, e, tasks[i])
-                done = [r for r in rewards if r is not None]
                 bar.update(len(part))
-                bar.set_postfix(success=f"{sum(done) / len(done):.3f}")
+                bar.set_postfix(success=f"{sum(r for r in rewards if r is not None) / bar.n:.3f}")
     pairs = fmt.would_rehearse(setting, model, tokenizer, [tasks[i] for i in executed], [episodes[i] for i in executed])
     fidelity = fmt.by_kind(setting, pairs, [tasks[i] for i in executed])
     result = {**outcome_record(tasks, episodes, rewards),

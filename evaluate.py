@@ -5,6 +5,8 @@ figure here is measured with the real world answering the policy's calls, never 
 rehearsals (an imagined success can rise while the real one does not). Besides success: how
 episodes ended, the mean number of calls, the would-rehearse fidelity per tool kind, and on the
 first `n_collusion` test tasks the imagined world's success and collusion rate (rehearsal/honesty.py).
+Every rehearse prompt here is grounded by the tool cache (rehearsal/toolcache.py), built from
+training traffic only; `cache_coverage` and `fidelity_by_cache` say which test calls it holds.
 
     python evaluate.py --ckpt out/small                 # the RL'd policy: <ckpt>/eval.json
     python evaluate.py --ckpt out/small/warmstart       # the warm start it came from
@@ -71,7 +73,10 @@ def evaluate(model, tokenizer, tasks, cfg, fmt, setting, seed=0, rehearser=None)
               "rehearsed_tasks": len(tasks) - len(executed),
               "rehearsal_budget": cfg["rehearsal_budget"], "rehearsal_mode": cfg["rehearsal_mode"],
               "imagined_per_task": sum(imagined) / len(tasks),
-              "fidelity_by_coverage": fmt.coverage(setting, model, tokenizer, tasks, pairs)}
+              "fidelity_by_coverage": fmt.coverage(setting, model, tokenizer, tasks, pairs),
+              # grounded by the tool cache of training traffic only: the test calls it holds, fidelity split by it
+              **honesty.fidelity_by_cache(pairs, setting.get("cache"),
+                                          lambda part: fmt.by_kind(setting, part, [tasks[i] for i in executed]))}
     if cfg["n_collusion"]:
         result.update(fmt.imagined_world(setting, model, tokenizer, tasks[:cfg["n_collusion"]], cfg, generator))
     extras = fmt.eval_extras(setting, model, tasks, episodes, rewards)      # the world's own figures, or {}

@@ -5,8 +5,6 @@ chat_reward.chat_reward (with the judge of cfg judge_model), the measures chat/h
 Same functions as every format module; the rest are the plain format's (formats/plain.py).
 """
 import functools
-import json
-from collections import Counter
 
 from chat import format as chat
 from chat import honesty as chat_honesty
@@ -14,7 +12,7 @@ from chat import reward as chat_reward
 from chat import separate as chat_separate
 from chat import setup as chat_setup
 from formats import plain as format_plain
-from rehearsal import honesty
+from rehearsal import honesty, toolcache
 from chat import multiturn
 from rehearsal import separate
 from machinery.config import ConfigError
@@ -24,10 +22,13 @@ from rollout import sample_episodes
 
 def setup(cfg, tokenizer, splits, device="cpu"):
     """The setting: the template's tags (a template that does not fit: one line, here), the logged
-    trajectories and RL tasks the warm start reads, grounding_examples k, how often each call is in
-    the warm-start data (logged calls, the tasks' examples), the judge, and the layout's sampler
-    (separate: separate.sample_separate with the chat rehearse prompt, chat_separate.separate_prompt).
-    Multi-turn tasks (`turns`) refuse the separate layout and private rehearsal."""
+    trajectories and RL tasks the warm start reads, grounding_examples k, the tool cache of the
+    training traffic (the logged calls and results, then the RL tasks' reference examples; never
+    the test split: rehearsal/toolcache.py), the judge, and the layout's sampler (separate:
+    separate.sample_separate with the chat rehearse prompt, chat_separate.separate_prompt: in
+    evaluation, "sampler_args", grounded by the cache only; in RL, "rl_sampler_args", by the
+    task's own examples first, then the cache). Multi-turn tasks (`turns`) refuse the separate
+    layout and private rehearsal."""
     multi_turn = multiturn.multiturn(splits["rl"] + splits["test"] + splits["logged"])
     tags = chat_setup.chat_tags(tokenizer, cfg["think"], multi_turn)
     if multi_turn and cfg["rehearsal_context"] == "separate":
@@ -38,14 +39,17 @@ def setup(cfg, tokenizer, splits, device="cpu"):
                           "its plans do not follow user turns; set rehearsal_budget: 0")
     chat_setup.check_chat_prompts(cfg, tokenizer, splits["rl"] + splits["test"])
     k = cfg["grounding_examples"]
-    counts = Counter([c for t in splits["logged"] for c in t["calls"]]
-                     + [json.dumps(c, ensure_ascii=False) for t in splits["rl"] for c, _ in t.get("examples", [])])
+    traffic = [pair for t in splits["logged"] for pair in zip(t["call_dicts"], t["responses"])]
+    traffic += [pair for t in splits["rl"] for pair in t.get("examples", [])]
+    cache = toolcache.build(traffic, toolcache.chat_call)
     setting = {**format_plain.loop_keys(cfg), "tokenizer": tokenizer, "tags": tags, "logged": splits["logged"],
-               "tasks": splits["rl"], "k": k, "counts": counts, "tool_timeout": cfg["tool_timeout"],
-               "judge": chat_setup.load_judge(cfg, device), "sampler": sample_episodes, "sampler_args": {}}
+               "tasks": splits["rl"], "k": k, "cache": cache, "tool_timeout": cfg["tool_timeout"],
+               "judge": chat_setup.load_judge(cfg, device), "sampler": sample_episodes, "sampler_args": {},
+               "rl_sampler_args": {}}
     if setting["separate"]:
-        setting.update(sampler=separate.sample_separate,      # the rehearse prompt, built per rehearsal
-                       sampler_args={"rehearse_prompt": functools.partial(chat_separate.separate_prompt, tokenizer, k)})
+        prompt = functools.partial(chat_separate.separate_prompt, tokenizer, k, cache=cache)   # built per rehearsal
+        setting.update(sampler=separate.sample_separate, sampler_args={"rehearse_prompt": prompt},
+                       rl_sampler_args={"rehearse_prompt": functools.partial(prompt, own_examples=True)})
     return setting
 
 
@@ -64,10 +68,11 @@ def reward(setting, episode, task):
 def warm_start_sequences(setting):
     """The logged trajectories and the RL tasks' reference examples as rows: inline
     (chat_setup.warm_start_sequences), or a group of actor and rehearse rows each
-    (chat_separate.separate_warm_start_sequences, k grounding examples)."""
+    (chat_separate.separate_warm_start_sequences, k grounding examples: a row's own first, then the cache's)."""
     tokenizer, tags, logged, tasks = setting["tokenizer"], setting["tags"], setting["logged"], setting["tasks"]
     if setting["separate"]:
-        return chat_separate.separate_warm_start_sequences(tokenizer, tags, logged, tasks, setting["k"])
+        return chat_separate.separate_warm_start_sequences(tokenizer, tags, logged, tasks, setting["k"],
+                                                           setting["cache"])
     return chat_setup.warm_start_sequences(tokenizer, tags, logged, tasks)
 
 
@@ -89,10 +94,10 @@ def executes(setting, task):
 def would_rehearse(setting, model, tokenizer, tasks, episodes):
     """[(call, matched)]: would the model, greedy, have written each real response (normalised
     JSON)? Asked inline (chat_honesty.would_rehearse_inline) or in separate rehearse rows
-    (chat_separate.would_rehearse_separate, k grounding examples)."""
+    (chat_separate.would_rehearse_separate, k grounding examples from the tool cache only)."""
     if setting["separate"]:
         return chat_separate.would_rehearse_separate(model, tokenizer, tasks, episodes, tags=setting["tags"],
-                                                     k=setting["k"])
+                                                     k=setting["k"], cache=setting["cache"])
     return chat_honesty.would_rehearse_inline(model, tokenizer, tasks, episodes, tags=setting["tags"])
 
 
@@ -102,12 +107,13 @@ def by_kind(setting, pairs, tasks):
 
 
 def coverage(setting, model, tokenizer, tasks, pairs=None):
-    """Fidelity by warm-start coverage on `pairs` (an evaluation's), or, when None, on the gold
-    calls of the tasks with an executor (chat_setup.expert_episodes)."""
+    """Fidelity by warm-start coverage (the times each call is in the tool cache's training traffic)
+    on `pairs` (an evaluation's), or, when None, on the gold calls of the tasks with an executor
+    (chat_setup.expert_episodes), asked as would_rehearse asks (grounded by the cache only)."""
     if pairs is None:
         gold_tasks, episodes = chat_setup.expert_episodes(tokenizer, setting["tags"], tasks)
         pairs = would_rehearse(setting, model, tokenizer, gold_tasks, episodes)
-    return honesty.fidelity_by_coverage(pairs, setting["counts"])
+    return honesty.fidelity_by_coverage(pairs, toolcache.counts_of(setting["cache"], [c for c, _ in pairs]))
 
 
 def imagined_world(setting, model, tokenizer, tasks, cfg, generator):
@@ -115,7 +121,7 @@ def imagined_world(setting, model, tokenizer, tasks, cfg, generator):
     and rehearses (rehearse mode, eval sampling, `sample`: the layout's sampler, no real call in
     the loop); scored against a replay on each task's executor: imagined success (`reward`),
     imagined fidelity per tool kind, collusion (chat_honesty.collusion_counts). {} when no task has one."""
-    tasks, batch_size = [t for t in tasks if chat.has_executor(t)], 512
+    tasks, batch_size = [t for t in tasks if chat.has_executor(t)], cfg["eval_batch_size"]
     if not tasks:
         return {}
     model.eval()

@@ -28,16 +28,17 @@ the rest from this one, so each name is one `def`:
     would_rehearse(setting, model, tokenizer, tasks, episodes)   [(call, matched)]: would the model,
                                        greedy, have rehearsed each real response of these episodes?
     by_kind(setting, pairs, tasks)     those per tool kind {kind: [matches, total]}
-    coverage(setting, model, tokenizer, tasks, pairs=None)       fidelity by warm-start coverage
+    coverage(setting, model, tokenizer, tasks, pairs=None)       fidelity by warm-start coverage (the
+                                       times each call is in the tool cache's training traffic)
     imagined_world(setting, model, tokenizer, tasks, cfg, generator)   imagined success, collusion
     step_extras(setting, model, episodes, tasks)        a world's own figures for an RL step ({} here)
     eval_extras(setting, model, tasks, episodes, rewards)   a world's own figures for an evaluation ({} here)
 """
-from collections import Counter
+import functools
 
 from rehearsal import honesty
 import rehearse
-from rehearsal import separate
+from rehearsal import separate, toolcache
 import world
 from envace import ACT, OBS, PROMPT, REHEARSE, encode_episode, tag_ids
 from reward import task_reward
@@ -53,18 +54,22 @@ def setup(cfg, tokenizer, splits, device="cpu"):
 def plain_setting(cfg, tokenizer, splits, snippets):
     """The setting of the toy on `splits` and the logged tool traffic `snippets` (a snippet may
     carry its logged "responses"; else world.replay's): the tags as ids, the logged episodes with
-    their responses, how often each call is in the warm-start data, and the layout. inline: the
-    sampler is rollout.sample_episodes; separate: separate.sample_separate with the logged
-    grounding examples (separate.logged_examples)."""
+    their responses, the tool cache of that training traffic (rehearsal/toolcache.py: the warm-start
+    counts and the grounding source; never the test split), and the layout. inline: the sampler
+    is rollout.sample_episodes; separate: separate.sample_separate with grounding_examples
+    examples from the cache (toolcache.examples), in training and evaluation alike (a toy task
+    has no reference examples of its own: "rl_sampler_args" is "sampler_args")."""
     logged = [(t, t.get("responses") or world.replay(t["calls"])) for t in splits["logged"]]
-    counts = Counter([c for t, _ in logged for c in t["calls"]] + [c for s in snippets for c in s["calls"]])
+    traffic = [pair for t, responses in logged for pair in zip(t["calls"], responses)]
+    traffic += [pair for s in snippets for pair in zip(s["calls"], s.get("responses") or world.replay(s["calls"]))]
     setting = {**loop_keys(cfg), "world": world, "tokenizer": tokenizer, "tags": tag_ids(tokenizer),
-               "logged": logged, "snippets": snippets, "counts": counts, "examples": None,
-               "sampler": sample_episodes, "sampler_args": {}}
+               "logged": logged, "snippets": snippets, "cache": toolcache.build(traffic, toolcache.plain_call),
+               "examples": None, "sampler": sample_episodes, "sampler_args": {}}
     if setting["separate"]:
         separate.check_vocabulary(cfg, tokenizer)
-        setting["examples"] = separate.logged_examples(cfg, logged, snippets)
+        setting["examples"] = functools.partial(toolcache.examples, setting["cache"], k=cfg["grounding_examples"])
         setting.update(sampler=separate.sample_separate, sampler_args={"examples": setting["examples"]})
+    setting["rl_sampler_args"] = setting["sampler_args"]
     return setting
 
 
@@ -89,20 +94,24 @@ def inputs(setting, tasks, repeat=1):
 
 
 def sample(setting, model, tokenizer, prompts, mode, **kw):
-    """The sampler when the policy plays the world (and for real episodes in evaluation's private
-    rehearsal), chosen at setup: setting["sampler"] with setting["sampler_args"]: inline
-    rollout.sample_episodes, separate.sample_separate (the grounding examples, or the chat
-    format's rehearse prompt), or world: choice's world_choice.sample_with_memory."""
+    """Evaluation's sampler when the policy plays the world (tasks with no executor, private
+    rehearsal, the imagined world), chosen at setup: setting["sampler"] with
+    setting["sampler_args"]: inline rollout.sample_episodes, separate.sample_separate (grounding
+    examples from the tool cache only, or the chat format's rehearse prompt), or world: choice's
+    world_choice.sample_with_memory."""
     return setting["sampler"](model, tokenizer, prompts, mode, **setting["sampler_args"], **kw)
 
 
 def rl_sample(setting, model, tokenizer, prompts, world, tags, env_model, generator):
-    """RL's sampler, with env_mode and the config's sampling keys from setup: `sample` when the
-    policy (or the frozen warm start, `env_model`) plays the world, inline rollout.sample_episodes
-    when the real world (or none) answers. world, tags: from `inputs`."""
+    """RL's sampler, with env_mode and the config's sampling keys from setup: setting["sampler"]
+    with the training arguments setting["rl_sampler_args"] (chat: a task's own reference examples
+    ground its rehearsals first) when the policy (or the frozen warm start, `env_model`) plays the
+    world, inline rollout.sample_episodes when the real world (or none) answers. world, tags: from `inputs`."""
     kw = {"world": world, "tags": tags, "env_model": env_model, "generator": generator, **setting["sampling"]}
     if setting["rehearsed"]:
-        return sample(setting, model, tokenizer, prompts, setting["env_mode"], **kw)
+        # a setting without training arguments of its own (world: choice) samples as evaluation does
+        args = setting.get("rl_sampler_args", setting["sampler_args"])
+        return setting["sampler"](model, tokenizer, prompts, setting["env_mode"], **args, **kw)
     return sample_episodes(model, tokenizer, prompts, setting["env_mode"], **kw)
 
 
@@ -148,7 +157,7 @@ def executes(setting, task):
 def would_rehearse(setting, model, tokenizer, tasks, episodes):
     """[(call, matched)] over real-world episodes: would the model, greedy, have rehearsed each real
     response? Asked where it rehearses: in the actor's row (honesty.would_rehearse_calls), or in
-    separate rows with the same grounding examples (separate.would_rehearse_separate)."""
+    separate rows with the tool cache's grounding examples (separate.would_rehearse_separate)."""
     if setting["separate"]:
         return separate.would_rehearse_separate(model, tokenizer, episodes, examples=setting["examples"])
     return honesty.would_rehearse_calls(model, tokenizer, episodes)
@@ -160,11 +169,12 @@ def by_kind(setting, pairs, tasks):
 
 
 def coverage(setting, model, tokenizer, tasks, pairs=None):
-    """Would-rehearse fidelity bucketed by how often each call was in the warm-start data, on the
-    EXPERT's calls of `tasks` (honesty.expert_episodes; `pairs` is not read): a policy that never
-    calls an unseen item would hide it."""
+    """Would-rehearse fidelity bucketed by how often each call was in the warm-start data (the tool
+    cache's traffic: "seen 0 times" is the cache's unseen), on the EXPERT's calls of `tasks`
+    (honesty.expert_episodes; `pairs` is not read): a policy that never calls an unseen item would hide it."""
     expert = honesty.expert_episodes(tokenizer, tasks, setting["world"])
-    return honesty.fidelity_by_coverage(would_rehearse(setting, model, tokenizer, tasks, expert), setting["counts"])
+    pairs = would_rehearse(setting, model, tokenizer, tasks, expert)
+    return honesty.fidelity_by_coverage(pairs, toolcache.counts_of(setting["cache"], [c for c, _ in pairs]))
 
 
 def imagined_world(setting, model, tokenizer, tasks, cfg, generator):

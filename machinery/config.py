@@ -88,8 +88,8 @@ DEFAULTS = {
     "chat_template": "",
     # --- rehearsal layout (rehearsal/separate.py)
     # where rehearsals are written: inline (in the actor's own sequence) or separate (a row of
-    # their own, prompt: tool signature, grounding_examples logged examples (chat: the task's own
-    # examples), dialogue, call);
+    # their own, prompt: tool signature, grounding_examples examples from the tool cache of training
+    # traffic (rehearsal/toolcache.py; chat training: the task's own examples first), dialogue, call);
     # advantage baselines per (task, role) or per task (the same thing with inline rehearsal)
     "rehearsal_context": "inline", "advantage_groups": "task_role", "grounding_examples": 0,
     # --- guards against world-model drift

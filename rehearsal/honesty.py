@@ -12,6 +12,8 @@ config switches: kl_rehearse_coef, rehearse_check, grounding_examples; docs/hone
                             rehearsed at each call exactly what the world said (the fidelity gate);
     coverage_fidelity       the same on the expert's calls, bucketed by how often the warm start
                             saw each call.
+    fidelity_by_cache       the test calls seen / unseen by the tool cache (the grounding
+                            source), and fidelity per tool kind split by it.
     fidelity_gate           train.py's gate after the warm start: rehearse/frozen RL only if every
                             tool kind's would-rehearse fidelity reaches min_fidelity.
     collusion_counts        wrong calls answered as if they were right (reward hacking by the world).
@@ -24,6 +26,7 @@ import torch
 
 import rollout
 import world as toy_world
+from rehearsal import toolcache
 from envace import (OBS, REHEARSE, can_share_prefix, collate, encode_episode, final_hidden, lean_head, micro_batches,
                     shared_prefix_forward, shared_prefix_length, tag_ids)
 from reward import task_reward
@@ -106,7 +109,7 @@ def greedy_hits(model, rows, role, pad_id, token_budget=4096):
     the `role` targets only: the full-vocabulary logits of the other positions, most of a chat
     row, are never made. Other models (tests' fakes) give their logits whole.
     Returns (hits [B, T-1], roles [B, T])."""
-    device = next(model.parameters()).device
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))     # no weights: the CPU
     ids, roles = collate(rows, pad_id)
     wanted = roles[:, 1:] == role
     lengths = [len(r["ids"]) for r in rows]
@@ -169,6 +172,21 @@ def fidelity_by_coverage(pairs, warm_start_counts, edges=(1, 50)):
     return counts
 
 
+def fidelity_by_cache(pairs, cache, by_kind):
+    """The test calls' coverage by the tool cache (rehearsal/toolcache.py: training traffic only)
+    and would-rehearse fidelity split by it: [(call, matched)] -> {"cache_coverage": {"seen",
+    "unseen": calls, "rate": seen / calls or None}, "fidelity_by_cache": {"seen": by_kind(its
+    pairs), "unseen": ...}}, a call seen iff exactly it is in the cache. No cache: {}."""
+    if cache is None:
+        return {}
+    split = {"seen": [], "unseen": []}
+    for call, matched in pairs:
+        split["seen" if toolcache.times_seen(cache, call) else "unseen"].append((call, matched))
+    seen, unseen = len(split["seen"]), len(split["unseen"])
+    return {"cache_coverage": {"seen": seen, "unseen": unseen, "rate": seen / (seen + unseen) if pairs else None},
+            "fidelity_by_cache": {name: by_kind(part) for name, part in split.items()}}
+
+
 def rates(counts):
     """{kind: [matches, total]} -> {kind: match rate}."""
     return {k: m / n for k, (m, n) in sorted(counts.items()) if n}
@@ -207,17 +225,17 @@ def expert_episodes(tokenizer, tasks, world=toy_world):
     return expert
 
 
-def imagined_world(model, tokenizer, tasks, cfg, generator=None, world=toy_world, batch_size=512,
+def imagined_world(model, tokenizer, tasks, cfg, generator=None, world=toy_world,
                    sample=rollout.sample_episodes, **sample_args):
     """The world model's honesty on `tasks`: the policy acts and rehearses (rehearse mode, the
     eval sampling, no real call in the loop; `sample` is the layout's sampler, `sample_args` its
     own arguments, e.g. separate.sample_separate's grounding examples), and the episodes
     are scored against a real replay. Returns imagined_success (the task reward in that imagined
     world), imagined_fidelity (per tool kind) and collusion ({calls, wrong, colluding, rate},
-    collusion_counts)."""
+    collusion_counts). Tasks are sampled eval_batch_size at a time, as in evaluation."""
     model.eval()
     limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
-    episodes = []
+    episodes, batch_size = [], cfg["eval_batch_size"]
     for i in range(0, len(tasks), batch_size):
         episodes += sample(model, tokenizer, [t["prompt"] for t in tasks[i:i + batch_size]], "rehearse",
                            world=world, temperature=cfg["eval_temperature"], top_p=cfg["top_p"],

@@ -4,14 +4,14 @@
 
 Inline (the default, rollout.py) the policy writes the response in the actor's own sequence.
 Here each rehearsal is a row with its own prompt, which the actor never sees: a rehearse tag,
-the called tool's signature, optional grounding examples (logged (call, response) pairs of that
-tool), the dialogue so far and the call. The response is copied into the actor's row as context
+the called tool's signature, optional grounding examples ((call, response) pairs of that tool
+from the tool cache, rehearsal/toolcache.py: training traffic only), the dialogue so far and the call. The response is copied into the actor's row as context
 (OBS, no loss there); its training is in the rehearse row (REHEARSE). The warm start trains the
 same rows (`warm_start_sequences`), and evaluation asks the model in them (`would_rehearse`).
 The chat format's rehearse prompt is chat_separate.rehearse_prompt_ids, in the model's own template.
 """
 import functools
-from collections import defaultdict, deque
+from collections import deque
 
 import torch
 
@@ -37,8 +37,8 @@ def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
                     rehearse_prompt=None, plans=None):
     """rehearsal_context separate (the official implementation's choice): every rehearsal is its
     own row with its own prompt (toy format: separate.rehearse_prompt, the tool's signature,
-    `examples(call)` logged examples if given, the dialogue so far and the call), which the actor
-    never sees.
+    `examples(call)` grounding examples if given (toolcache.examples), the dialogue so far and
+    the call), which the actor never sees.
     Sampled in rounds with sample_episodes: the actor rows run until they end or finish a call;
     then the pending rehearse rows are sampled together (role REHEARSE, stopping at </env>); each
     response is copied into its actor row as `<env>` (TAG) + response + `</env>` (OBS: context
@@ -144,10 +144,11 @@ def _copy_response(episode, rehearsal, tags, tokenizer, max_tokens, frozen):
 
 def rehearse_prompt(tokenizer, dialogue, call, examples=(), world=toy_world):
     """The prompt of a separate rehearse row, as ids (the only place it is rendered for the toy's
-    plain tags; a chat-template model gets its own: chat_separate.rehearse_prompt_ids). A rehearse tag with the called tool's signature, the
-    grounding `examples` ([(call, response)] of that tool, logged), the dialogue so far and the
-    call (`dialogue`: the actor's own ids after <bos>, up to the call's </act>), then the <env>
-    hand-off; the policy writes the response and </env> after it. The actor never sees it.
+    plain tags; a chat-template model gets its own: chat_separate.rehearse_prompt_ids). A rehearse
+    tag with the called tool's signature, the grounding `examples` ([(call, response)] of that
+    tool, from the tool cache), the dialogue so far and the call (`dialogue`: the actor's own
+    ids after <bos>, up to the call's </act>), then the <env> hand-off; the policy writes the
+    response and </env> after it. The actor never sees it.
 
         <bos> rehearse price item example <act> price jam </act> <env> 8 </env>
               dialogue buy milk <act> price milk </act> <env>
@@ -179,25 +180,6 @@ def rehearsal_rows(tokenizer, episode, examples=None, world=toy_world):
         rows.append({"ids": prompt + target, "roles": [PROMPT] * len(prompt) + [REHEARSE] * len(target),
                      "call": call, "turn": k})
     return rows
-
-
-
-def grounding(trajectories, k, world=toy_world):
-    """The grounding guard: returns examples(call) -> up to k logged (call, response)
-    pairs of the called tool, for the separate rehearse prompt only (the actor never sees them).
-    Deterministic: the pairs of the first k + 1 distinct calls of each tool in `trajectories`
-    ([(calls, responses)], the warm-start data in its order), less the rehearsed call itself, so
-    that the prompt never hands over the answer to the very call it asks about."""
-    pool = defaultdict(list)
-    for calls, responses in trajectories:
-        for call, response in zip(calls, responses):
-            seen = pool[world.parse_call(call)[0]]
-            if len(seen) <= k and call not in (c for c, _ in seen):
-                seen.append((call, response))
-
-    def examples(call):
-        return [pair for pair in pool.get(world.parse_call(call)[0], []) if pair[0] != call][:k]
-    return examples
 
 
 
@@ -237,12 +219,3 @@ def warm_start_sequences(tokenizer, logged, snippets, examples=None, world=toy_w
                    "calls": s["calls"], "responses": responses}
         seqs.append({"rows": rehearsal_rows(tokenizer, episode, examples, world)})
     return seqs
-
-
-def logged_examples(cfg, logged, snippets, world=toy_world):
-    """examples(call) -> `grounding_examples` logged (call, response) pairs of the called tool, for
-    the separate rehearse prompt (`grounding`), from the warm-start data: the logged trajectories
-    ([(task, responses)]), then the tool traffic. No pairs when grounding_examples is 0."""
-    trajectories = [(t["calls"], responses) for t, responses in logged]
-    trajectories += [(s["calls"], world.replay(s["calls"])) for s in snippets]
-    return grounding(trajectories, cfg["grounding_examples"], world)

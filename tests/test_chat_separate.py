@@ -24,7 +24,7 @@ from machinery import evaluate_cli
 from formats import features
 from rehearsal import honesty
 import reward
-from rehearsal import separate
+from rehearsal import separate, toolcache
 import train
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask
 from helpers import (POSITION_INIT, assert_ratio_one, assert_rehearse_logprobs_match_a_forward, chat_tokenizer,
@@ -84,17 +84,22 @@ def scripts_for(task, k, responses=("6", "4"), answer="4"):
     scripts = {tuple(prompt): actor[len(prompt):]}
     for end in ends:
         scripts[tuple(actor[:end])] = actor[end:]
-    for row in chat_separate.rehearse_rows(TOK, TAGS, task, CALLS, list(responses), k):
+    for row in chat_separate.rehearse_rows(TOK, TAGS, task, CALLS, list(responses), k, own_examples=True):
         n = row["roles"].index(REHEARSE)
         scripts[tuple(row["ids"][:n])] = row["ids"][n:]
     return scripts
+
+
+def rl_prompt(k):
+    """RL's rehearse prompt: k grounding examples, the task's own first (no tool cache here)."""
+    return functools.partial(chat_separate.separate_prompt, TOK, k, own_examples=True)
 
 
 def sample(task, k=1, n=1, **kw):
     prompts, worlds = chat_setup.episode_inputs(TOK, TAGS, [task] * n)
     limits = {"max_act_tokens": 40, "max_env_tokens": 8, "max_tokens": 300, **kw}
     return sample_separate(PrefixScript(scripts_for(task, k)), TOK, prompts, world=worlds, tags=TAGS,
-                           rehearse_prompt=functools.partial(chat_separate.separate_prompt, TOK, k), **limits)
+                           rehearse_prompt=rl_prompt(k), **limits)
 
 
 def mask_string(row):
@@ -166,8 +171,10 @@ def test_examples_are_limited_by_grounding_examples():
     task = pay_task()
     world = chat.task_world(task, TAGS)
     actor = {"calls": [json.dumps(CALLS[0])], "responses": []}
-    shown = {k: text(chat_separate.separate_prompt(TOK, k, actor, world)) for k in (0, 1, 2, 5)}
+    shown = {k: text(rl_prompt(k)(actor, world)) for k in (0, 1, 2, 5)}
     assert "Examples" not in shown[0]
+    # evaluation's prompt never reads the task's own examples: with no tool cache, none
+    assert "Examples" not in text(chat_separate.separate_prompt(TOK, 2, actor, world))
     assert shown[1].count('"result": ') == 1 and '{"arguments": {"amount": 1}, "result": "8"}' in shown[1]
     assert shown[2].count('"result": ') == 2 and '{"arguments": {"amount": 5}, "result": "4"}' in shown[2]
     assert shown[5] == shown[2]                                 # the task has two
@@ -264,7 +271,7 @@ def test_separate_warm_start_teaches_the_rows_the_sampler_then_writes():
     train.warm_start(model, model, [group], cfg, TOK.pad_token_id, roles=(ACT, REHEARSE))
     prompts, worlds = chat_setup.episode_inputs(TOK, TAGS, [task] * 4)
     episodes = sample_separate(model, TOK, prompts, world=worlds, tags=TAGS, temperature=0.3,
-                               rehearse_prompt=functools.partial(chat_separate.separate_prompt, TOK, 1), max_act_tokens=30,
+                               rehearse_prompt=rl_prompt(1), max_act_tokens=30,
                                max_env_tokens=6, max_tokens=300, generator=torch.Generator().manual_seed(0))
     for e in episodes:
         assert e["cause"] == "answer" and e["answer"] == "4" and e["responses"] == ["6", "4"]
@@ -300,7 +307,7 @@ def test_rl_step_on_chat_separate_rows():
     e1, = sample(task)
     prompts, worlds = chat_setup.episode_inputs(TOK, TAGS, [task])
     e2, = sample_separate(PrefixScript(scripts_for(task, 1, answer="5")), TOK, prompts, world=worlds, tags=TAGS,
-                          rehearse_prompt=functools.partial(chat_separate.separate_prompt, TOK, 1), max_act_tokens=40,
+                          rehearse_prompt=rl_prompt(1), max_act_tokens=40,
                           max_env_tokens=8, max_tokens=300)
     rewards = [chat_reward.chat_reward(e, task) for e in (e1, e2)]
     assert rewards == [1.0, 0.0]
@@ -335,11 +342,15 @@ def test_chat_evaluation_asks_would_rehearse_in_separate_rows(monkeypatch):
     result = evaluate.evaluate(PrefixScript(scripts_for(task, 2)), TOK, [task], cfg, fmt, setting)
     assert result["success"] == 1.0 and result["fidelity_counts"] == {"stateful": [1, 2]}
     assert result["executed_tasks"] == 1 and result["rehearsed_tasks"] == 0
-    want = chat_separate.rehearse_rows(TOK, TAGS, task, CALLS, ["6", "4"], 2)
+    # the tool cache: the RL task's examples, pay 1 -> 8, pay 5 -> 4 (this test task is that RL task)
+    assert toolcache.examples(setting["cache"], CALLS[0], 2) == task["examples"]
+    want = chat_separate.rehearse_rows(TOK, TAGS, task, CALLS, ["6", "4"], 2, cache=setting["cache"])
     # asked in those rows once: the answers give fidelity per kind and fidelity by warm-start
-    # coverage (the task's examples are other calls: both calls seen 0 times)
+    # coverage (the task's examples are other calls: both calls seen 0 times), and by the cache
     assert [r["ids"] for r in asked] == [r["ids"] for r in want]
     assert result["fidelity_by_coverage"]["seen 0 times"] == [1, 2]
+    assert result["cache_coverage"] == {"seen": 0, "unseen": 2, "rate": 0.0}
+    assert result["fidelity_by_cache"] == {"seen": {}, "unseen": {"stateful": [1, 2]}}
 
 
 def test_config_accepts_separate_chat(tmp_path, monkeypatch):
@@ -352,8 +363,10 @@ def test_config_accepts_separate_chat(tmp_path, monkeypatch):
     fmt, setting = features.setup(cfg, TOK, {"logged": [], "rl": [pay_task()], "test": [pay_task()]})
     assert asked == []
     assert setting["sampler"] is separate.sample_separate
-    prompt = setting["sampler_args"]["rehearse_prompt"]
+    prompt, rl = setting["sampler_args"]["rehearse_prompt"], setting["rl_sampler_args"]["rehearse_prompt"]
     assert prompt.func is chat_separate.separate_prompt and prompt.args == (TOK, 1)
+    # evaluation's prompt: the tool cache only; RL's: the task's own examples first
+    assert prompt.keywords == {"cache": setting["cache"]} and rl.keywords == {**prompt.keywords, "own_examples": True}
     plain = {**config.DEFAULTS, "rehearsal_context": "separate", "grounding_examples": 1}
     fmt, setting = features.setup(plain, TOK, {"logged": []})   # the toy's plain rehearse prompt: no chat builder
     assert asked == [(plain, TOK)]
@@ -376,11 +389,12 @@ def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
     sampled, built = [], []
 
     def sample_spy(*args, **kw):                              # RL samples in separate rows
-        sampled.append((kw["tags"]["act_end"], kw["rehearse_prompt"].args[1]))
+        sampled.append((kw["tags"]["act_end"], kw["rehearse_prompt"].args[1],
+                        kw["rehearse_prompt"].keywords.get("own_examples", False)))
         return sample_separate(*args, **kw)
     monkeypatch.setattr(separate, "sample_separate", sample_spy)     # the format's setup reads it
     monkeypatch.setattr(chat_separate, "separate_warm_start_sequences",
-                        lambda *a: built.append(a[-1]) or chat_separate_warm_start(*a))
+                        lambda *a: built.append(a[4]) or chat_separate_warm_start(*a))   # k
     tiny_qwen(TOK, tmp_path / "qwen", init_range=POSITION_INIT)
     overrides = [f"--model={tmp_path / 'qwen'}", f"--out_dir={tmp_path / 'run'}", "--max_act_tokens=12",
                  "--max_tokens=640", "--lr=0.01", "--rehearsal_context=separate", "--grounding_examples=1",
@@ -394,8 +408,10 @@ def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
     for m in lines:           # every episode samples at least its first token as the actor
         assert sum(m["causes"].values()) == 4 and m["tokens_act"] >= 4
     assert len(assert_ratio_one(lines)) == 2   # actor rows resumed from their kept caches, rehearse rows prefilled
-    # two RL steps, and the imagined world (format_chat.imagined_world: env toy executes) before and after RL
-    assert sampled == [(TAGS["act_end"], 1)] * 4 and built == [1]
+    # the imagined world (format_chat.imagined_world: env toy executes) before RL, two RL steps (the
+    # tasks' own examples first), the imagined world after RL (the tool cache only)
+    assert sampled == [(TAGS["act_end"], 1, False), (TAGS["act_end"], 1, True), (TAGS["act_end"], 1, True),
+                       (TAGS["act_end"], 1, False)] and built == [1]
     assert len(asked) == 2                     # before and after RL (coverage reuses the same answers)
     os.remove(os.path.join(out, "eval.json"))
     assert evaluate_cli.main(["--ckpt", out, "--n_test=3"]) == 0

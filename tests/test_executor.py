@@ -509,3 +509,23 @@ def test_the_shipped_weather_example_reads_and_executes():
         '{"error": "ValueError: unknown city \'Atlantis\'"}']
     assert w[0].replay([json.dumps(call("forecast", city="Rome"))] * 4)[3] == \
         '{"error": "RuntimeError: quota exceeded"}'
+
+
+def test_the_imagined_world_of_chat_tasks_samples_eval_batch_size_at_a_time(bank_dir):
+    """format_chat.imagined_world samples its tasks eval_batch_size at a time (two tasks at 1: two
+    batches of one), the bound the key puts on an evaluation's memory, and scores both."""
+    task = read_one(bank_dir)
+    W, D = call("withdraw", amount=8), call("deposit", amount=5)
+    tags, prompt, model = scripted(task, [W, D], ['{"balance": 2}', '{"balance": 7}'], "2")
+    cfg = {**config.DEFAULTS, "format": "chat", "max_act_tokens": 40, "max_env_tokens": 40, "max_tokens": 400,
+           "eval_batch_size": 1}
+    fmt, setting = features.setup(cfg, TOK, {"logged": [], "rl": [task], "test": [task]})
+    batches, sampler = [], setting["sampler"]
+
+    def counted(model, tokenizer, prompts, *args, **kwargs):
+        batches.append(len(prompts))
+        return sampler(model, tokenizer, prompts, *args, **kwargs)
+
+    setting["sampler"] = counted
+    got = fmt.imagined_world(setting, model, TOK, [task, task], cfg, None)
+    assert batches == [1, 1] and got["imagined_tasks"] == 2

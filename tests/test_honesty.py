@@ -1,10 +1,15 @@
 """evaluate.py --compare, the honesty part: pooled fidelity and collusion from made-up
-metrics.jsonl lines, the honesty table's arithmetic, and the figure it writes."""
-from experiments import compare as experiments
+metrics.jsonl lines, the honesty table's arithmetic, and the figure it writes; greedy_hits (what
+would-rehearse fidelity reads) on a model that is no transformers model, by hand."""
 import json
+from types import SimpleNamespace
 
 import pytest
+import torch
 
+from envace import ACT, OBS, PROMPT, REHEARSE
+from experiments import compare as experiments
+from rehearsal import honesty
 
 
 def line(step, lookup=(0, 0), compute=(0, 0), wrong=0, colluding=0):
@@ -63,6 +68,7 @@ def test_compare_adds_the_honesty_table_and_figure(tmp_path):
         folder.mkdir(parents=True)
         result = {"success": 0.8, "format_errors": 0.0, "mean_calls": 2.0, "fidelity": {"lookup": 1.0}}
         (folder / "eval.json").write_text(json.dumps(result))
+        (folder / "config.yaml").write_text(f"seed: {seed[-1]}\n")          # seeds of one config: pooled
         (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
     # a run trained before collusion was measured, measured later with evaluate.py --collusion
     (tmp_path / "rehearse" / "seed1" / "collusion.json").write_text(json.dumps(
@@ -77,3 +83,47 @@ def test_compare_adds_the_honesty_table_and_figure(tmp_path):
     line = abs(png[..., :3] - colors.to_rgb("C0")).max(-1) < 0.05
     assert line[:, :660].sum() > 20 and line[:, 660:].sum() > 20
     assert experiments.compare(str(tmp_path)) == text        # again, beside its own outputs
+
+
+class NextId(torch.nn.Module):
+    """A causal LM of no transformers class and with no parameters: after id x its argmax is x + 1."""
+
+    def forward(self, input_ids, **kw):
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(input_ids + 1, 16).float())
+
+
+@pytest.mark.parametrize("token_budget", [4096, 4])
+def test_greedy_hits_of_a_model_that_is_no_transformers_model_by_hand(token_budget):
+    """hits[i, t]: the argmax after row i's ids 0..t is its id t+1, at the targets of the asked
+    role only (the role of id t+1); a padded target is never a hit. Budget 4: each row a
+    micro-batch of its own (row 1 is 4 ids long). Mutations: the logits not shifted by one, the
+    role mask dropped, a parameterless model's device taken from its parameters."""
+    P, A, R, O = PROMPT, ACT, REHEARSE, OBS
+    rows = [{"ids": [5, 6, 7, 9, 10], "roles": [P, A, O, O, O]},     # next id +1?  6 y, 7 y, 9 n, 10 y
+            {"ids": [5, 6, 7, 9], "roles": [P, R, R, O]}]            #              6 y, 7 y, 9 n, (pad)
+    hits, roles = honesty.greedy_hits(NextId(), rows, OBS, pad_id=0, token_budget=token_budget)
+    assert hits.tolist() == [[False, True, False, True], [False, False, False, False]]
+    assert roles.tolist() == [[P, A, O, O, O], [P, R, R, O, 5]]           # 5: PAD
+    hits, _ = honesty.greedy_hits(NextId(), rows, REHEARSE, pad_id=0, token_budget=token_budget)
+    assert hits.tolist() == [[False, False, False, False], [True, True, False, False]]
+
+
+def test_the_imagined_world_samples_eval_batch_size_tasks_at_a_time():
+    """Collusion and imagined success sample their tasks eval_batch_size at a time, the bound on an
+    evaluation's KV cache (5 tasks at 2: batches of 2, 2, 1)."""
+    import rollout
+    import world
+    from helpers import tiny_llama, toy_tokenizer
+    from machinery import config
+    batches = []
+
+    def sample(model, tokenizer, prompts, mode, **kwargs):
+        batches.append(len(prompts))
+        return rollout.sample_episodes(model, tokenizer, prompts, mode, **kwargs)
+
+    tokenizer = toy_tokenizer()
+    tasks = [{"prompt": f"price {item}", "answer": "1", "family": "price", "calls": [f"price {item}"]}
+             for item in world.ITEMS[:5]]
+    cfg = {**config.DEFAULTS, "eval_batch_size": 2, "max_turns": 1, "max_tokens": 32}
+    honesty.imagined_world(tiny_llama(tokenizer), tokenizer, tasks, cfg, sample=sample)
+    assert batches == [2, 2, 1]

@@ -16,7 +16,7 @@ from machinery import evaluate_cli
 from formats import plain as format_plain
 from rehearsal import honesty
 import rehearse
-from rehearsal import separate
+from rehearsal import separate, toolcache
 import train
 import world
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask, tag_ids
@@ -30,9 +30,10 @@ from rehearsal.separate import _rehearse_row, sample_separate
 
 P, A, R, O, T = PROMPT, ACT, REHEARSE, OBS, TAG
 TOK = build_tokenizer(world.WORDS + separate.SEPARATE_WORDS)
-# logged data for the grounding examples: price pool [milk, apple], pay pool [pay 5]
-LOGGED = [(["price milk", "pay 5", "price apple"], ["2", "4", "3"])]
-EXAMPLES = separate.grounding(LOGGED, 1)
+# the tool cache of the grounding examples: price milk -> 2, pay 5 -> 4 (the rehearsed calls below,
+# price apple and pay 3, are not in it: each gets its tool's nearest, at distance 1)
+LOGGED = [("price milk", "2"), ("pay 5", "4")]
+EXAMPLES = functools.partial(toolcache.examples, toolcache.build(LOGGED, toolcache.plain_call), k=1)
 RH1 = "rehearse price item example <act> price milk </act> <env> 2 </env> dialogue buy apple <act> price apple </act> <env>"
 RH2 = ("rehearse pay number example <act> pay 5 </act> <env> 4 </env> dialogue buy apple "
        "<act> price apple </act> <env> 3 </env> <act> pay 3 </act> <env>")
@@ -89,14 +90,13 @@ def test_actor_row_and_its_rehearse_rows():
         assert word not in words(e["ids"]).split()
 
 
-def test_grounding_examples_pick_the_first_distinct_calls_but_never_the_call_itself():
-    assert EXAMPLES("price apple") == [("price milk", "2")]
-    assert EXAMPLES("price milk") == [("price apple", "3")]          # the call itself is skipped
-    assert EXAMPLES("pay 5") == [] and EXAMPLES("mul 2 , 3") == []
-    two = separate.grounding(LOGGED + [(["price egg", "price milk"], ["1", "2"])], 2)
-    assert two("price fish") == [("price milk", "2"), ("price apple", "3")]
-    assert two("price apple") == [("price milk", "2"), ("price egg", "1")]
-    assert separate.grounding(LOGGED, 0)("price fish") == []
+def test_grounding_examples_come_from_the_tool_cache():
+    """The cache's pairs of the called tool, an exact match first (toolcache.examples; tests/test_toolcache.py)."""
+    assert EXAMPLES("price apple") == [("price milk", "2")] and EXAMPLES("pay 3") == [("pay 5", "4")]
+    assert EXAMPLES("price milk") == [("price milk", "2")] and EXAMPLES("mul 2 , 3") == []
+    cache = toolcache.build(LOGGED + [("price apple", "3"), ("price egg", "1")], toolcache.plain_call)
+    assert toolcache.examples(cache, "price apple", 2) == [("price apple", "3"), ("price milk", "2")]
+    assert toolcache.examples(cache, "price apple", 0) == []
     # examples sit in the rehearse prompt only: the rows of a run without them lack them
     bare = {k.replace(" example <act> price milk </act> <env> 2 </env>", "")
              .replace(" example <act> pay 5 </act> <env> 4 </env>", ""): v for k, v in SCRIPTS.items()}
@@ -116,8 +116,8 @@ def test_truncations_end_the_episode_with_their_cause():
     for prompt, (rehearsal, _) in cases.items():
         item = prompt.split()[1]
         scripts[prompt] = f"<act> price {item} </act>"
-        scripts[f"rehearse price item example <act> price {'milk' if item != 'milk' else 'apple'} </act> <env> "
-                f"{2 if item != 'milk' else 3} </env> dialogue {base.replace('apple', item)}"] = rehearsal
+        scripts[f"rehearse price item example <act> price milk </act> <env> 2 </env> "   # the cache's one price
+                f"dialogue {base.replace('apple', item)}"] = rehearsal
     eps = sample(scripts, list(cases), max_env_tokens=6)
     assert [e["cause"] for e in eps] == [c for _, c in cases.values()]
     assert not any(e["finished"] for e in eps)
@@ -368,7 +368,7 @@ def test_train_run_with_separate_rows(tmp_path, monkeypatch):
     # a short warm start answers little right: reward by episode length parity, so that groups vary
     monkeypatch.setattr(format_plain, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
     cfg = tiny_cfg(tmp_path, rehearsal_context="separate", grounding_examples=2, rl_steps=2,
-                   sft_steps=40, sft_batch_size=32, sft_lr=1e-2, tasks_per_step=4, group_size=4)
+                   sft_steps=60, sft_batch_size=32, sft_lr=1e-2, tasks_per_step=4, group_size=4)
     asked = []                        # evaluation asks would-rehearse in separate rows
 
     def would_rehearse_separate(model, tokenizer, episodes, examples, world=world):
@@ -376,11 +376,14 @@ def test_train_run_with_separate_rows(tmp_path, monkeypatch):
         return []
     monkeypatch.setattr(separate, "would_rehearse_separate", would_rehearse_separate)   # format_plain calls it
     assert train.run(cfg) == 0
-    # the grounding examples: the first two distinct price calls in the logged data (not apple)
+    # the grounding examples, from the tool cache of the logged data then the snippets: price apple
+    # itself (an exact match: the snippets cover every item), then the first other price call
+    # logged (every price call is at distance 1: the first seen comes first)
     logged = world.make_splits(0, 40, 2, 40, 16)["logged"]
     prices = list(dict.fromkeys(c for t in logged for c in t["calls"] if c.startswith("price")))
-    first_two = [(c, str(world.PRICES[c.split()[1]])) for c in prices if c != "price apple"][:2]
-    assert asked == [(16, first_two)] * 4        # before and after RL: its episodes, the expert's (coverage)
+    other = next(c for c in prices if c != "price apple")
+    want = [("price apple", str(world.PRICES["apple"])), (other, str(world.PRICES[other.split()[1]]))]
+    assert asked == [(16, want)] * 4        # before and after RL: its episodes, the expert's (coverage)
     out = cfg["out_dir"]
     lines = [json.loads(text) for text in open(os.path.join(out, "metrics.jsonl"))]
     assert [line["step"] for line in lines] == [1, 2]

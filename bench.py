@@ -29,11 +29,14 @@ The update with and without the shared prefix is timed in turn (one call each, -
 and its ratio is the median of the pairs' ratios.
 Peak memory: the process's peak resident size on CPU, torch's peak allocation on CUDA. On CUDA the
 train step also reports MFU (6 x parameters x tokens / time against --peak_tflops) and the peak
-against distributed.memory_estimate. JSON to --out (default out/bench.json).
+against distributed.memory_estimate. JSON to --out (default out/bench.json; an earlier result of
+bench.py there is replaced, any other file kept unless --overwrite).
+Every option and --out is checked before anything is built or timed: a bad one is one line, exit 2.
 """
-import argparse
 import json
+import math
 import os
+import re
 import resource
 import statistics
 import sys
@@ -45,8 +48,10 @@ from chat import format as chat
 from chat import setup as chat_setup
 from chat import tasks as chat_tasks
 import world
-from machinery.checkpoint import build_tokenizer, load_policy
-from machinery.config import DEFAULTS
+from machinery.checkpoint import build_tokenizer, damaged_file, file_in_the_way, load_policy, write_file
+from machinery.config import DEFAULTS, ArgumentParser, ConfigError
+from machinery.faults import StopRequest
+from machinery.realmodel import ModelFileError, gguf_file
 from machinery.distributed import memory_estimate
 from envace import ACT, PROMPT, TAG, batch_logprobs, encode, first_target, tag_ids, token_logprobs
 from rollout import _append, new_row, sample_episodes
@@ -418,8 +423,70 @@ def sharing_line(res):
     return f"update shared prefix / plain: {res['shared_vs_plain']:.2f}x"
 
 
+DEFAULT_OUT = os.path.join("out", "bench.json")
+RESULT_KEYS = ("device", "threads", "repeats", "min_seconds")      # what every result of main holds
+
+
+def a_bench_result(path):
+    """Whether the file `path` holds a result main wrote (JSON with RESULT_KEYS)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            result = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(result, dict) and all(k in result for k in RESULT_KEYS)
+
+
+def check_options(args, workloads):
+    """ConfigError naming the first bad option or path, before anything is built or timed."""
+    for name in ("tasks", "group_size", "max_new", "repeats"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name} must be at least 1, got {value}")
+    if args.pad_tools < 0:
+        raise ConfigError(f"--pad_tools must be at least 0, got {args.pad_tools}")
+    if not math.isfinite(args.min_seconds) or args.min_seconds < 0:
+        raise ConfigError(f"--min_seconds must be a finite number >= 0, got {args.min_seconds}")
+    if args.peak_tflops is not None and not (math.isfinite(args.peak_tflops) and args.peak_tflops > 0):
+        raise ConfigError(f"--peak_tflops must be a finite number > 0, got {args.peak_tflops}")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        raise ConfigError(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
+    if args.device.startswith("cuda") and int(args.device.partition(":")[2] or 0) >= torch.cuda.device_count():
+        raise ConfigError(f"--device {args.device}: torch sees {torch.cuda.device_count()} CUDA devices")
+    if args.ckpt is not None and "toy" not in workloads:
+        raise ConfigError(f"--ckpt is the toy workload's model; the workloads here are {', '.join(workloads)}")
+    if args.ckpt:
+        problem = damaged_file(args.ckpt) if os.path.isdir(args.ckpt) else "no such folder"
+        if problem:
+            raise ConfigError(f"--ckpt {args.ckpt}: {problem}")
+    if "smollm2" in workloads:
+        try:
+            gguf_file(SMOLLM2[len("gguf:"):])
+        except ModelFileError as e:
+            raise ConfigError(f"--workload smollm2: {e}") from None
+    out = args.out
+    if not out:
+        raise ConfigError(f"--out is empty: give a file for the results (default {DEFAULT_OUT})")
+    if os.path.isdir(out):
+        raise ConfigError(f"--out {out} is a folder: give a file, e.g. {os.path.join(out, 'bench.json')}")
+    folder = os.path.dirname(out) or "."
+    blocker = file_in_the_way(folder)
+    if blocker:
+        raise ConfigError(f"--out {out}: {blocker} is a file, not a folder")
+    if not os.path.isdir(folder) and out != DEFAULT_OUT:             # (the default's out/ is made)
+        raise ConfigError(f"--out {out}: no folder {folder}")
+    if os.path.isdir(folder) and not os.access(folder, os.W_OK):
+        raise ConfigError(f"--out {out}: the folder {folder} cannot be written")
+    if os.path.exists(out) and not args.overwrite and not a_bench_result(out):
+        raise ConfigError(f"--out {out} is already there and is not a result of bench.py: give another --out, or "
+                          "--overwrite to replace it")
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    """python bench.py [options] -> exit status: 0 the figures printed and written to --out; 2 a bad
+    option or path (before anything is timed) or a refused write; 130 Ctrl-C or SIGTERM (nothing
+    written). Each one line."""
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", default=None, choices=["toy", "chat", "both", "smollm2"],
                         help="default: both on CPU, chat on CUDA")
     parser.add_argument("--ckpt", default=None, help="toy: a trained checkpoint (default out/small/ckpt if "
@@ -438,13 +505,37 @@ def main(argv=None):
                         help="for MFU: the device's dense peak (default on CUDA: 989, an H200 in bf16)")
     parser.add_argument("--cpu_bf16", action="store_true",
                         help="smollm2 on the CPU: also time the shared update under bf16 autocast (cfg cpu_bf16)")
-    parser.add_argument("--out", default="out/bench.json")
-    args = parser.parse_args(argv)
-    cuda = args.device.startswith("cuda")
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="the JSON file (default %(default)s); an earlier result of bench.py there is replaced")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an --out file that is not a result of bench.py")
+    try:
+        args = parser.parse_args(argv)            # (--help prints and exits 0 here)
+        cuda = args.device.startswith("cuda")
+        workloads = {"both": ["toy", "chat"], None: ["chat"] if cuda else ["toy", "chat"]}.get(args.workload,
+                                                                                                [args.workload])
+        check_options(args, workloads)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     args.size = args.size or ("1.7b" if cuda else "tiny")
     args.peak_tflops = args.peak_tflops or (989.0 if cuda else None)
-    workloads = {"both": ["toy", "chat"], None: ["chat"] if cuda else ["toy", "chat"]}.get(args.workload,
-                                                                                            [args.workload])
+    try:
+        with StopRequest(immediate=True):         # SIGTERM too: KeyboardInterrupt at once
+            results = run_workloads(args, workloads)
+            write_file(args.out, json.dumps(results, indent=1))   # whole, or the earlier file as it was
+    except ConfigError as e:                      # a checkpoint that does not load, a refused write
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: nothing written to {args.out}", file=sys.stderr)
+        return 130
+    return 0
+
+
+def run_workloads(args, workloads):
+    """Each workload built, timed and printed: {"device", ..., workload: its figures}."""
+    cuda = args.device.startswith("cuda")
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
     results = {"device": args.device, "threads": torch.get_num_threads(), "repeats": args.repeats,
                "min_seconds": args.min_seconds}
@@ -475,10 +566,7 @@ def main(argv=None):
         results[name] = {"model": model_name, "parameters": n_params, "rows": len(w["prompts"]), **res}
         print(table(name, model_name, res, w, n_params), flush=True)
         del model
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=1)
-    return 0
+    return results
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from machinery import kvcache
 import world as toy_world
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, NonFiniteError, encode, tag_ids
+from machinery.faults import stop_point
 
 
 def sample_token(logits, temperature, top_p, generator=None):
@@ -132,6 +133,7 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     decoders = _start_decoders(policy, env_model, rows, tags["pad"])
     live = list(range(len(rows)))      # the rows still in the caches, in cache order
     for _ in range(max_new):
+        stop_point()                   # a signal during an RL step: StepAbandoned (faults.stop_point)
         logits = decoders[0].logits
         if env_model is not None:      # rows in the env phase sample from the simulator
             in_env = torch.tensor([rows[i]["phase"] == "env" for i in live], device=logits.device)

@@ -22,8 +22,9 @@ One run, top to bottom (`run`):
      rewards task success (reward.py), A = R - mean(group), and makes one hand-written clipped
      policy-gradient update on ACT and REHEARSE tokens (`rl_step`, envace.clipped_pg_loss).
   5. Save (save_pretrained) and evaluate in the real world; print before/after.
-Only rank 0 prints, evaluates and saves. Ctrl-C or SIGTERM during RL saves the current step
-and exits 0 (`--resume` continues exactly); every other fault is one line and an exit status
+Only rank 0 prints, evaluates and saves. Ctrl-C or SIGTERM during RL drops the step not yet applied
+(at its next micro-batch or sampled token), saves the step before and exits 0 (`--resume` continues
+exactly); every other fault is one line and an exit status
 (machinery/faults.py; the table of faults tried: docs/faults.md). Each step's figures go to metrics.jsonl.
 
 Simplified against the paper / official code: inline rehearsal by default (one row holds both
@@ -47,8 +48,8 @@ from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
 from formats import features
-from machinery.checkpoint import (build_policy, check_out_dir, reference_model, rl_state, save_state,
-                        save_warm_start, write_file)
+from machinery.checkpoint import (build_policy, check_out_dir, reference_model, restore_rngs, rl_state, rng_states,
+                        save_state, save_warm_start, write_file)
 from machinery.config import check_lengths, check_splits, command_line, load_config
 from machinery.distributed import (adamw, all_sum, autocast, from_rank0, gathered, in_step, memory_estimate,
                          memory_line, parallel_model, reuse_sampler_logprobs, setup_distributed)
@@ -56,8 +57,9 @@ from envace import (ACT, OBS, REHEARSE, NonFiniteError, batch_logprobs, clipped_
                     loss_mask, micro_batches, padded_fraction, shared_prefix_length, token_advantages, token_kl_coefs,
                     token_logprobs)
 from evaluate import summary
-from machinery.faults import (Interrupted, StopRequest, exit_status, interrupted_line, nonfinite, restore_snapshot,
-                    rl_stop_line, signalled, training_snapshot)
+from machinery.faults import (Interrupted, StepAbandoned, StopRequest, exit_status, interrupted_line, nonfinite,
+                    restore_snapshot, rl_stop_line, signalled, stop_if_signalled, training_snapshot,
+                    unless_signalled)
 from rehearsal.honesty import fidelity_gate
 from machinery.metrics import (add_micro_batch, episode_sums, eval_during_rl, final_report, real_world_eval, role_sums,
                      start_metrics, step_record)
@@ -78,8 +80,8 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
     context): drawn as one, so sft_batch_size counts logged episodes in both contexts.
     A step whose loss or gradient norm is not finite is skipped (weights and AdamW state untouched;
     its batch is still drawn, so later steps draw what they would have); three in a row raise
-    NonFiniteError. A signal caught by `stop` (a StopRequest) on any rank stops every rank between
-    steps (KeyboardInterrupt, nothing saved). Returns the number of skipped steps."""
+    NonFiniteError. A signal caught by `stop` (a StopRequest) on any rank stops every rank before
+    its next micro-batch (KeyboardInterrupt, nothing saved). Returns the number of skipped steps."""
     if cfg["sft_steps"] == 0 or not sequences:
         return 0
     device = next(model.parameters()).device
@@ -91,8 +93,6 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
     skipped = in_a_row = 0
     try:
         for it in bar:
-            if stop is not None and signalled(stop):    # any rank signalled: all stop
-                raise KeyboardInterrupt
             lr = cfg["sft_lr"] * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * it / cfg["sft_steps"])))
             for group in opt.param_groups:
                 group["lr"] = lr
@@ -106,6 +106,7 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
             total = 0.0
             opt.zero_grad(set_to_none=True)
             for index, n, weight in in_step(micro_batches(lengths, cfg["micro_batch_tokens"]), lengths, ddp_model):
+                stop_if_signalled(stop)         # any rank signalled: all stop
                 index = index.to(device)
                 rows = [lengths[i] for i in index.tolist()]      # a common prompt runs once (share_prefix)
                 prefix = shared_prefix_length(ids[index, :n], rows) if cfg["share_prefix"] else 0
@@ -160,11 +161,12 @@ def uses_kl(cfg):
     return cfg["kl_coef"] > 0 or cfg["kl_rehearse_coef"] > 0
 
 
-def accumulate_gradients(model, batch, old, ref, cfg, world_size=1):
+def accumulate_gradients(model, batch, old, ref, cfg, world_size=1, stop=None):
     """Forward/backward every length-grouped micro-batch. Each loss is already divided by the
     batch's total trained tokens (all micro-batches, all ranks), so the accumulated .grad equals
     that of one forward over the whole global batch, whatever the micro-batching and the number
-    of ranks. `model` may be DDP-wrapped. Returns this rank's stats (sums that add over ranks)."""
+    of ranks. `model` may be DDP-wrapped. A signal caught by `stop` on any rank raises
+    StepAbandoned before the next micro-batch. Returns this rank's stats (sums that add over ranks)."""
     device = old.device
     ids, mask, adv = batch["ids"].to(device), batch["mask"].to(device), batch["advantages"].to(device)
     target_roles = batch["roles"][:, 1:].to(device)
@@ -179,6 +181,7 @@ def accumulate_gradients(model, batch, old, ref, cfg, world_size=1):
     totals = {"loss": 0.0, "rows_updated": len(keep),
               "pad_frac": padded_fraction(lengths, batches) / world_size if keep else 0.0}
     for index, n, weight in in_step(batches, lengths, model):
+        stop_if_signalled(stop, StepAbandoned)
         index = index.to(device)
         # no LM head on the prompt: from the first target that is trained or has an entropy stat
         start = first_target(mask[index, :n - 1] | (target_roles[index, :n - 1] == ACT)
@@ -201,13 +204,15 @@ def accumulate_gradients(model, batch, old, ref, cfg, world_size=1):
 
 
 def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, reference=None,
-            world_size=1):
+            world_size=1, stop=None):
     """Paper, the joint update of both roles: one policy update from this rank's episodes.
     Returns (sums, status): metric sums that add
     up over ranks, and "updated", "skipped" (no group on any rank had reward variance: zero
     advantage, zero signal) or "nonfinite" (loss or gradient not finite: weights and optimizer
     left untouched; with ppo_epochs > 1 the epochs before the bad one are rolled back, so the
-    whole step is undone). Every rank takes the same branch, so collectives stay in step."""
+    whole step is undone). Every rank takes the same branch, so collectives stay in step.
+    A signal caught by `stop` (the RL loop's StopRequest) on any rank before the last epoch's
+    last micro-batch raises StepAbandoned, the step undone as a non-finite one."""
     batch = make_batch(episodes, rewards, group_ids, cfg, pad_id)
     n_tokens, groups_with_signal = all_sum([batch["n_tokens"], batch["n_groups"] - batch["all_equal_groups"]])
     batch["n_tokens"] = max(int(n_tokens), 1)             # the global normaliser (1 if no rank trains a token)
@@ -223,6 +228,7 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
         else:               # the sampling policy's logprobs recomputed: same weights, fp32 softmax
             with gathered(model):
                 old = batch_logprobs(model, ids, batch["lengths"], cfg, batch["mask"].to(device))
+            stop_if_signalled(stop, StepAbandoned)
         with gathered(reference):
             ref = None if reference is None else batch_logprobs(reference, ids, batch["lengths"], cfg,
                                                                 batch["mask"].to(device))
@@ -231,18 +237,25 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
     model.train()
     status = "updated"
     snapshot = None if cfg["ppo_epochs"] == 1 else training_snapshot(model, opt)   # to undo earlier epochs
-    for epoch in range(cfg["ppo_epochs"]):
-        opt.zero_grad(set_to_none=True)
-        totals = accumulate_gradients(ddp_model, batch, old, ref, cfg, world_size)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or float("inf"))
-        if nonfinite(grad_norm, totals["loss"]):          # every rank takes this branch alike
+    try:
+        for epoch in range(cfg["ppo_epochs"]):
             opt.zero_grad(set_to_none=True)
-            if epoch > 0:
-                restore_snapshot(model, opt, snapshot)
-            status = "nonfinite"
-            break
-        opt.step()
-    model.eval()
+            totals = accumulate_gradients(ddp_model, batch, old, ref, cfg, world_size, stop)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or float("inf"))
+            if nonfinite(grad_norm, totals["loss"]):          # every rank takes this branch alike
+                opt.zero_grad(set_to_none=True)
+                if epoch > 0:
+                    restore_snapshot(model, opt, snapshot)
+                status = "nonfinite"
+                break
+            opt.step()
+    except StepAbandoned:             # a signal: the whole step undone, as a non-finite one
+        opt.zero_grad(set_to_none=True)
+        if epoch > 0:
+            restore_snapshot(model, opt, snapshot)
+        raise
+    finally:
+        model.eval()
     sums.update(totals)
     sums["grad_norm"] = float(grad_norm) / world_size    # the same on every rank: sums to it once
     sums["time_update"] = time.time() - t0
@@ -307,27 +320,56 @@ def run_phases(cfg, resume, overwrite, phase, stop):
     per_rank, G = cfg["tasks_per_step"] // world_size, cfg["group_size"]
 
     # 4. RL: no environment in the loop unless env_mode is real
+    left = progress.pop("eval_left", None)
+    if left is not None:        # a signal stopped the evaluation after the step resumed: it comes first
+        phase["name"] = f"the evaluation after RL step {first_step - 1}"
+        log(eval_during_rl(rank0_eval(), left, progress, cfg, first_step - 1))
+        from_rank0(lambda: write_file(metrics_path, json.dumps(left) + "\n", mode="a"))
+        if progress["nonfinite_in_a_row"] >= 3:
+            log(rl_stop_line(cfg, first_step - 1, True))
+            return 1
     bar = tqdm(range(first_step, cfg["rl_steps"] + 1), desc=f"RL ({cfg['env_mode']})",
                dynamic_ncols=True, disable=rank != 0)
     with StopRequest() as rl_stop:     # (rank0_eval's `stop` stays the run's)
         for step in bar:
             phase["name"], t0 = f"RL step {step}", time.time()
-            tasks = task_rng.sample(splits["rl"], cfg["tasks_per_step"])[rank * per_rank:(rank + 1) * per_rank]
-            group_ids = [i // G for i in range(len(tasks) * G)]   # a task's G samples; all ranks draw alike, then slice
-            episode_tasks = [tasks[g] for g in group_ids]
-            prompts, worlds, tags = fmt.inputs(setting, tasks, G)             # one per episode
-            with amp, gathered(model), gathered(simulator):
-                episodes = fmt.rl_sample(setting, model, tokenizer, prompts, worlds, tags, simulator, generator)
-                extras = fmt.step_extras(setting, model, episodes, episode_tasks)
-            time_sample = time.time() - t0
-            rewards = [fmt.reward(setting, e, t) for e, t in zip(episodes, episode_tasks, strict=True)]
-            rows, row_rewards, row_groups = training_rows(episodes, rewards, group_ids, cfg["advantage_groups"])
-            sums, status = rl_step(model, ddp_model, opt, rows, row_rewards, row_groups, cfg,
-                                   tokenizer.pad_token_id, kl_reference, world_size)
+            start = rng_states(generator), task_rng.getstate()       # what a dropped step goes back to
+            try:
+                tasks = task_rng.sample(splits["rl"], cfg["tasks_per_step"])[rank * per_rank:(rank + 1) * per_rank]
+                group_ids = [i // G for i in range(len(tasks) * G)]   # a task's G samples; all ranks draw alike, then slice
+                episode_tasks = [tasks[g] for g in group_ids]
+                prompts, worlds, tags = fmt.inputs(setting, tasks, G)             # one per episode
+                try:
+                    with amp, gathered(model), gathered(simulator):
+                        episodes = fmt.rl_sample(setting, model, tokenizer, prompts, worlds, tags, simulator, generator)
+                        extras = fmt.step_extras(setting, model, episodes, episode_tasks)
+                except StepAbandoned:   # the sampler saw this rank's own signal: the ranks agree just below
+                    pass
+                stop_if_signalled(rl_stop, StepAbandoned)       # every rank, sampled or stopped, meets here
+                time_sample = time.time() - t0
+                rewards = [fmt.reward(setting, e, t) for e, t in zip(episodes, episode_tasks, strict=True)]
+                rows, row_rewards, row_groups = training_rows(episodes, rewards, group_ids, cfg["advantage_groups"])
+                sums, status = rl_step(model, ddp_model, opt, rows, row_rewards, row_groups, cfg,
+                                       tokenizer.pad_token_id, kl_reference, world_size, rl_stop)
+            except StepAbandoned:       # a signal before the update was applied: the step is dropped
+                restore_rngs(start[0], generator)
+                task_rng.setstate(start[1])
+                if phase["step"] != step - 1:
+                    save_state(out, model, tokenizer, opt, step - 1, config_text, progress, generator, task_rng)
+                    phase["step"] = step - 1
+                log(rl_stop_line(cfg, step - 1, False, dropped=True))
+                return 0
             sums.update(episode_sums(episodes, rewards), **fmt.rl_diagnostics(setting, episodes, episode_tasks))
             record = {**step_record(step, status, progress, sums, time_sample, time.time() - t0), **extras}
             if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < cfg["rl_steps"]:
-                bar.write(eval_during_rl(rank0_eval(), record, progress, cfg, step))
+                result = unless_signalled(rank0_eval, rl_stop)
+                if result is None:      # the step is saved; its evaluation and metrics line left to --resume
+                    save_state(out, model, tokenizer, opt, step, config_text, {**progress, "eval_left": record},
+                               generator, task_rng)
+                    phase["step"] = step
+                    log(rl_stop_line(cfg, step, False, eval_left=True))
+                    return 0
+                bar.write(eval_during_rl(result, record, progress, cfg, step))
             from_rank0(lambda: write_file(metrics_path, json.dumps(record) + "\n", mode="a"))   # refused: all stop
             bar.set_postfix(reward=f"{record['reward']:.3f}", eval=f"{progress['real_success']:.3f}",
                             skip=progress["skipped_steps"], tok_s=f"{record['tok_per_s']:.0f}")
@@ -379,12 +421,12 @@ def warm_start_and_gate(model, ddp_model, tokenizer, fmt, setting, cfg, rank0_ev
                         phase, warm=None):
     """Steps 2 and 3: the warm start, saved as out_dir/warmstart, its real-world evaluation, and
     the fidelity gate. Returns the evaluation, or None when the gate stops the run. `stop` (the
-    run's StopRequest): a signal during the warm start stops it between steps, one during the
-    evaluation at once. `warm`: a finished warm start already loaded (--resume): not redone, only
+    run's StopRequest): a signal during the warm start stops it before its next micro-batch, one
+    during the evaluation at once. `warm`: a finished warm start already loaded (--resume): not redone, only
     evaluated and gated. `phase` (run's dict) is kept up to date: the phase, and what is saved."""
     t0, skipped = time.time(), 0
     if warm is None:
-        phase["name"], stop.immediate = "warm start", False        # stop between steps, not mid-step
+        phase["name"], stop.immediate = "warm start", False        # every rank stops at one micro-batch
         skipped = warm_start(model, ddp_model, fmt.warm_start_sequences(setting), cfg, tokenizer.pad_token_id,
                              fmt.warm_start_roles(setting), rank, world_size, stop)
         save_warm_start(model, tokenizer, cfg)

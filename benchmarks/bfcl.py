@@ -44,6 +44,7 @@ Simplified or left out:
   str()); the episode's own responses (executor.call_tool) are JSON for anything not a str.
 """
 import ast
+import contextlib
 import copy
 import importlib
 import json
@@ -337,20 +338,28 @@ def convert(out_dir, categories=CATEGORIES, written=None):
             files["multi_turn_base_rl"] = [t for k, t in enumerate(files[category]) if k % HELDOUT_EVERY]
             files["multi_turn_base_heldout"] = files[category][::HELDOUT_EVERY]
     texts = {os.path.join(out_dir, f"{stem}.jsonl"): jsonl_text(lines) for stem, lines in files.items()}
-    for path, text in texts.items():
-        if os.path.isdir(path) or os.path.exists(path) and not same_text(path, text):
-            raise ConfigError(f"{path} is already there and is not what bfcl.py writes (edited, or from another "
-                              f"bfcl-eval version): move it away or give another --out; nothing written")
+    missing = refuse_edited_files(texts, "bfcl.py", "bfcl-eval")
     try:
         os.makedirs(out_dir, exist_ok=True)
-        for path, text in texts.items():
-            if not os.path.exists(path):
-                write_whole(path, text)
-                if written is not None:
-                    written.append(path)
+        for path in missing:
+            write_whole(path, texts[path])
+            if written is not None:
+                written.append(path)
     except OSError as e:
         raise ConfigError(f"cannot write {e.filename or out_dir}: {e.strerror or e}") from None
     return {stem: len(lines) for stem, lines in files.items()}
+
+
+def refuse_edited_files(texts, writer, source):
+    """{path: text} a converter is about to write -> the paths not there yet. A path that is a
+    folder, or a file with other content (edited by hand, or from another version of the package
+    `source`), is a ConfigError naming it, raised before anything is written; a file with the same
+    text is left as it is. `writer`: the command, as the line names it."""
+    for path, text in texts.items():
+        if os.path.isdir(path) or os.path.exists(path) and not same_text(path, text):
+            raise ConfigError(f"{path} is already there and is not what {writer} writes (edited, or from another "
+                              f"{source} version): move it away or give another --out; nothing written")
+    return [path for path in texts if not os.path.exists(path)]
 
 
 def same_text(path, text):
@@ -361,11 +370,24 @@ def same_text(path, text):
         return False
 
 
-def main(argv=None):
-    """python bfcl.py --out DIR -> exit status: 0 written; 2 a user mistake (no package, --out a
-    file or holding other files of these names, a refused write); 1 anything else; 130 Ctrl-C or
-    SIGTERM (files written so far are whole, none half-written). Each one line."""
-    parser = ArgumentParser(description=__doc__.split("\n")[0])
+@contextlib.contextmanager
+def signals_interrupt():
+    """Inside: Ctrl-C and SIGTERM both raise KeyboardInterrupt, whatever handler the caller left;
+    the caller's handlers are back afterwards."""
+    previous = {s: signal.signal(s, signal.default_int_handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def convert_command(argv, convert, what):
+    """A converter's command line, `--out DIR`: (the folder, convert's counts), or (None, the exit
+    status) after its one line: 2 a user mistake (no package, --out a file or holding other files
+    of these names, a refused write); 1 anything else; 130 Ctrl-C or SIGTERM (the files written so
+    far whole, none half-written). bfcl.py and benchmarks/tau2bench.py read their options here."""
+    parser = ArgumentParser(description=sys.modules[convert.__module__].__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="folder for the chat task files")
     try:
         args = parser.parse_args(argv)            # (--help prints and exits 0 here)
@@ -373,31 +395,33 @@ def main(argv=None):
             raise ConfigError("--out is empty: give a folder for the chat task files")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return None, 2
     written = []
-    # Ctrl-C and SIGTERM both raise KeyboardInterrupt here, whatever handler the caller left
-    previous = {s: signal.signal(s, signal.default_int_handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        counts = convert(args.out, written=written)
+        with signals_interrupt():
+            return args.out, convert(args.out, written=written)
     except KeyboardInterrupt:
         done = f"{len(written)} files written whole ({', '.join(written)})" if written else "nothing written"
         print(f"\ninterrupted: {done}, none half-written; run the same command again to finish", file=sys.stderr)
-        return 130
+        return None, 130
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return None, 2
     except (Exception, SystemExit) as e:
-        print(f"error while converting BFCL: {error_text(e)}", file=sys.stderr)
-        return 1
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        print(f"error while converting {what}: {error_text(e)}", file=sys.stderr)
+        return None, 1
+
+
+def main(argv=None):
+    """python bfcl.py --out DIR -> exit status (convert_command's; 0 written), each one line."""
+    out, counts = convert_command(argv, convert, "BFCL")
+    if out is None:
+        return counts
     for stem, n in counts.items():
-        print(f"{stem}: {n} tasks -> {os.path.join(args.out, stem + '.jsonl')}")
+        print(f"{stem}: {n} tasks -> {os.path.join(out, stem + '.jsonl')}")
     for category, why in LEFT_OUT.items():
         print(f"{category}: not written ({why})")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

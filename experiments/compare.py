@@ -18,6 +18,9 @@ import os
 import statistics
 import sys
 
+import yaml
+
+from machinery.config import DEFAULTS
 from rehearsal import honesty
 
 
@@ -244,9 +247,103 @@ def plot_sweep(rows, path):
     fig.savefig(path, dpi=120)
 
 
+# ----------------------------------------------------------------------------- what may be pooled
+
+class PoolError(Exception):
+    """Runs asked to be pooled (or paired task by task) that are not seeds of one config on one
+    test set: one line naming two of them and what differs."""
+
+
+# The keys seeds of one config may differ in besides `seed`: where a run writes, when it saves or
+# evaluates during RL (an evaluation samples with a generator of its own), and how it spends
+# memory and time (the update's gradient is the same whatever the micro-batching, the
+# checkpointed activations, the shared prefix, the reused sampler logprobs or the sharding).
+# device, bf16 and cpu_bf16 change the arithmetic: compared with the rest.
+NOT_MEASURED_KEYS = ("seed", "out_dir", "save_every", "eval_every", "eval_batch_size", "micro_batch_tokens",
+                     "gradient_checkpointing", "share_prefix", "reuse_sampler_logprobs", "fsdp")
+# The keys that choose the test tasks and their subsets (world.make_splits draws the test split
+# first, from data_seed; experiments/choice.py from data_seed and its item sets; files replace
+# it; uncertain_items labels the subsets): arms compared task by task must agree on them.
+TEST_SET_KEYS = ("format", "world", "data_seed", "n_test", "tasks_file", "test_file", "uncertain_items",
+                 "choice_items", "choice_kind")
+
+
+def run_config(folder):
+    """A run's config.yaml, a key it lacks at its default (the run was made before the key existed)."""
+    path = os.path.join(folder, "config.yaml")
+    try:
+        with open(path) as f:
+            saved = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise PoolError(f"{folder} has no config.yaml: which config and test tasks its results are of "
+                        f"cannot be told") from None
+    except yaml.YAMLError as e:
+        raise PoolError(f"{path} is not YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(saved, dict):
+        raise PoolError(f"{path} holds no config")
+    return {**DEFAULTS, **saved}
+
+
+def own_seed(model, seed):
+    """A `model` path with its component seed<seed> (the run's own seed) read as seed<S>:
+    configs/run_all.sh starts each seed's arms from that seed's own warm start,
+    $R/warmstart/seed$s/warmstart."""
+    return "/".join("seed<S>" if part == f"seed{seed}" else part for part in str(model).split("/"))
+
+
+def n_test_tasks(result):
+    """How many test tasks an eval.json (or its `before`) holds outcomes of."""
+    return len(result["task_rewards"]) if "task_rewards" in result else result.get("n_tasks")
+
+
+def check_test_set(runs, keys=TEST_SET_KEYS, why=""):
+    """runs: [(folder, eval.json)] compared task by task. PoolError naming the first run and the
+    first other one that differs from it in a config key of `keys` (None: every key but
+    NOT_MEASURED_KEYS, `model` read with own_seed) or in its number of test tasks (after RL, and
+    before it where both hold it); `why` ends its message."""
+    (first, result), mine = runs[0], run_config(runs[0][0])
+    for folder, other in runs[1:]:
+        theirs = run_config(folder)
+        for key in keys if keys is not None else sorted((set(mine) | set(theirs)) - set(NOT_MEASURED_KEYS)):
+            a, b = mine.get(key), theirs.get(key)
+            if a != b and (key != "model" or own_seed(a, mine["seed"]) != own_seed(b, theirs["seed"])):
+                raise PoolError(f"{first} and {folder} differ in {key}: {json.dumps(mine.get(key))} and "
+                                f"{json.dumps(theirs.get(key))}{why}")
+        pairs = [("", result, other)]
+        if result.get("before") and other.get("before"):
+            pairs.append((" before RL", result["before"], other["before"]))
+        for when, a, b in pairs:
+            if n_test_tasks(a) != n_test_tasks(b):
+                raise PoolError(f"{first} and {folder} were evaluated{when} on different test tasks: "
+                                f"{n_test_tasks(a)} and {n_test_tasks(b)}{why}")
+
+
+def check_seeds(runs):
+    """runs: [(folder, eval.json)] pooled as seeds of one config on one test set: PoolError unless
+    their configs agree on every key but NOT_MEASURED_KEYS and they hold outcomes of as many
+    test tasks (check_test_set)."""
+    if len(runs) > 1:
+        check_test_set(runs, keys=None, why=f" (runs pooled are seeds of one config on one test set: only "
+                                            f"{', '.join(NOT_MEASURED_KEYS)} may differ)")
+
+
+def check_results(results):
+    """Every arm's finished runs under RESULTS (<arm>/<seed>/eval.json) seeds of one config on one
+    test set, and every arm on the same test set as the others (check_seeds, check_test_set)."""
+    arms = {}
+    for arm, _, folder in run_folders(results):
+        with open(os.path.join(folder, "eval.json")) as f:
+            arms.setdefault(arm, []).append((folder, json.load(f)))
+    for runs in arms.values():
+        check_seeds(runs)
+    if len(arms) > 1:
+        check_test_set([runs[0] for runs in arms.values()], why=" (arms are compared on one test set)")
+
+
 def compare(results):
     """Write <results>/results.md (real-world table, honesty table), success.png, honesty.png (if
     any arm rehearsed) and (if any sweep ran) private_rehearsal.png."""
+    check_results(results)
     runs, curves, sweeps = load_runs(results)
     if not runs:
         raise FileNotFoundError(f"no runs (<arm>/<seed>/eval.json) under {results}")
@@ -535,6 +632,7 @@ def plot_uncertain(lines, path):
 def uncertain(results):
     """Write <results>/results.md (uncertain_tables, uncertain_seed_table, uncertain_family_table,
     uncertain_lookup_table, uncertain_collusion_table) and <results>/uncertain.png (plot_uncertain)."""
+    check_results(results)
     evals, lines, subsets = uncertain_runs(results)
     if not evals and not lines:
         raise FileNotFoundError(f"no runs (<arm>/<seed>/eval.json) under {results}")
@@ -559,10 +657,13 @@ def before_after(runs):
     the paired bootstrap of after - before over its test tasks; for several runs (seeds of one
     config, the same test tasks), a last line pooling them: the bootstrap resamples seeds, then
     test tasks within each (paired_bootstrap)."""
-    lines, afters, befores = [], {}, {}
-    for k, run in enumerate(runs):
+    results = []
+    for run in runs:
         with open(os.path.join(run, "eval.json")) as f:
-            after = json.load(f)
+            results.append(json.load(f))
+    check_seeds(list(zip(runs, results)))
+    lines, afters, befores = [], {}, {}
+    for k, (run, after) in enumerate(zip(runs, results)):
         before = after["before"]
         afters[k], befores[k] = after["task_rewards"], before["task_rewards"]
         diff, low, high, called = paired_bootstrap({1: afters[k]}, {1: befores[k]})
@@ -580,20 +681,31 @@ def before_after(runs):
 
 
 def main(argv=None):
-    import argparse
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from machinery.config import ArgumentParser, ConfigError
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--compare", metavar="RESULTS", help="compare <RESULTS>/<arm>/<seed> runs")
     group.add_argument("--uncertain", metavar="RESULTS", help="the world: uncertain runs under RESULTS")
     group.add_argument("--before_after", metavar="RUN", nargs="+",
                        help="each run's success before and after RL, paired; several runs (seeds) pooled too")
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)            # (--help prints and exits 0 here)
+        for option, results in (("--compare", args.compare), ("--uncertain", args.uncertain)):
+            if results is not None and not os.path.isdir(results):
+                raise ConfigError(f"{option} {results}: no such folder (a results folder holds <arm>/<seed>/ runs)")
+        for run in args.before_after or []:
+            if not os.path.isfile(os.path.join(run, "eval.json")):
+                raise ConfigError(f"--before_after {run}: " + ("no eval.json in it (a finished run of train.py has one)"
+                                                               if os.path.isdir(run) else "no such folder"))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         if args.before_after:
             print(before_after(args.before_after))
         else:
             print(compare(args.compare) if args.compare else uncertain(args.uncertain))
-    except (OSError, KeyError, json.JSONDecodeError) as e:
+    except (OSError, KeyError, json.JSONDecodeError, PoolError) as e:
         where = args.compare or args.uncertain or " ".join(args.before_after)
         print(f"error: cannot compare the runs in {where}: {e}",
               file=sys.stderr)

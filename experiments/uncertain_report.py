@@ -7,13 +7,12 @@ Both run the checkpoint greedily in the REAL world, as evaluate.py does; experim
 the rules they apply (failure_kind, failure_table, copy_counts, looked_up). A file of its own so
 that the world variant stays below formats/features.py (this one loads runs through it).
 """
-import argparse
 import glob
 import json
 import os
 import sys
 
-from machinery.config import ConfigError, load_config
+from machinery.config import ArgumentParser, ConfigError, load_config
 
 
 def failures(folder, split="test", n=500):
@@ -61,7 +60,7 @@ def write_lookups(results):
     input of experiments/compare.py's lookup table (one already there is kept). Returns the folders written."""
     import torch
     from formats import features
-    from machinery.checkpoint import find_checkpoint, load_policy
+    from machinery.checkpoint import find_checkpoint, load_policy, write_file
     from reward import task_reward
     from rollout import sample_episodes
     from experiments.uncertain import looked_up
@@ -84,26 +83,41 @@ def write_lookups(results):
                                    top_p=1.0, generator=torch.Generator().manual_seed(cfg["seed"]), **limits)
         seen = [looked_up(e, t) for e, t in zip(episodes, tasks)]
         strict = [int(task_reward(e, t)) * k for e, t, k in zip(episodes, tasks, seen)]
-        with open(os.path.join(folder, "lookups.json"), "w") as f:
-            json.dump({"looked_up": seen, "strict": strict}, f)
+        write_file(os.path.join(folder, "lookups.json"), json.dumps({"looked_up": seen, "strict": strict}))   # whole
         written.append(folder)
     return written
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="why a world: uncertain run's episodes fail (real world, greedy)")
-    parser.add_argument("--failures", metavar="RUN", help="a run folder of train.py, or a checkpoint")
-    parser.add_argument("--lookups", metavar="RESULTS", help="lookups.json for every finished run under RESULTS")
-    parser.add_argument("--split", choices=("test", "rl"), default="test")
-    parser.add_argument("--n", type=int, default=500)
-    args = parser.parse_args()
+def main(argv=None):
+    """python -m experiments.uncertain_report --failures RUN [--split S] [--n N] | --lookups RESULTS ->
+    exit status: 0 printed (and written); 2 a bad option or path, checked before any model is
+    loaded, or a refused write: one line."""
+    parser = ArgumentParser(description="why a world: uncertain run's episodes fail (real world, greedy)")
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--failures", metavar="RUN", help="a run folder of train.py, or a checkpoint")
+    group.add_argument("--lookups", metavar="RESULTS", help="lookups.json for every finished run under RESULTS")
+    parser.add_argument("--split", choices=("test", "rl"), default=None, help="--failures: the tasks (default test)")
+    parser.add_argument("--n", type=int, default=None, help="--failures: the first N tasks (default 500)")
     try:
-        if args.lookups:
+        args = parser.parse_args(argv)            # (--help prints and exits 0 here)
+        if args.lookups is not None:
+            given = [f"--{k}" for k in ("split", "n") if getattr(args, k) is not None]
+            if given:
+                raise ConfigError(f"--lookups runs every finished run's test tasks; it takes no {', '.join(given)}")
+            if not os.path.isdir(args.lookups):
+                raise ConfigError(f"--lookups {args.lookups}: no such folder")
+            if not glob.glob(os.path.join(glob.escape(args.lookups), "*", "*", "eval.json")):
+                raise ConfigError(f"--lookups {args.lookups}: no finished run in it (<arm>/<seed>/eval.json)")
             print("\n".join(f"{folder}/lookups.json" for folder in write_lookups(args.lookups)))
-        elif args.failures:
-            print(failures(args.failures, args.split, args.n))
         else:
-            raise ConfigError("give --failures RUN or --lookups RESULTS")
+            if args.n is not None and args.n < 1:
+                raise ConfigError(f"--n must be at least 1, got {args.n}")
+            print(failures(args.failures, args.split or "test", 500 if args.n is None else args.n))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

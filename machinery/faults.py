@@ -9,8 +9,9 @@ wrong, so that the paper's path reads without it:
                                       user code calling sys.exit: the phase named; --debug adds
                                       the traceback), 2 a bad config
                                       or input (ConfigError), 130 interrupted outside the RL loop
-    StopRequest                       SIGINT/SIGTERM as a flag the RL loop checks between steps,
-                                      or at once (`immediate`) outside it
+    StopRequest                       SIGINT/SIGTERM as a flag the warm start and the RL step check
+                                      between micro-batches (stop_if_signalled) and the sampler
+                                      between tokens (stop_point), or at once (`immediate`) elsewhere
     rank0_interruptible(fn, stop)     rank 0 alone runs fn (an evaluation), every rank learns of a
                                       failure or a signal there and stops with it
     interrupted_line(cfg, phase)      what is saved, and the command that goes on from it
@@ -37,11 +38,21 @@ class Interrupted(Exception):
     message is the one line saying what is saved and how to go on; main prints it, exits 130."""
 
 
+class StepAbandoned(Exception):
+    """A signal during an RL step, seen before the step's update was applied: train.py drops the
+    step (weights, optimizer and RNGs as the step found them), saves the step before and exits 0."""
+
+
+_installed = []         # the StopRequests whose handlers are installed, innermost last
+
+
 class StopRequest:
-    """SIGINT/SIGTERM set a flag; the RL loop finishes its step, saves and exits cleanly (the warm
-    start checks it between its steps). `immediate`: the signal raises KeyboardInterrupt at once
-    (SIGTERM too), for what cannot stop half-way and leaves nothing half-written (an evaluation,
-    an atomic save); it can be switched on and off while the handlers are installed."""
+    """SIGINT/SIGTERM set a flag, which the long loops check between micro-batches (the warm start,
+    the RL update: stop_if_signalled) or tokens (the sampler: stop_point), so that a step of many
+    micro-batches stops within one of them: the warm start stops, nothing saved; an RL step not yet
+    applied is dropped and the step before saved. `immediate`: the signal raises KeyboardInterrupt
+    at once (SIGTERM too), for what cannot stop half-way and leaves nothing half-written (an
+    evaluation, an atomic save); it can be switched on and off while the handlers are installed."""
 
     def __init__(self, immediate=False):
         self.signal = None
@@ -49,6 +60,7 @@ class StopRequest:
 
     def __enter__(self):
         self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        _installed.append(self)
         return self
 
     def handle(self, signum, frame):
@@ -57,6 +69,7 @@ class StopRequest:
             raise KeyboardInterrupt
 
     def __exit__(self, *exc):
+        _installed.remove(self)
         for s, handler in self.previous.items():
             signal.signal(s, handler)
 
@@ -64,6 +77,23 @@ class StopRequest:
 def signalled(stop):
     """Whether any rank's StopRequest caught a signal (a collective: every rank gets the same answer)."""
     return all_sum([stop.signal is not None])[0] > 0
+
+
+def stop_if_signalled(stop, exception=KeyboardInterrupt):
+    """Between two micro-batches of a step: raise `exception` if any rank's `stop` (None: never)
+    caught a signal. A collective: every rank calls it at the same point (distributed.in_step
+    gives every rank the same number of micro-batches)."""
+    if stop is not None and signalled(stop):
+        raise exception
+
+
+def stop_point():
+    """Between two tokens of the sampler, whose ranks run different numbers of steps (so no
+    collective): StepAbandoned if the innermost StopRequest stops between steps (not `immediate`:
+    the RL loop's) and caught a signal in this process. The RL loop then makes every rank agree
+    (stop_if_signalled) before any other collective."""
+    if _installed and not _installed[-1].immediate and _installed[-1].signal is not None:
+        raise StepAbandoned
 
 
 def rank0_interruptible(fn, stop=None):
@@ -91,6 +121,21 @@ def rank0_interruptible(fn, stop=None):
     if interruptible and signalled(stop):     # signalled while waiting: all stop
         raise KeyboardInterrupt
     return result
+
+
+def unless_signalled(evaluation, stop):
+    """evaluation(stop=stop) (train.py's rank0_eval) inside the RL loop, which `stop` (the loop's
+    StopRequest) interrupts at once as outside the loop (rank0_interruptible): its result, or None
+    on every rank when a signal came before or during it."""
+    if signalled(stop):
+        return None
+    stop.immediate = True
+    try:
+        return evaluation(stop=stop)
+    except KeyboardInterrupt:
+        return None
+    finally:
+        stop.immediate = False
 
 
 def error_line(e, phase_name, debug=False):
@@ -168,11 +213,15 @@ def restore_snapshot(model, opt, snapshot):
     opt.load_state_dict(snapshot[1])
 
 
-def rl_stop_line(cfg, step, failing):
-    """The line when the RL loop stops early: 3 non-finite steps in a row (`failing`) or a signal."""
+def rl_stop_line(cfg, step, failing, dropped=False, eval_left=False):
+    """The line when the RL loop stops early: 3 non-finite steps in a row (`failing`) or a signal:
+    after step `step`, during step + 1 (`dropped`: its update not applied), or during the
+    evaluation after step `step` (`eval_left`: --resume does it first)."""
     out = cfg["out_dir"]
     if failing:
         return (f"\nstopping: 3 non-finite steps in a row (up to step {step}); the last good "
                 f"weights are saved in {out}/ckpt. Lower lr or check the data.")
-    return (f"\ninterrupted: checkpoint of step {step} saved in {out}/ckpt. Resume with:\n"
+    where = (f" during RL step {step + 1} (dropped: --resume redoes it)" if dropped else
+             f" during the evaluation after step {step} (--resume redoes it)" if eval_left else "")
+    return (f"\ninterrupted{where}: checkpoint of step {step} saved in {out}/ckpt. Resume with:\n"
             f"  python train.py --config {os.path.join(out, 'config.yaml')} --resume")

@@ -171,7 +171,9 @@ def fork_process(target, args, log_dir, name="child", env=None):
     transformers and this repo already imported (a new process imports them anew: ~10 s of CPU on
     2 cores): its own pid, signal handlers (Python's defaults), exit status (target's return value;
     1 for an exception, whose traceback goes to stderr) and one thread. Its stdout and stderr go
-    to log_dir/NAME.out and NAME.err; `env` is added to its environment. Returns the pid."""
+    to log_dir/NAME.out and NAME.err; `env` is added to its environment; SIGABRT (or a crash)
+    writes its stacks there (faulthandler), even from inside a blocked collective. Returns the pid."""
+    import faulthandler
     import signal
     import sys
     import traceback
@@ -188,6 +190,7 @@ def fork_process(target, args, log_dir, name="child", env=None):
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        faulthandler.enable(file=sys.stderr, all_threads=True)
         os.environ.update(env or {})
         torch.set_num_threads(1)
         rc = target(*args)
@@ -201,7 +204,8 @@ def fork_process(target, args, log_dir, name="child", env=None):
 
 def wait_process(pid, timeout):
     """The exit status of process `pid` (os.waitstatus_to_exitcode: -N for signal N), or None if
-    it was still running after `timeout` seconds (then killed)."""
+    it was still running after `timeout` seconds (then killed, its stacks first written to its
+    stderr: fork_process)."""
     import signal
     import time
     deadline = time.monotonic() + timeout
@@ -212,6 +216,8 @@ def wait_process(pid, timeout):
         if time.monotonic() >= deadline:
             break
         time.sleep(0.05)
+    os.kill(pid, signal.SIGABRT)
+    time.sleep(1)
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     return None
@@ -222,15 +228,14 @@ def read_log(log_dir, name):
     return tuple(open(os.path.join(log_dir, f"{name}.{ext}")).read() for ext in ("out", "err"))
 
 
-def fork_ranks(target, args, log_dir, world_size=2, timeout=90):
+def fork_ranks(target, args, log_dir, world_size=2, timeout=120):
     """Run `target(*args)` as `world_size` ranks of one gloo job, as torchrun would: processes
     forked by fork_process with the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK,
     MASTER_ADDR, MASTER_PORT); one test (test_distributed.py) still launches torchrun itself. Each
     rank's output goes to log_dir/rank<N>.out and .err; returns (each rank's exit status, both
-    ranks' stderr lines). A rank still running after `timeout` seconds (waiting at a collective) is
-    killed: status None."""
+    ranks' stderr lines). A rank still running after `timeout` seconds (waiting at a collective)
+    fails the test (wait_ranks)."""
     import socket
-    import time
     with socket.socket() as s:                  # a free port for the rendezvous (torchrun --standalone)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -238,10 +243,120 @@ def fork_ranks(target, args, log_dir, world_size=2, timeout=90):
                          {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                           "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
             for rank in range(world_size)]
-    deadline = time.monotonic() + timeout
-    rcs = [wait_process(pid, max(0.0, deadline - time.monotonic())) for pid in pids]
+    rcs = wait_ranks(pids, log_dir, timeout)
     err = "".join(read_log(log_dir, f"rank{rank}")[1] for rank in range(world_size))
     return rcs, err.replace("\r", "\n").splitlines()
+
+
+def run_ranks(target, args, log_dir, world_size=2, timeout=120):
+    """target(rank, *args) in `world_size` processes forked by fork_process (output in
+    log_dir/rank<N>.out and .err), as torch.multiprocessing.start_processes(..., join=True) runs
+    them, but never hangs: a rank that raises fails the test at once with its traceback (the
+    others, which would wait for it at their next collective, killed), and ranks still running
+    after `timeout` seconds (a deadlock) are killed and fail it (wait_ranks)."""
+    def rank_main(rank):
+        target(rank, *args)
+        return 0
+    pids = [fork_process(rank_main, (rank,), log_dir, f"rank{rank}") for rank in range(world_size)]
+    wait_ranks(pids, log_dir, timeout, stop_at_failure=True)
+
+
+def wait_ranks(pids, log_dir, timeout, stop_at_failure=False):
+    """The exit statuses of the fork_process children `pids` (rank N's output in log_dir/rank<N>.*),
+    waiting at most `timeout` seconds for all together. Any still running then (a rank at a
+    collective that another never reaches: a deadlock) fails the test, every child killed, naming
+    the ranks left and the end of each rank's stderr; with `stop_at_failure` so does, at once, a
+    rank that exits with another status than 0."""
+    import signal
+    import time
+    deadline = time.monotonic() + timeout
+    rcs = [None] * len(pids)
+    while None in rcs:
+        for rank, pid in enumerate(pids):
+            if rcs[rank] is None:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    rcs[rank] = os.waitstatus_to_exitcode(status)
+        failed = [rank for rank, rc in enumerate(rcs) if rc not in (None, 0)] if stop_at_failure else []
+        running = [rank for rank, rc in enumerate(rcs) if rc is None]
+        if failed or (running and time.monotonic() >= deadline):
+            for rank in running:
+                os.kill(pids[rank], signal.SIGABRT)         # its stacks to its stderr (fork_process)
+            time.sleep(1)
+            for rank in running:
+                os.kill(pids[rank], signal.SIGKILL)
+                os.waitpid(pids[rank], 0)
+            why = (f"rank {failed[0]} exited with status {rcs[failed[0]]}" if failed else
+                   f"still running after {timeout} s: a deadlock (a rank waiting at a collective another never "
+                   f"reaches) or a hang")
+            pytest.fail(f"{why}; killed rank(s) {running}; exit statuses {rcs}\n"
+                        + "\n".join(f"rank {rank} stderr ends:\n{log_tail(log_dir, f'rank{rank}')}"
+                                    for rank in range(len(pids))), pytrace=False)
+        if None in rcs:
+            time.sleep(0.05)
+    return rcs
+
+
+def log_tail(log_dir, name):
+    """stderr_tail of a fork_process child's stderr."""
+    return stderr_tail(read_log(log_dir, name)[1])
+
+
+def stderr_tail(text, n=20):
+    """The last `n` lines of a process's stderr, progress bars left out; where faulthandler wrote
+    the stacks of hung processes (wait_ranks, run_command), the 5 lines before the first stack
+    and the innermost frames of every stack."""
+    lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip() and "%|" not in line]
+    stacks = [i for i, line in enumerate(lines) if line.startswith(("Current thread", "Thread 0x"))]
+    if not stacks:
+        return "\n".join(lines[-n:])
+    return "\n".join(lines[max(0, stacks[0] - 5):stacks[0]] + [line for i in stacks for line in lines[i:i + 6]])
+
+
+def descendants(pid):
+    """The pids of every process started below `pid`, those in sessions of their own too
+    (torchrun starts each worker in a new session): read from /proc."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def run_command(args, timeout, env=None, **kw):
+    """subprocess.run(args, capture_output=True, text=True, env=env, **kw) that never hangs:
+    still running after `timeout` seconds (a deadlock, a hang), it is killed with every process
+    it started (torchrun's workers too, which killing torchrun alone leaves running), and the test
+    fails with the end of its stderr, where each Python process wrote its stack (faulthandler)."""
+    import signal
+    import subprocess
+    import time
+    env = {**(os.environ if env is None else env), "PYTHONFAULTHANDLER": "1"}   # SIGABRT: the stack, then exit
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kw)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        hung = descendants(proc.pid) + [proc.pid]
+        for signum in (signal.SIGABRT, signal.SIGKILL):
+            for pid in hung:
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:          # (ended in the meantime)
+                    pass
+            time.sleep(1)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(map(str, args))}: still running after {timeout} s (a deadlock or a hang), killed "
+                    f"with every process it started; its stderr ends:\n{stderr_tail(err)}", pytrace=False)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
 def tiny_cfg(tmp_path, **kw):

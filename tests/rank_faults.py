@@ -1,19 +1,24 @@
 """train.py on each rank of a 2-rank job with a fault (tests/test_distributed.py runs main in
 ranks forked by helpers.fork_ranks): on rank 0, a write refused for a full disk or a signal during
-the evaluation; or a signal to rank 1 alone while rank 0 evaluates (sigterm_rank1_eval). By hand:
+the evaluation; or a signal to rank 1 alone while rank 0 evaluates (sigterm_rank1_eval), at its
+first sampled token of RL step 1 (sigterm_rank1_sampling) or its first micro-batch of step 1's
+update (sigterm_rank1_update). By hand:
 
     ENVACE_FAULT=metrics torchrun --nproc_per_node=2 tests/rank_faults.py --config c.yaml
 """
 import builtins
 import errno
+import json
 import os
 import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from formats import plain as format_plain  # noqa: E402
 from machinery import checkpoint  # noqa: E402
 from machinery import faults  # noqa: E402
 from machinery import metrics  # noqa: E402
+import rollout  # noqa: E402
 import train  # noqa: E402
 
 TORCH_FULL_DISK = "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"
@@ -68,10 +73,47 @@ def signal_in_evaluate(call, signum):
     metrics.evaluate = patched
 
 
-def main(argv, fault):
+def signal_in_first_call(module, name, signum, counted=lambda *a, **k: True):
+    """`signum` to this process as the first call of module.name that `counted` accepts starts."""
+    real, calls = getattr(module, name), []
+
+    def patched(*a, **k):
+        if counted(*a, **k):
+            calls.append(1)
+            if len(calls) == 1:
+                os.kill(os.getpid(), signum)
+        return real(*a, **k)
+    setattr(module, name, patched)
+
+
+def count_updates():
+    """Per RL update (train.accumulate_gradients), [forwards run, this rank's micro-batches]."""
+    updates = []
+    accumulate, in_step, forward = train.accumulate_gradients, train.in_step, train.token_logprobs
+
+    def counted_accumulate(*a, **k):
+        updates.append([0, 0])
+        return accumulate(*a, **k)
+
+    def counted_in_step(batches, lengths, model):
+        if updates:                             # (not the warm start's)
+            updates[-1][1] = len(batches)
+        return in_step(batches, lengths, model)
+
+    def counted_forward(*a, **k):
+        if k.get("with_entropy"):
+            updates[-1][0] += 1
+        return forward(*a, **k)
+    train.accumulate_gradients, train.in_step, train.token_logprobs = counted_accumulate, counted_in_step, counted_forward
+    return updates
+
+
+def main(argv, fault, passes=None):
     """train.main(argv) on this rank (RANK set, as torchrun sets it), with `fault` (on rank 0, or
-    sigterm_rank1_eval on rank 1) patched in first; returns its exit status."""
+    one of the sigterm_rank1_* on rank 1) patched in first; returns its exit status. `passes`: a
+    path prefix, where each rank writes its RL updates' counts (count_updates) as PREFIX.<rank>."""
     rank = int(os.environ["RANK"])
+    updates = count_updates()
     if rank == 0:
         {"metrics": lambda: full_disk_for("metrics.jsonl", "a"),      # step 1's line
          "eval_json": lambda: full_disk_for(os.path.join("run", ".tmp.eval.json")),   # the final evaluation's
@@ -80,7 +122,16 @@ def main(argv, fault):
          "": lambda: None}.get(fault, lambda: None)()
     elif fault == "sigterm_rank1_eval":       # the warm start's evaluation
         signal_in_from_rank0(1, signal.SIGTERM)
-    return train.main(argv)
+    elif fault == "sigterm_rank1_sampling":   # rank 1 samples in RL alone (rank 0 evaluates alone)
+        signal_in_first_call(rollout, "sample_token", signal.SIGTERM)
+    elif fault == "sigterm_rank1_update":
+        format_plain.task_reward = lambda e, t: float(sum(e["ids"]) % 2)    # groups with variance: an update
+        signal_in_first_call(train, "token_logprobs", signal.SIGTERM, lambda *a, **k: k.get("with_entropy"))
+    rc = train.main(argv)
+    if passes:
+        with open(f"{passes}.{rank}", "w") as f:
+            json.dump(updates, f)
+    return rc
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 never asserted), the generate-driven baseline builds well-formed interleaved episodes with our
 state machine, and the GPU script's Qwen3 path runs on the CPU at a tiny shape."""
 import json
+import os
 import resource
 
 import pytest
@@ -11,6 +12,7 @@ import envace
 import world
 from envace import encode
 from helpers import tiny_llama, toy_tokenizer
+from test_faults import sigterm_guard  # noqa: F401  (a fixture)
 
 TOK = toy_tokenizer()
 FIGURES = ("sampler_rehearse", "sampler_real", "sampler_separate", "generate_rehearse", "generate_real",
@@ -116,3 +118,90 @@ def test_generate_baseline_gives_episodes_of_our_samplers_kind():
         words = tok.convert_ids_to_tokens(r["ids"][r["prompt_len"]:])
         assert words[:5] == ["<act>", "price", "apple", "</act>", "<env>"] and len(words) > 5
         assert r["roles"][r["prompt_len"] + 5] == envace.REHEARSE      # sampled by the policy, after <env>
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """bench.main with every workload refusing to start: an option refused by main never reaches one."""
+    def started(args):
+        raise AssertionError("a workload started before the options were checked")
+    for name in ("toy_workload", "chat_workload", "smollm2_workload"):
+        monkeypatch.setattr(bench, name, started)
+
+
+def error_lines(capsys):
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and captured.out == ""
+    return captured.err.splitlines()
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--repeats", "0"], "--repeats must be at least 1, got 0"),
+    (["--tasks", "-1"], "--tasks must be at least 1, got -1"),
+    (["--group_size", "0"], "--group_size must be at least 1, got 0"),
+    (["--max_new", "0"], "--max_new must be at least 1, got 0"),
+    (["--pad_tools", "-1"], "--pad_tools must be at least 0, got -1"),
+    (["--min_seconds", "-0.5"], "--min_seconds must be a finite number >= 0, got -0.5"),
+    (["--min_seconds", "nan"], "--min_seconds must be a finite number >= 0, got nan"),
+    (["--peak_tflops", "inf"], "--peak_tflops must be a finite number > 0, got inf"),
+    (["--repeats", "two"], "argument --repeats: invalid int value: 'two' (--help lists the options)"),
+    (["--workload", "tiny"], "argument --workload: invalid choice: 'tiny' (choose from 'toy', 'chat', 'both', "
+                             "'smollm2') (--help lists the options)"),
+    (["--device", "gpu"], "--device must be cpu, cuda or cuda:N, got 'gpu'"),
+    (["--workload", "chat", "--ckpt", "out/small/ckpt"], "--ckpt is the toy workload's model; the workloads here "
+                                                          "are chat"),
+    (["--out", ""], "--out is empty: give a file for the results (default out/bench.json)"),
+])
+def test_a_bad_option_is_one_line_before_any_work(argv, line, no_work, capsys):
+    """Before: --repeats 0 timed everything, then ended in a StatisticsError traceback; nan and inf
+    a traceback; a count of 0 or below the same or an empty benchmark."""
+    assert bench.main(argv) == 2
+    assert error_lines(capsys) == [f"error: {line}"]
+
+
+def test_a_bad_out_or_ckpt_path_is_one_line_before_any_work_and_keeps_the_users_file(tmp_path, no_work, capsys,
+                                                                                      monkeypatch):
+    """--out a folder (before: the whole benchmark ran, then a traceback, the figures lost), in a
+    missing folder or under a file, a file that bench.py did not write (kept unless --overwrite);
+    --ckpt missing or damaged: one line, exit 2, nothing written. A result of bench.py is replaced."""
+    assert bench.main(["--out", str(tmp_path)]) == 2
+    assert error_lines(capsys) == [f"error: --out {tmp_path} is a folder: give a file, e.g. {tmp_path / 'bench.json'}"]
+    assert bench.main(["--out", str(tmp_path / "no" / "b.json")]) == 2
+    assert error_lines(capsys) == [f"error: --out {tmp_path / 'no' / 'b.json'}: no folder {tmp_path / 'no'}"]
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"my": "figures"}')
+    assert bench.main(["--out", str(mine / "b.json")]) == 2
+    assert error_lines(capsys) == [f"error: --out {mine / 'b.json'}: {mine} is a file, not a folder"]
+    assert bench.main(["--out", str(mine)]) == 2
+    assert error_lines(capsys) == [f"error: --out {mine} is already there and is not a result of bench.py: give "
+                                   "another --out, or --overwrite to replace it"]
+    assert bench.main(["--ckpt", str(tmp_path / "nope"), "--out", str(tmp_path / "b.json")]) == 2
+    assert error_lines(capsys) == [f"error: --ckpt {tmp_path / 'nope'}: no such folder"]
+    (tmp_path / "ckpt").mkdir()
+    assert bench.main(["--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "b.json")]) == 2
+    assert error_lines(capsys) == [f"error: --ckpt {tmp_path / 'ckpt'}: {tmp_path / 'ckpt' / 'config.json'} is missing"]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt", "notes.json"] and mine.read_text() == '{"my": "figures"}'
+    result = {"device": "cpu", "threads": 1, "repeats": 1, "min_seconds": 0.0}
+    monkeypatch.setattr(bench, "run_workloads", lambda args, workloads: {**result, "workloads": workloads})
+    assert bench.main(["--out", str(mine), "--overwrite", "--workload", "toy"]) == 0
+    assert json.loads(mine.read_text()) == {**result, "workloads": ["toy"]}
+    assert bench.main(["--out", str(mine), "--workload", "chat"]) == 0          # bench.py's own result: replaced
+    assert json.loads(mine.read_text()) == {**result, "workloads": ["chat"]}
+    assert sorted(os.listdir(tmp_path)) == ["ckpt", "notes.json"]
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_the_benchmark_is_one_line_and_keeps_the_earlier_result(tmp_path, monkeypatch, capsys,
+                                                                                 signum, sigterm_guard):
+    import signal
+    out = tmp_path / "bench.json"
+    out.write_text('{"device": "cpu", "threads": 1, "repeats": 1, "min_seconds": 0.0}')
+
+    def interrupted(args, workloads):
+        os.kill(os.getpid(), getattr(signal, signum))
+        return {}
+    monkeypatch.setattr(bench, "run_workloads", interrupted)
+    assert bench.main(["--out", str(out)]) == 130
+    assert [x for x in capsys.readouterr().err.splitlines() if x] == [f"interrupted: nothing written to {out}"]
+    assert os.listdir(tmp_path) == ["bench.json"]
+    assert out.read_text() == '{"device": "cpu", "threads": 1, "repeats": 1, "min_seconds": 0.0}'

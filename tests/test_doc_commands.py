@@ -279,3 +279,71 @@ def run_commands(doc, commands, tiny_model, capsys):
         assert code == 0, f"{where}: exit {code}\n{printed}"
         if report:
             REPORTS_RUN.add(" ".join(words))
+
+
+# ----------------------------------------------------------------------------- commands in prose
+
+INLINE = re.compile(r"`((?:OMP_NUM_THREADS=\d+ )?python\s[^`]*)`")
+
+
+def prose_commands(text):
+    """[(line, words)] of the `python ...` commands written in a Markdown text's prose (inline code,
+    a span may wrap a line), fenced blocks left out (test_doc_commands_run covers those)."""
+    text = re.sub(r"^```.*?^```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.M | re.S)
+    return [(text.count("\n", 0, m.start()) + 1, shlex.split(" ".join(m.group(1).split())))
+            for m in INLINE.finditer(text)]
+
+
+def test_prose_commands_reader_joins_wrapped_spans_and_skips_blocks():
+    text = ("a `python\nexperiments/x.py --ckpt RUN` b\n```bash\npython no.py\n```\n`OMP_NUM_THREADS=2 python -m y.z`\n"
+            "```python\n`python no.py`\n```\n")
+    assert prose_commands(text) == [(1, ["python", "experiments/x.py", "--ckpt", "RUN"]),
+                                    (6, ["OMP_NUM_THREADS=2", "python", "-m", "y.z"])]
+
+
+def test_commands_in_prose_name_what_exists_as_a_user_would_run_it(capsys, monkeypatch):
+    """Every `python ...` written in the prose of README.md and docs/ (docs/LOG.md aside: its
+    commands ran at the commits it names) is checked as a NOT_RUN command is: the script or module
+    exists, its flags are its --help's (train.py's config loads with the overrides). And a script
+    inside a package folder is run with -m: `python experiments/x.py` puts experiments/ first on
+    sys.path, so its `import machinery` fails however runpy would run it in-process."""
+    monkeypatch.chdir(ROOT)
+    seen = 0
+    for doc in doc_files():
+        if doc == os.path.join("docs", "LOG.md"):
+            continue
+        with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
+            commands = prose_commands(f.read())
+        for line, words in commands:
+            where = f"{doc} line {line}: {' '.join(words)}"
+            words = [w for w in words if not w.startswith("OMP_NUM_THREADS=")
+                     and not re.fullmatch(r"--\w+=[A-Z]+", w)]      # --seed=N: a placeholder value
+            if len(words) > 1 and words[1].endswith(".py"):
+                folder = os.path.dirname(words[1])
+                assert not (folder and os.path.isfile(os.path.join(ROOT, folder, "__init__.py"))), \
+                    f"{where}: a module of a package runs as `python -m {words[1][:-3].replace('/', '.')}`"
+            if words[1] == "docs/measurements/trace_step.py":      # passes its --key=value on to train.py
+                unknown = [w for w in words[2:] if w.split("=", 1)[0][2:] not in DEFAULTS]
+                assert not unknown, f"{where}: not config keys: {unknown}"
+            elif any(w.startswith("--") for w in words) or os.path.basename(words[-1]) == "train.py":
+                check_python(words[1:], capsys, where)
+            else:                                       # no options: the script or module exists
+                assert (importlib.util.find_spec(words[2]) if words[1] == "-m" else os.path.isfile(words[1])), \
+                    f"{where}: no script {words[1:]}"
+            seen += 1
+    assert seen > 20
+
+
+def test_config_md_lists_every_key_with_its_default():
+    """docs/config.md's table `## Every key` holds each key of DEFAULTS once, in DEFAULTS' order,
+    with its default as written there (text quoted, booleans lower case as YAML writes them)."""
+    with open(os.path.join(ROOT, "docs", "config.md"), encoding="utf-8") as f:
+        text = f.read()
+    table = text.split("\n## Every key\n", 1)[1]
+    rows = re.findall(r"^\| `(\w+)` \| `([^`]*)` \| (.+) \|$", table, re.M)
+    assert [k for k, _, _ in rows] == list(DEFAULTS), "docs/config.md's keys differ from DEFAULTS"
+    for key, default, meaning in rows:
+        value = DEFAULTS[key]
+        written = repr(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+        assert default == written, f"docs/config.md: {key} default {default}, DEFAULTS has {value!r}"
+        assert meaning.strip(), f"docs/config.md: {key} has no meaning"

@@ -18,12 +18,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import train
 from machinery.checkpoint import save_checkpoint
-from helpers import assert_ratio_one, assert_same_gradients, tiny_cfg, tiny_llama, toy_tokenizer
+from helpers import assert_ratio_one, assert_same_gradients, run_ranks, tiny_cfg, tiny_llama, toy_tokenizer
 from rollout import sample_episodes
 from test_distributed import BUDGET, fixed_step_inputs, one_update
 
@@ -218,9 +217,8 @@ def _fsdp_worker(rank, world_size, init_file, out_dir):
 
 def test_fsdp_two_ranks_make_the_one_rank_update_and_save_a_normal_folder(tmp_path):
     torch.set_num_threads(1)
-    # fork: the ranks start with the modules already imported (spawn would import torch anew)
-    mp.start_processes(_fsdp_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True,
-                       start_method="fork")
+    # forked: the ranks start with the modules already imported (spawn would import torch anew)
+    run_ranks(_fsdp_worker, (2, str(tmp_path / "init"), str(tmp_path)), tmp_path, timeout=180)
     fsdp_grads, fsdp_ids, fsdp_opt = torch.load(tmp_path / "rank0.pt", weights_only=False)
     model = one_update(0, 1)
     one_grads = {n: p.grad for n, p in model.named_parameters()}

@@ -5,6 +5,7 @@ the phase and the exception, exit 1, the traceback only with --debug."""
 import json
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -14,9 +15,10 @@ from machinery import checkpoint
 from machinery import evaluate_cli
 from formats import features
 from formats import plain as format_plain
+from machinery import faults
 from machinery import metrics as metrics_module
 import train
-from helpers import tiny_cfg
+from helpers import fork_process, read_log, tiny_cfg, wait_process
 
 TIMING = ("time_sample", "time_logprobs", "time_update", "time_step", "tok_per_s")
 
@@ -68,6 +70,77 @@ def test_a_signal_during_the_warm_start_is_one_line_and_nothing_saved(tmp_path, 
     assert not os.path.exists(os.path.join(cfg["out_dir"], "ckpt"))
     assert not os.path.exists(os.path.join(cfg["out_dir"], "warmstart"))
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before   # handlers restored
+
+
+def count_warm_start_passes(monkeypatch, signal_at=None, signum=signal.SIGINT, wait=None):
+    """(micro-batches per warm-start step, forwards run): hooks on train.in_step and
+    train.token_logprobs. Before forward number `signal_at` runs, this process gets `signum`;
+    with `wait` (a path), that forward writes the file `wait` and waits instead, as a slow step
+    does, until a signal from another process is caught."""
+    steps, forwards = [], []
+    in_step, forward = train.in_step, train.token_logprobs
+
+    def counted_in_step(batches, lengths, model):
+        steps.append(len(batches))
+        return in_step(batches, lengths, model)
+
+    def counted_forward(*a, **k):
+        forwards.append(1)
+        if len(forwards) == signal_at and wait is None:
+            os.kill(os.getpid(), signum)
+        elif len(forwards) == signal_at:
+            open(wait, "w").close()
+            for _ in range(6000):                # (a minute at most: never hangs)
+                if any(stop.signal is not None for stop in faults._installed):
+                    break
+                time.sleep(0.01)
+        return forward(*a, **k)
+    monkeypatch.setattr(train, "in_step", counted_in_step)
+    monkeypatch.setattr(train, "token_logprobs", counted_forward)
+    return steps, forwards
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_inside_a_warm_start_step_stops_it_before_its_next_micro_batch(tmp_path, monkeypatch, capsys,
+                                                                                  signum):
+    """A warm-start step is many micro-batches (a real model's: minutes). A signal during the
+    first one stops the warm start before the second (forwards counted): one line, exit 130,
+    nothing saved. Before, the whole step ran first."""
+    cfg, path = config_file(tmp_path, "run", sft_steps=50, micro_batch_tokens=60)
+    steps, forwards = count_warm_start_passes(monkeypatch, signal_at=1, signum=signum)
+    assert train.main(["--config", path]) == 130
+    assert len(steps) == 1 and steps[0] >= 3 and len(forwards) == 1, (steps, forwards)
+    assert lines(capsys.readouterr().err) == [
+        "interrupted during warm start: nothing saved; run the same command to start over"]
+    assert os.listdir(cfg["out_dir"]) == ["config.yaml"]       # no warmstart/, ckpt/ or .tmp
+
+
+def test_sigterm_from_another_process_inside_a_warm_start_step(tmp_path, monkeypatch):
+    """As on a real model: `python train.py` (forked: its own handlers and exit status) gets
+    SIGTERM from another process while the first micro-batch of a warm-start step runs (its
+    forward waits until the signal is caught: no timing). The step's second micro-batch never
+    starts: one line, exit 130, nothing saved."""
+    cfg, path = config_file(tmp_path, "run", sft_steps=50, micro_batch_tokens=60)
+    ready, passes = tmp_path / "first_forward", tmp_path / "passes.json"
+    steps, forwards = count_warm_start_passes(monkeypatch, signal_at=1, wait=str(ready))
+
+    def train_py():
+        rc = train.main(["--config", path])
+        passes.write_text(json.dumps([steps, len(forwards)]))
+        return rc
+    pid = fork_process(train_py, (), tmp_path, "train")
+    for _ in range(12000):                      # (two minutes at most)
+        if ready.exists() or os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+            break
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGTERM)
+    rc = wait_process(pid, 60)
+    err = lines(read_log(tmp_path, "train")[1])
+    assert rc == 130, err
+    assert err == ["interrupted during warm start: nothing saved; run the same command to start over"]
+    steps, forwards = json.loads(passes.read_text())
+    assert len(steps) == 1 and steps[0] >= 3 and forwards == 1, (steps, forwards)
+    assert sorted(os.listdir(cfg["out_dir"])) == ["config.yaml"]
 
 
 def test_a_signal_during_the_warm_start_evaluation_keeps_it_and_resume_matches(tmp_path, monkeypatch, capsys):

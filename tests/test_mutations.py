@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 from transformers import LlamaForCausalLM
 
@@ -24,7 +23,7 @@ import world
 from envace import ACT, PROMPT, REHEARSE, encode_episode
 from machinery.checkpoint import find_checkpoint, save_checkpoint
 from evaluate import evaluate
-from helpers import GRAD_TOLERANCE, ScriptedModel, assert_same_gradients, tiny_llama, toy_tokenizer
+from helpers import GRAD_TOLERANCE, ScriptedModel, assert_same_gradients, run_ranks, tiny_llama, toy_tokenizer
 from chat.reward import calls_match, value_match
 from rollout import sample_episodes, sample_token
 
@@ -275,9 +274,8 @@ def test_warm_start_on_two_ranks_equals_one_rank(tmp_path, monkeypatch):
     assert any(a != b for a, b in counts)
     monkeypatch.setattr(train.torch.optim, "AdamW", RecordingSGD)       # (the forked ranks inherit it)
     result = str(tmp_path / "two.pt")
-    # fork: the children start with the modules already imported (spawn would import torch anew)
-    mp.start_processes(_warm_worker, args=(2, str(tmp_path / "init"), result), nprocs=2, join=True,
-                       start_method="fork")
+    # forked: the children start with the modules already imported (spawn would import torch anew)
+    run_ranks(_warm_worker, (2, str(tmp_path / "init"), result), tmp_path)
     two, two_steps = torch.load(result)
     model, one_steps = warm_started(0, 1)
     assert len(one_steps) == len(two_steps) == cfg["sft_steps"]

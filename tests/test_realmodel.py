@@ -4,6 +4,7 @@ shop's chat tasks token by token. Skipped where the package is not installed, a 
 (.ci/run installs it and runs the conversion command once, as the README's install lines do)."""
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from helpers import needs_gguf
 from machinery import realmodel
 from machinery.config import DEFAULTS, ConfigError, load_config
 from rollout import sample_episodes
+from test_faults import sigterm_guard  # noqa: F401  (a fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATE = os.path.join(ROOT, "chat", "chatml_tools.jinja")
@@ -63,6 +65,175 @@ def test_the_conversion_command_names_a_missing_file_in_one_line(capsys, tmp_pat
     assert capsys.readouterr().err.strip() == ("error: no GGUF file no_such_package/model.gguf: no file of that path "
                                                "and no installed package 'no_such_package'")
     assert not (tmp_path / "m").exists()
+
+
+def tiny_gguf(path, drop=()):
+    """A GGUF file of a random 1-layer Llama (width 8) with a 7-token byte-level BPE, written with
+    the gguf package as llama.cpp lays one out; the tensors named in `drop` left out. Its
+    conversion takes a fraction of a second."""
+    import gguf
+    import numpy as np
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny")
+    w.add_block_count(1)
+    w.add_context_length(64)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(16)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_rope_dimension_count(4)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(["<s>", "</s>", "a", "b", "c", "ab", "Ġ"])
+    w.add_token_types([3, 3, 1, 1, 1, 1, 1])
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    rng = np.random.default_rng(0)
+    shapes = {"token_embd.weight": (7, 8), "output_norm.weight": (8,), "blk.0.attn_norm.weight": (8,),
+              "blk.0.attn_q.weight": (8, 8), "blk.0.attn_k.weight": (4, 8), "blk.0.attn_v.weight": (4, 8),
+              "blk.0.attn_output.weight": (8, 8), "blk.0.ffn_norm.weight": (8,), "blk.0.ffn_gate.weight": (16, 8),
+              "blk.0.ffn_up.weight": (16, 8), "blk.0.ffn_down.weight": (8, 16)}
+    for name, shape in shapes.items():
+        if name not in drop:
+            w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def lines_of(err):
+    """stderr's lines less transformers' progress bars."""
+    return [line for line in err.splitlines() if line.strip() and "%|" not in line and "it/s]" not in line]
+
+
+def files_of(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_an_out_folder_holding_other_files_is_refused_unless_overwrite(tmp_path, capsys, monkeypatch):
+    """--out onto a folder holding a file of the user's (or with such an OUT.old beside it): one line
+    naming it, exit 2, before anything is read, every file as it was (before: the folder replaced,
+    the file deleted, exit 0). A folder holding a conversion is replaced; --overwrite replaces
+    one holding other files too; --out a file, an empty --out, --overwrite without --out: one line."""
+    model = tiny_gguf(tmp_path / "tiny.gguf")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    real_convert = realmodel.convert
+
+    def no_work(*args):
+        raise AssertionError("converted before the options were checked")
+    monkeypatch.setattr(realmodel, "convert", no_work)
+    assert realmodel.main(["--gguf", model, "--out", str(out)]) == 2
+    assert lines_of(capsys.readouterr().err) == [
+        f"error: --out: {out} holds files a conversion does not write (notes.txt); nothing written: give an empty "
+        "or new folder (--overwrite replaces a folder with what it holds)"]
+    assert files_of(out) == {"notes.txt": b"mine"}
+    (tmp_path / "new.old").mkdir()
+    (tmp_path / "new.old" / "a.txt").write_text("kept")
+    assert realmodel.main(["--gguf", model, "--out", str(tmp_path / "new")]) == 2
+    assert lines_of(capsys.readouterr().err)[0].startswith(f"error: --out: {tmp_path / 'new.old'} holds files a "
+                                                           "conversion does not write (a.txt)")
+    assert realmodel.main(["--gguf", model, "--out", model]) == 2
+    assert lines_of(capsys.readouterr().err) == [f"error: --out: {model} is a file, not a folder; nothing written: "
+                                                 "give an empty or new folder"]
+    assert realmodel.main(["--gguf", model, "--out", ""]) == 2
+    assert lines_of(capsys.readouterr().err) == ["error: --out is empty: give a folder for the converted model"]
+    assert realmodel.main(["--gguf", model, "--overwrite"]) == 2
+    assert lines_of(capsys.readouterr().err)[0].startswith("error: --overwrite replaces an --out folder: give --out")
+    monkeypatch.setattr(realmodel, "convert", real_convert)
+    assert realmodel.main(["--gguf", model, "--out", str(out), "--overwrite"]) == 0
+    assert capsys.readouterr().out == f"{out}\n"
+    first = files_of(out)
+    assert sorted(first) == ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                             "tokenizer_config.json"]
+    assert realmodel.main(["--gguf", model, "--out", str(out)]) == 0        # a conversion there: replaced
+    assert files_of(out) == first and sorted(os.listdir(tmp_path)) == ["new.old", "out", "tiny.gguf"]
+
+
+def test_a_gguf_file_missing_a_weight_is_refused_naming_it(tmp_path, capsys):
+    model = tiny_gguf(tmp_path / "holed.gguf", drop=("blk.0.ffn_up.weight",))
+    assert realmodel.main(["--gguf", model, "--out", str(tmp_path / "out")]) == 2
+    assert lines_of(capsys.readouterr().err) == [
+        f"error: the GGUF file {model} lacks the weight model.layers.0.mlp.up_proj.weight: the model needs it; "
+        "nothing written"]
+    assert sorted(os.listdir(tmp_path)) == ["holed.gguf"]
+
+
+def test_the_cache_is_in_envace_cache_and_a_damaged_one_is_converted_again(tmp_path, capsys, monkeypatch):
+    """$ENVACE_CACHE holds the converted folder. A cached folder with its weights truncated or its
+    config.json missing is converted again, with one warning line naming the file (before: a
+    truncated one was trusted, and failed to load later); one that also holds a file of the user's
+    is refused, naming the folder and the file, the file kept."""
+    model = tiny_gguf(tmp_path / "tiny.gguf")
+    monkeypatch.setenv("ENVACE_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "tiny"
+    assert realmodel.local_folder(realmodel.PREFIX + model) == str(folder)
+    assert lines_of(capsys.readouterr().err) == [f"converting {model} to a Hugging Face folder in {folder} (once)"]
+    first = files_of(folder)
+    assert realmodel.local_folder(realmodel.PREFIX + model) == str(folder)          # whole: loaded as it is
+    assert lines_of(capsys.readouterr().err) == [] and files_of(folder) == first
+    weights = folder / "model.safetensors"
+    weights.write_bytes(first["model.safetensors"][:-100])
+    assert realmodel.local_folder(realmodel.PREFIX + model) == str(folder)
+    (line,) = lines_of(capsys.readouterr().err)
+    assert line.startswith(f"warning: the cached conversion in {folder} is not whole ({weights} is truncated or "
+                           "corrupt") and line.endswith(f"converting {model} again")
+    assert files_of(folder) == first
+    (folder / "config.json").unlink()
+    assert realmodel.local_folder(realmodel.PREFIX + model) == str(folder)
+    assert lines_of(capsys.readouterr().err) == [
+        f"warning: the cached conversion in {folder} is not whole ({folder / 'config.json'} is missing): "
+        f"converting {model} again"]
+    assert files_of(folder) == first
+    (folder / "config.json").unlink()
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(realmodel.ModelFileError, match=(
+            rf"^the cached conversion {re.escape(str(folder))} cannot be converted again: {re.escape(str(folder))} "
+            r"holds files a conversion does not write \(notes\.txt\); move it away$")):
+        realmodel.local_folder(realmodel.PREFIX + model)
+    assert (folder / "notes.txt").read_text() == "mine" and "config.json" not in os.listdir(folder)
+    assert sorted(os.listdir(tmp_path / "cache")) == ["tiny"]
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("moment", ["before the swap", "between the renames", "no earlier folder"])
+def test_a_signal_during_the_conversion_leaves_no_temporary_folder_and_the_earlier_one_whole(
+        tmp_path, capsys, monkeypatch, signum, moment, sigterm_guard):
+    """Ctrl-C / SIGTERM as the converted folder is put in place (OUT.tmp complete; or the earlier
+    folder moved to OUT.old, the new one not yet renamed): one line, exit 130, no OUT.tmp or OUT.old,
+    an earlier conversion byte for byte as it was (before: SIGTERM killed it, leaving OUT.tmp, and
+    the earlier folder was already deleted)."""
+    import signal
+    model = tiny_gguf(tmp_path / "tiny.gguf")
+    out = tmp_path / "out"
+    if moment != "no earlier folder":
+        assert realmodel.main(["--gguf", model, "--out", str(out)]) == 0
+        (out / "config.json").write_text((out / "config.json").read_text() + " ")     # to tell it from a new one
+    earlier = files_of(out) if out.exists() else None
+    capsys.readouterr()
+    real_replace, sent = os.replace, []
+
+    def replace(src, dst):               # the signal once, at save_checkpoint's first rename onto out or OUT.old
+        swap = not sent and os.fspath(dst) in (str(out), str(out) + ".old")
+        if swap:
+            sent.append(signum)
+        if swap and moment != "between the renames":
+            os.kill(os.getpid(), getattr(signal, signum))
+        real_replace(src, dst)
+        if swap and moment == "between the renames":
+            os.kill(os.getpid(), getattr(signal, signum))
+    monkeypatch.setattr(os, "replace", replace)
+    assert realmodel.main(["--gguf", model, "--out", str(out)]) == 130
+    monkeypatch.undo()
+    assert sent == [signum]
+    kept = f"{out} is as it was" if earlier else "nothing written"
+    assert lines_of(capsys.readouterr().err) == [f"interrupted: {kept}, no temporary folder left"]
+    assert sorted(os.listdir(tmp_path)) == (["out", "tiny.gguf"] if earlier else ["tiny.gguf"])
+    assert earlier is None or files_of(out) == earlier
 
 
 def test_its_own_template_ignores_tools_and_is_refused_naming_the_key(smollm2):

@@ -15,7 +15,7 @@ import yaml
 
 import train
 from machinery.checkpoint import find_checkpoint, save_checkpoint
-from helpers import fork_process, read_log, tiny_cfg, tiny_llama, toy_tokenizer, wait_process
+from helpers import fork_process, read_log, run_ranks, tiny_cfg, tiny_llama, toy_tokenizer, wait_process
 
 TIMING = ("time_sample", "time_logprobs", "time_update", "time_step", "tok_per_s")
 
@@ -203,10 +203,8 @@ def test_two_rank_run_stopped_and_resumed_matches_the_uninterrupted_one(tmp_path
     0's, or a fresh one, samples other episodes). The resumed run writes the same metrics as the
     uninterrupted one (both ranks' episodes), the same weights and the same RNG states: the same
     operations in the same order on one machine, so equal exactly, as in the one-process test."""
-    import torch.multiprocessing as mp
-    # fork: the ranks start with the modules already imported (spawn would import torch anew)
-    mp.start_processes(_two_rank_runs, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True,
-                       start_method="fork")
+    # forked: the ranks start with the modules already imported (spawn would import torch anew)
+    run_ranks(_two_rank_runs, (2, str(tmp_path / "init"), str(tmp_path)), tmp_path, timeout=180)
     whole, part = ({"out_dir": str(tmp_path / name / "run")} for name in ("whole", "part"))
     expected, got = metrics(whole), metrics(part)
     assert [m["step"] for m in got] == [1, 2]
@@ -220,3 +218,118 @@ def test_two_rank_run_stopped_and_resumed_matches_the_uninterrupted_one(tmp_path
     for s, t in zip(*(state["rngs"] for state in states)):
         assert torch.equal(s["generator"], t["generator"]) and torch.equal(s["torch"], t["torch"])
     assert not torch.equal(states[0]["rngs"][0]["generator"], states[0]["rngs"][1]["generator"])
+
+
+def count_rl_passes(monkeypatch, signal_at=None, signum=signal.SIGTERM):
+    """Per RL step, what ran: {"tokens": the sampler's sampled positions, "epochs": per PPO epoch
+    [forwards, micro-batches]} (hooks on format_plain.rl_sample, rollout.sample_token,
+    train.accumulate_gradients, train.in_step and train.token_logprobs). `signal_at` (step, what,
+    n): this process gets `signum` at that step's n-th sampled position (what "token") or the
+    first forward of its n-th epoch (what "epoch"), before it runs."""
+    import rollout
+    steps, inside = [], set()
+
+    def wrap(module, name, before, during=None):
+        original = getattr(module, name)
+
+        def wrapped(*a, **k):
+            before(*a, **k)
+            if during:
+                inside.add(during)
+            try:
+                return original(*a, **k)
+            finally:
+                inside.discard(during)
+        monkeypatch.setattr(module, name, wrapped)
+
+    def maybe_signal(what, n):
+        if signal_at == (len(steps), what, n):
+            os.kill(os.getpid(), signum)
+
+    def token(*a, **k):
+        if "sampling" in inside:            # (not the evaluations' sampling)
+            steps[-1]["tokens"] += 1
+            maybe_signal("token", steps[-1]["tokens"])
+
+    def forward(*a, **k):
+        if k.get("with_entropy"):           # accumulate_gradients' forwards (not the warm start's)
+            steps[-1]["epochs"][-1][0] += 1
+            if steps[-1]["epochs"][-1][0] == 1:
+                maybe_signal("epoch", len(steps[-1]["epochs"]))
+
+    def micro_batches(batches, lengths, model):
+        if "update" in inside:
+            steps[-1]["epochs"][-1][1] = len(batches)
+    wrap(format_plain, "rl_sample", lambda *a, **k: steps.append({"tokens": 0, "epochs": []}), "sampling")
+    wrap(rollout, "sample_token", token)
+    wrap(train, "accumulate_gradients", lambda *a, **k: steps[-1]["epochs"].append([0, 0]), "update")
+    wrap(train, "in_step", micro_batches)
+    wrap(train, "token_logprobs", forward)
+    return steps
+
+
+def saved_rngs_and_weights(cfg):
+    state = torch.load(os.path.join(cfg["out_dir"], "ckpt", "trainer_state.pt"), weights_only=False)
+    return state, checkpoint.load_policy(os.path.join(cfg["out_dir"], "ckpt"))[0].state_dict()
+
+
+@pytest.mark.parametrize("where", ["sampling", "update", "second epoch", "evaluation"])
+def test_a_signal_inside_an_rl_step_stops_it_at_once_and_resume_is_exact(tmp_path, monkeypatch, capsys, where):
+    """A real model's RL step is minutes of sampled positions and micro-batches. A signal during
+    step 2 (its first sampled position; the first micro-batch of its update; of its second PPO
+    epoch, the first applied) stops it there: its other positions / micro-batches never run
+    (counted), the step is dropped (weights, optimizer and RNGs as step 1 left them) and step 1
+    is saved, exit 0, one line. A signal during the evaluation after step 2 (eval_every) stops
+    it at once: step 2 is saved, its evaluation and metrics line left to --resume. Either way
+    --resume then writes exactly the metrics, weights and RNG states of the run never stopped
+    (before, the signal waited for the step's end: minutes)."""
+    parity_reward(monkeypatch)
+    kw = dict(rl_steps=3, kl_coef=0.05, ppo_epochs=2 if where == "second epoch" else 1, micro_batch_tokens=60,
+              save_every=0, eval_every=1, n_test=4)
+    whole = tiny_cfg(tmp_path / "whole", **kw)
+    with monkeypatch.context() as m:
+        ran = count_rl_passes(m)
+        assert train.run(whole) == 0
+    assert [m["status"] for m in metrics(whole)] == ["updated"] * 3
+    tokens, epochs = ran[1]["tokens"], ran[1]["epochs"]      # step 2, never stopped
+    micro = epochs[0][1]
+    assert tokens >= 5 and micro >= 3 and epochs == [[micro, micro]] * kw["ppo_epochs"]
+
+    cfg = tiny_cfg(tmp_path / "part", **kw)
+    path = tmp_path / "part.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = cfg["out_dir"]
+    with monkeypatch.context() as m:
+        if where == "evaluation":
+            from machinery import metrics as metrics_module
+            from test_interrupts import signal_on_call
+            ran = count_rl_passes(m)
+            signal_on_call(m, metrics_module, "evaluate", call=3, signum=signal.SIGTERM)  # warm start's, steps 1, 2
+        else:
+            ran = count_rl_passes(m, {"sampling": (2, "token", 1), "update": (2, "epoch", 1),
+                                      "second epoch": (2, "epoch", 2)}[where])
+        capsys.readouterr()
+        assert train.main(["--config", str(path)]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("interrupted")]
+    saved = 2 if where == "evaluation" else 1
+    assert said == [f"interrupted during the evaluation after step 2 (--resume redoes it): checkpoint of step 2 "
+                    f"saved in {out}/ckpt. Resume with:" if where == "evaluation" else
+                    f"interrupted during RL step 2 (dropped: --resume redoes it): checkpoint of step 1 saved in "
+                    f"{out}/ckpt. Resume with:"], said
+    assert len(ran) == 2
+    assert ran[1] == {"sampling": {"tokens": 1, "epochs": []},
+                      "update": {"tokens": tokens, "epochs": [[1, micro]]},
+                      "second epoch": {"tokens": tokens, "epochs": [[micro, micro], [1, micro]]},
+                      "evaluation": {"tokens": tokens, "epochs": [[micro, micro]]}}[where]
+    assert sorted(os.listdir(out)) == ["ckpt", "config.yaml", "metrics.jsonl", "warmstart"]   # no .tmp, no .old
+    state = torch.load(os.path.join(out, "ckpt", "trainer_state.pt"), weights_only=False)
+    assert state["step"] == saved and metrics(cfg) == metrics(whole)[:1]
+
+    assert train.main(["--config", str(path), "--resume"]) == 0
+    assert metrics(cfg) == metrics(whole)
+    (a, a_weights), (b, b_weights) = (saved_rngs_and_weights(c) for c in (whole, cfg))
+    assert a["step"] == b["step"] == 3 and a["progress"] == b["progress"]
+    assert all(torch.equal(a_weights[k], b_weights[k]) for k in a_weights)
+    assert all(torch.equal(a["rngs"][0][k], b["rngs"][0][k]) for k in ("torch", "generator"))
+    assert a["rngs"][0]["python"] == b["rngs"][0]["python"] and a["task_rng"] == b["task_rng"]
+    assert json.load(open(os.path.join(whole["out_dir"], "eval.json"))) == json.load(open(os.path.join(out, "eval.json")))

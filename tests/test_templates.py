@@ -189,6 +189,38 @@ def test_strict_parsing_in_each_call_form(case):
     assert fmt["args_key"] == ("parameters" if case == "llama3" else "arguments")
 
 
+# answers holding brackets or starting with '{' (no word of the call wrapper in them)
+BRACKETED_ANSWERS = ["It costs [4].", "[4]", "[4, 5] coins", "4 ] [", "see [TOOL] and [CALLS]", '{"total": 4}', "{4}",
+                     '{"name": "pay", "arguments": {"amount": 3}} is what I would call']
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_answers_with_brackets_or_braces_are_answers_and_calls_with_them_are_calls(case):
+    """An answer is what holds no word of the template's call wrapper: Mistral's '[TOOL_CALLS] ['
+    is a call by its first word only (its '[' alone is any answer's bracket), Hermes' by
+    '<tool_call>' (a JSON-looking answer is an answer there). Only a template with no wrapper
+    (Llama's bare object) reads a leading '{' as a call, which is then malformed here. A call
+    whose strings hold brackets and braces is still read whole. Mutations: the wrapper's last
+    word in place of its first (Mistral's '['), the leading-'{' rule for every template."""
+    tok, tags = setup(case)
+    fmt = tags["format"]
+    for text in BRACKETED_ANSWERS:
+        got = chat.read_act(fmt["answer_pre"] + text, SCHEMAS, fmt)
+        bare_object = case == "llama3" and text.startswith("{")
+        assert got == (("bad_call_json", got[1]) if bare_object else ("answer", text)), text
+    noted = {"name": "pay", "arguments": {"amount": 3, "note": "] [TOOL] {4} [4"}}
+    assert chat.read_act(chat.format_call(noted, fmt), SCHEMAS, fmt) == ("call", json.dumps(noted))
+    assert chat.read_act(chat.format_call(noted, fmt) + " [4]", SCHEMAS, fmt)[0] == "bad_call_json"
+    obj = json.dumps({fmt["name_key"]: "pay", fmt["args_key"]: {"amount": 3}})
+    if case != "llama3":          # the wrapper holding a list in place of the call's object
+        cause, problem = chat.read_act(chat.format_call(PAY3, fmt).replace(obj, "[4]"), SCHEMAS, fmt)
+        assert (cause, problem.split(" '")[0]) == ("bad_call_json", "expected the template's call form")
+    if case == "mistral":         # the call as the template renders it: the marker token, then the list
+        assert chat.format_call(PAY3, fmt) == '[TOOL_CALLS] [{"name": "pay", "arguments": {"amount": 3}}]'
+        assert chat.read_act('[TOOL_CALLS][ {"name": "pay", "arguments": {"amount": 3}} ]', SCHEMAS, fmt) == \
+            ("call", json.dumps(PAY3))
+
+
 def test_derived_call_forms():
     forms = {case: chat.templates.format_calls([PAY3, {"name": "pay", "arguments": {}}], setup(case)[1]["format"])
              for case in ("hermes", "qwen2_newline", "mistral")}

@@ -372,5 +372,6 @@ def test_the_report_cli_names_a_missing_run_in_one_line(tmp_path):
     import sys
     for args in ([], ["--failures", str(tmp_path / "nope")]):
         p = subprocess.run([sys.executable, "-m", "experiments.uncertain_report", *args], capture_output=True, text=True,
+                           timeout=120,
                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stderr.startswith("error: "), p.stderr

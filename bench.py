@@ -11,7 +11,7 @@ Three workloads, each timed side by side in one run on the same model, prompts a
   chat  BFCL scale: 16 tasks x 4 samples of the toy tasks in the chat format (chat.toy_task_line,
         env toy, executed for real), their tools padded with extra tool schemas to ~2k prompt
         tokens, a random Qwen2 (CPU: 2 layers, width 64; --device cuda: Qwen3-1.7B's shape and
-        vocabulary) and the Hermes-style chat template of tests/helpers.py. Random weights write
+        vocabulary) and the Hermes-style chat template of chat/toytokenizer.py. Random weights write
         no valid JSON call, so the tasks' gold calls are forced as plans (rollout.py `plans`) in
         every sampler and baseline: the actor's calls are forced, the rest is sampled.
   smollm2  the update only, on the real SmolLM2-135M-Instruct (machinery/realmodel.py): 8 tasks x 4
@@ -47,14 +47,16 @@ import torch
 from chat import format as chat
 from chat import setup as chat_setup
 from chat import tasks as chat_tasks
+from chat.toytokenizer import chat_tokenizer
 import world
 from machinery.checkpoint import build_tokenizer, damaged_file, file_in_the_way, load_policy, write_file
 from machinery.config import DEFAULTS, ArgumentParser, ConfigError
 from machinery.faults import StopRequest
 from machinery.realmodel import ModelFileError, gguf_file
 from machinery.distributed import memory_estimate
-from envace import ACT, PROMPT, TAG, batch_logprobs, encode, first_target, tag_ids, token_logprobs
-from rollout import _append, new_row, sample_episodes
+from envace import ACT, PROMPT, TAG, encode, first_target, tag_ids
+from machinery.sharedprefix import batch_logprobs, token_logprobs
+from rollout import append_token, new_row, sample_episodes
 from rehearsal.separate import SEPARATE_WORDS, sample_separate
 from train import accumulate_gradients, make_batch, rl_step
 
@@ -127,7 +129,7 @@ def new_tokens(episodes):
 @torch.no_grad()
 def generate_episodes(model, tokenizer, prompts, env_mode, cfg, seed, world=world, tags=None, plans=None):
     """The same kind of episodes built with transformers' generate, one call per segment (peers'
-    way): rows are advanced by our state machine (rollout._append), forced ids appended without a
+    way): rows are advanced by our state machine (rollout.append_token), forced ids appended without a
     model call; each act segment is one generate call stopped at the act stop, each rehearsal one
     stopped at the env stop, re-feeding the whole context each call."""
     torch.manual_seed(seed)
@@ -146,7 +148,7 @@ def generate_episodes(model, tokenizer, prompts, env_mode, cfg, seed, world=worl
                                    ("env", tags["env_end"], cfg["max_env_tokens"])):
             for r in rows:                           # forced ids first: no model call
                 while r["forced"] and r["phase"] != "done":
-                    _append(r, None, 0.0, env_mode, tags, tokenizer, limits)
+                    append_token(r, None, 0.0, env_mode, tags, tokenizer, limits)
             group = [r for r in rows if r["phase"] == phase]
             if not group:
                 continue
@@ -160,7 +162,7 @@ def generate_episodes(model, tokenizer, prompts, env_mode, cfg, seed, world=worl
                                  eos_token_id=stop, pad_token_id=tags["pad"])
             for r, seq in zip(group, out[:, width:].tolist()):
                 for tok in seq:                      # until the state machine ends the segment
-                    _append(r, tok, 0.0, env_mode, tags, tokenizer, limits)
+                    append_token(r, tok, 0.0, env_mode, tags, tokenizer, limits)
                     if r["phase"] != phase or r["forced"] or tok == stop:
                         break
                 else:
@@ -255,7 +257,8 @@ def update_sharing(model, episodes, cfg, group_size, pad_id, args):
     batch = make_batch(episodes, rewards, [i // group_size for i in range(len(episodes))], cfg, pad_id)
     batch["n_tokens"] = max(batch["n_tokens"], 1)
     device = args.device
-    old = batch_logprobs(model, batch["ids"].to(device), batch["lengths"], cfg, batch["mask"].to(device))
+    old = batch_logprobs(model, batch["ids"].to(device), batch["lengths"], batch["mask"].to(device), cfg["temperature"],
+                         cfg["micro_batch_tokens"], share_prefix=cfg["share_prefix"])
     model.train()
 
     def update(share):
@@ -319,7 +322,6 @@ def padding_tools(n):
 
 def chat_workload(args):
     """BFCL scale: toy tasks in the chat format with ~2k-token prompts of tool schemas, 16 x 4."""
-    from tests.helpers import chat_tokenizer
     tokenizer = chat_tokenizer()
     cuda = args.device.startswith("cuda")
     if args.size in ("1.7b", "qwen3-tiny"):       # the GPU script's model; qwen3-tiny: its CPU test
@@ -331,7 +333,7 @@ def chat_workload(args):
         model = Qwen3ForCausalLM(Qwen3Config(**shape, max_position_embeddings=8192,
                                              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id))
         name = f"random Qwen3 ({'1.7B' if args.size == '1.7b' else 'tiny'} shape, vocab {shape['vocab_size']})"
-    else:                         # tests/helpers.py's tiny Qwen2, with room for long prompts
+    else:                         # the tests' tiny Qwen2 (tiny_qwen), with room for long prompts
         from transformers import Qwen2Config, Qwen2ForCausalLM
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,

@@ -39,11 +39,6 @@ mask[8] = 0. The same episode's advantage A sits on every position whose mask is
 """
 import torch
 import torch.nn.functional as F
-from torch.distributed.fsdp import FSDPModule
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.checkpoint import checkpoint
-from transformers import DynamicCache, PreTrainedModel
-from transformers.modeling_layers import GradientCheckpointingLayer
 
 PROMPT, ACT, REHEARSE, OBS, TAG, PAD = range(6)
 ROLE_NAMES = ["prompt", "act", "rehearse", "obs", "tag", "pad"]
@@ -150,7 +145,7 @@ def padded_fraction(lengths, batches):
     return 1 - sum(lengths[i] for b in batches for i in b) / computed
 
 
-def token_logprobs(model, ids, temperature=1.0, with_entropy=False, start=0, prefix=0):
+def token_logprobs(model, ids, temperature=1.0, with_entropy=False, start=0):
     """Paper, the policy's logprobs (old, new, reference): of every target token ids[:, 1:] under
     the model at `temperature`, in fp32.
     Rows are right-padded, so no attention mask is needed: with causal attention a real token
@@ -158,163 +153,20 @@ def token_logprobs(model, ids, temperature=1.0, with_entropy=False, start=0, pre
     start: the first target position wanted (`first_target`); the LM head, the softmax and the
     gather run only from there on (on a 2k-token prompt of tool schemas that is most of a chat
     row's logits), and positions before it are 0.
-    prefix: the number of leading ids every row holds alike (`shared_prefix_length`): they run
-    once, as one row, and the rows' suffixes run on its keys and values (`shared_prefix_forward`);
-    0, or a model `can_share_prefix` refuses, runs every row whole.
-    A transformers model (one with an LM head, `lean_head`) takes the hidden states and applies the
-    head in chunks of positions (`head_logprobs`): the full-vocabulary logits are never held for
-    every position at once, in forward or backward. Other models (tests' fakes) take the plain
-    path: their logits, cut with `logits_to_keep` where start > 0."""
-    inner = model.module if isinstance(model, DDP) else model
-    head = lean_head(inner)
+    This is the plain path: the model's logits, cut with `logits_to_keep` where start > 0, whole
+    for every position at once. train.py takes the same numbers in less memory (a prefix every row
+    shares run once, the LM head in chunks of positions) from machinery/sharedprefix.py's
+    token_logprobs."""
     L = ids.shape[1]
-    if head is None:
-        keep = L - start                          # positions start .. L-1; the last one predicts nothing
-        cut = {"logits_to_keep": keep} if start else {}    # (a test's fake model may not take the key)
-        logits = model(input_ids=ids, use_cache=False, **cut).logits
-        logits = logits[:, -keep:-1].float() / temperature              # no KV cache to build
-        logp = F.log_softmax(logits, dim=-1)
-        target_logp = F.pad(logp.gather(-1, ids[:, start + 1:, None]).squeeze(-1), (start, 0))
-        if not with_entropy:
-            return target_logp
-        return target_logp, F.pad(-(logp.exp() * logp).sum(-1), (start, 0))
-    if prefix and can_share_prefix(inner):
-        pieces = shared_prefix_forward(model, ids, prefix)
-    else:
-        pieces = [(0, final_hidden(model, ids, use_cache=False))]
-    outputs = []
-    for first, hidden in pieces:                  # hidden [1 or B, n, H] of positions first .. first + n - 1
-        lo, hi = max(start, first), min(first + hidden.shape[1], L - 1)
-        if lo < hi:
-            outputs.append(head_logprobs(hidden[:, lo - first:hi - first], head, ids[:, lo + 1:hi + 1],
-                                         temperature, with_entropy))
-    target_logp = F.pad(torch.cat([o[0] for o in outputs], 1), (start, 0))
+    keep = L - start                          # positions start .. L-1; the last one predicts nothing
+    cut = {"logits_to_keep": keep} if start else {}    # (a test's fake model may not take the key)
+    logits = model(input_ids=ids, use_cache=False, **cut).logits
+    logits = logits[:, -keep:-1].float() / temperature              # no KV cache to build
+    logp = F.log_softmax(logits, dim=-1)
+    target_logp = F.pad(logp.gather(-1, ids[:, start + 1:, None]).squeeze(-1), (start, 0))
     if not with_entropy:
         return target_logp
-    return target_logp, F.pad(torch.cat([o[1] for o in outputs], 1), (start, 0))
-
-
-MIN_SHARED_PREFIX = 2      # tokens; a shorter common prefix (a lone <bos>) is not worth a second forward
-
-
-def shared_prefix_length(ids, lengths):
-    """The number of leading ids all rows of `ids` [B, L] hold alike, within every row's real tokens
-    (`lengths`) and leaving each row at least one of them after it; 0 for one row or when it is
-    shorter than MIN_SHARED_PREFIX. Rows [a b c d] and [a b c e]: 3; [a b] and [a b c]: 1 -> 0."""
-    if ids.shape[0] < 2:
-        return 0
-    same = (ids == ids[:1]).all(0).int()          # [L]: position t holds one id in every row
-    n = min(int(same.cumprod(0).sum()), min(lengths) - 1)
-    return n if n >= MIN_SHARED_PREFIX else 0
-
-
-def can_share_prefix(model):
-    """Whether token_logprobs may run a shared prefix once for `model` (unwrapped from DDP).
-    Not under FSDP: a second forward of every sharded layer before one backward would gather its
-    weights and register its gradient reduce-scatter twice, which is not tested here.
-    Under gradient checkpointing with gradients, only when every checkpointed layer keeps its cache
-    (`keep_cache_when_checkpointing`): transformers otherwise passes `cache=None` to a checkpointed
-    layer, and the suffix would run without the prefix."""
-    if isinstance(model, FSDPModule):
-        return False
-    if not (model.training and torch.is_grad_enabled()):
-        return True
-    return all(m._can_checkpoint_with_cache for m in model.modules()
-               if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing)
-
-
-def keep_cache_when_checkpointing(model):
-    """Let the checkpointed decoder layers of a transformers model keep the cache they are passed,
-    so that a shared prefix runs once under gradient checkpointing too. Safe because the only
-    caches a training forward passes are the shared-prefix ones (`RecordingCache`,
-    `ReadOnlyCache`), which never change what a layer already holds: the recompute in backward
-    reads the same keys and values as the forward did. (Sampling runs without gradients, where
-    nothing is checkpointed.)"""
-    for m in model.modules():
-        if isinstance(m, GradientCheckpointingLayer):
-            m._can_checkpoint_with_cache = True
-
-
-def lean_head(model):
-    """The LM head (nn.Linear) whose output is the model's logits, or None: a model that is not a
-    transformers causal LM, or that scales or caps its logits after the head (Gemma 2's softcap,
-    Cohere's logit_scale), which token_logprobs' chunked head would not do."""
-    if not isinstance(model, PreTrainedModel):
-        return None
-    head = model.get_output_embeddings()
-    changes_logits = any(getattr(model.config, k, None) not in (None, 1.0)
-                         for k in ("final_logit_softcapping", "logit_scale"))
-    return head if isinstance(head, torch.nn.Linear) and not changes_logits else None
-
-
-def final_hidden(model, ids, **kw):
-    """The last layer's hidden states after the final norm, [B, L, H], through `model`'s own forward
-    (a DDP wrapper's too). transformers returns them as the last of `hidden_states` (`[-1]`: no
-    other layer's is kept); the LM head runs on one position only (logits_to_keep=1), unused."""
-    return model(input_ids=ids, output_hidden_states=[-1], logits_to_keep=1, **kw).hidden_states[-1]
-
-
-def shared_prefix_forward(model, ids, prefix):
-    """[(0, hidden of the prefix [1, prefix, H]), (prefix, hidden of the suffixes [B, L - prefix, H])]:
-    ids[:, :prefix] (the same in every row) run once as one row; its keys and values, repeated for
-    the B rows (a differentiable copy: gradients flow back into the prefix pass), are the cache the
-    rows' suffixes run on, at positions prefix .. L-1.
-    Under DDP the prefix pass runs through the unwrapped module and the suffix pass through the
-    wrapper: one DDP forward per backward, as DDP expects; the gradients of both passes reach the
-    same parameters, whose hooks DDP's all-reduce rides on.
-    Both caches leave what a layer holds unchanged after the first pass (`RecordingCache`,
-    `ReadOnlyCache`), so a layer recomputed by gradient checkpointing reads the same keys and values."""
-    inner = model.module if isinstance(model, DDP) else model
-    B, L = ids.shape
-    recorded = RecordingCache(config=inner.config)
-    shared = final_hidden(inner, ids[:1, :prefix], cache=recorded, use_cache=True)
-    cache = ReadOnlyCache(config=inner.config, ddp_cache_data=[
-        (layer.keys.repeat_interleave(B, 0), layer.values.repeat_interleave(B, 0)) for layer in recorded.layers])
-    positions = torch.arange(prefix, L, device=ids.device)[None].expand(B, -1)
-    rest = final_hidden(model, ids[:, prefix:], cache=cache, use_cache=True, position_ids=positions)
-    return [(0, shared), (prefix, rest)]
-
-
-class RecordingCache(DynamicCache):
-    """The prefix pass's cache: a layer's first keys and values are kept; every call returns the
-    new ones as they are (the prefix attends to itself only), so a recomputed layer sees what the
-    first pass saw instead of the kept keys followed by its own again."""
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        if layer_idx >= len(self.layers) or not self.layers[layer_idx].is_initialized:
-            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
-        return key_states, value_states
-
-
-class ReadOnlyCache(DynamicCache):
-    """The suffix pass's cache: the prefix's keys and values (repeated for the rows), read and never
-    extended: every call returns them followed by the new ones, the same in a recompute."""
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        layer = self.layers[layer_idx]
-        return torch.cat([layer.keys, key_states], -2), torch.cat([layer.values, value_states], -2)
-
-
-LOGIT_CHUNK = 2 ** 24      # vocabulary entries of fp32 logits per chunk (64 MiB) in head_logprobs
-
-
-def head_logprobs(hidden, head, targets, temperature=1.0, with_entropy=False):
-    """The LM head, fp32 log-softmax and gather over hidden states [b, T, H] in chunks of
-    positions, each under torch.utils.checkpoint: backward recomputes a chunk's logits instead of
-    keeping them, so at most one chunk's logits exist at a time. b = 1 (a shared prefix: its
-    logits made once) or B; targets [B, T]. Returns (logprobs [B, T], entropy [B, T] or None)."""
-    B, T = targets.shape
-    step = max(1, LOGIT_CHUNK // (hidden.shape[0] * head.out_features))
-
-    def chunk(h, weight, bias, target):
-        logits = F.linear(h, weight, bias).float() / temperature
-        logp = F.log_softmax(logits, dim=-1)
-        target_logp = logp.expand(B, -1, -1).gather(-1, target[..., None]).squeeze(-1)
-        if not with_entropy:
-            return target_logp, None
-        return target_logp, (-(logp.exp() * logp).sum(-1)).expand(B, -1)
-    parts = [checkpoint(chunk, hidden[:, s:s + step], head.weight, head.bias, targets[:, s:s + step],
-                        use_reentrant=False)
-             for s in range(0, T, step)]
-    return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1) if with_entropy else None
+    return target_logp, F.pad(-(logp.exp() * logp).sum(-1), (start, 0))
 
 
 def first_target(mask):
@@ -372,19 +224,3 @@ def token_kl_coefs(roles, kl_coef, kl_rehearse_coef):
     # token_advantages with A = 1 per row puts each role's coefficient on its targets, with the
     # same shift by one as the advantages (target t+1 is predicted at position t)
     return token_advantages(roles, torch.ones(roles.shape[0]), kl_coef, kl_rehearse_coef)
-
-
-@torch.no_grad()
-def batch_logprobs(model, ids, lengths, cfg, mask=None):
-    """No-grad fp32 logprobs of every target [B, L-1], in length-grouped micro-batches; with a
-    [B, L-1] `mask`, only from each micro-batch's first masked target on (0 before it); with
-    `share_prefix`, a micro-batch's common prefix runs once."""
-    out = torch.zeros(ids.shape[0], ids.shape[1] - 1, device=ids.device)
-    for index in micro_batches(lengths, cfg["micro_batch_tokens"]):
-        rows = [lengths[i] for i in index]
-        n = max(rows)
-        index = torch.tensor(index, device=ids.device)
-        start = 0 if mask is None else first_target(mask[index, :n - 1])
-        prefix = shared_prefix_length(ids[index, :n], rows) if cfg["share_prefix"] else 0
-        out[index, :n - 1] = token_logprobs(model, ids[index, :n], cfg["temperature"], start=start, prefix=prefix)
-    return out

@@ -29,6 +29,14 @@ official grouping) gives the actor rows of a task one baseline and its rehearse 
 
 A mean is over rows, so an episode with more calls weighs more in its rehearse group. With
 inline rehearsal every row holds both roles and one reward, so the two groupings are the same.
+
+Dynamic sampling (max_sample_rounds > 1, train.sample_step) keeps a task's G episodes when their
+rewards vary (`varied_groups` over task ids), then only the row groups that vary. Every episode
+has an actor row, so a task varies exactly when its actor group (task_role) or its one group
+(task) does. Under task_role its rehearse group may still be all-equal, since only the episodes
+that made calls have rehearse rows: G = 3, a rewarded 1 (two calls), b 1 (one call), c 0 (no
+call): the actor rows (1, 1, 0) vary, the rehearse rows a.r1, a.r2, b.r1 (1, 1, 1) do not and
+are left out (their advantages would be 0).
 """
 from collections import Counter
 
@@ -48,15 +56,26 @@ def group_advantages(rewards, group_ids, scale_std=False, eps=1e-6):
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
     group_ids = torch.as_tensor(group_ids)
     adv = torch.zeros_like(rewards)
-    all_equal = 0
     for g in group_ids.unique():
         members = group_ids == g
         r = rewards[members]
         adv[members] = r - r.mean()
         if scale_std:
             adv[members] /= r.std(unbiased=False) + eps
-        all_equal += int(bool((r == r[0]).all()))
-    return adv, all_equal
+    return adv, len(group_ids.unique()) - len(varied_groups(rewards, group_ids))
+
+
+def varied_groups(rewards, group_ids):
+    """The ids of the groups whose rewards are not all equal (compared as float32, as the
+    advantages are): the groups with a signal; every other group's advantages are all 0."""
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    group_ids = torch.as_tensor(group_ids)
+    varied = set()
+    for g in group_ids.unique():
+        r = rewards[group_ids == g]
+        if not bool((r == r[0]).all()):
+            varied.add(int(g))
+    return varied
 
 
 def training_rows(episodes, rewards, task_ids, advantage_groups="task_role"):

@@ -187,18 +187,18 @@ def _save_paused(row, decoder, j, unfed):
 
 
 def _append_run(row, sampled, logp, env_mode, tags, tokenizer, limits):
-    """This step's run of one row: its token (`_append`), then every forced id queued behind it
+    """This step's run of one row: its token (`append_token`), then every forced id queued behind it
     (a hand-off, a planned call, a real observation), which need no sampling and so go to the
     cache in the same forward. Returns the ids to feed ([] for a finished row)."""
     if row["phase"] == "done":
         return []
-    run = [_append(row, sampled, logp, env_mode, tags, tokenizer, limits)]
+    run = [append_token(row, sampled, logp, env_mode, tags, tokenizer, limits)]
     while row["forced"] and row["phase"] != "done":
-        run.append(_append(row, None, 0.0, env_mode, tags, tokenizer, limits))
+        run.append(append_token(row, None, 0.0, env_mode, tags, tokenizer, limits))
     return run
 
 
-def _append(row, sampled, logp, env_mode, tags, tokenizer, limits):
+def append_token(row, sampled, logp, env_mode, tags, tokenizer, limits):
     """Append this step's token to one row: the next forced id if the row has one queued (a
     hand-off tag, a planned call, a real observation), else the sampled one, with its role and
     logprob (0 for what the policy did not sample). Returns the token fed to the cache."""

@@ -21,6 +21,8 @@ One run, top to bottom (`run`):
      `env_mode` rehearse (the policy plays the world; nothing is executed), real or frozen;
      rewards task success (reward.py), A = R - mean(group), and makes one hand-written clipped
      policy-gradient update on ACT and REHEARSE tokens (`rl_step`, envace.clipped_pg_loss).
+     `max_sample_rounds` > 1 is DAPO's dynamic sampling (`sample_step`): more rounds of tasks until
+     tasks_per_step groups with reward variance are found, the update on those only.
   5. Save (save_pretrained) and evaluate in the real world; print before/after.
 Only rank 0 prints, evaluates and saves. Ctrl-C or SIGTERM during RL drops the step not yet applied
 (at its next micro-batch or sampled token), saves the step before and exits 0 (`--resume` continues
@@ -31,7 +33,7 @@ Simplified against the paper / official code: inline rehearsal by default (one r
 roles; `rehearsal_context: separate`, rehearsal/separate.py, gives each rehearsal its own row and prompt);
 a toy world with exact-match success instead of a judge (`format: chat`, chat/format.py, runs a real
 chat model on JSONL tool tasks); one optimizer step per batch (`ppo_epochs` > 1 makes the clip
-bite); no dynamic sampling (steps whose groups all have equal rewards are skipped and counted).
+bite); by default no dynamic sampling (steps whose groups all have equal rewards are skipped and counted).
 """
 import functools
 import json
@@ -53,17 +55,17 @@ from machinery.checkpoint import (build_policy, check_out_dir, reference_model, 
 from machinery.config import check_lengths, check_splits, command_line, load_config
 from machinery.distributed import (adamw, all_sum, autocast, from_rank0, gathered, in_step, memory_estimate,
                          memory_line, parallel_model, reuse_sampler_logprobs, setup_distributed)
-from envace import (ACT, OBS, REHEARSE, NonFiniteError, batch_logprobs, clipped_pg_loss, collate, first_target,
-                    loss_mask, micro_batches, padded_fraction, shared_prefix_length, token_advantages, token_kl_coefs,
-                    token_logprobs)
+from envace import (ACT, OBS, PROMPT, REHEARSE, NonFiniteError, clipped_pg_loss, collate, first_target, loss_mask,
+                    micro_batches, padded_fraction, token_advantages, token_kl_coefs)
+from machinery.sharedprefix import batch_logprobs, shared_prefix_length, token_logprobs
 from evaluate import summary
 from machinery.faults import (Interrupted, StepAbandoned, StopRequest, exit_status, interrupted_line, nonfinite,
                     restore_snapshot, rl_stop_line, signalled, stop_if_signalled, training_snapshot,
                     unless_signalled)
 from rehearsal.honesty import fidelity_gate
 from machinery.metrics import (add_micro_batch, episode_sums, eval_during_rl, final_report, real_world_eval, role_sums,
-                     start_metrics, step_record)
-from reward import group_advantages, training_rows
+                     rl_updates, start_metrics, step_record)
+from reward import group_advantages, training_rows, varied_groups
 
 hf_logging.disable_progress_bar()     # transformers' save/load bars: keep the terminal for ours
 
@@ -227,11 +229,13 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
             old = batch["sampled_logprobs"].to(device)
         else:               # the sampling policy's logprobs recomputed: same weights, fp32 softmax
             with gathered(model):
-                old = batch_logprobs(model, ids, batch["lengths"], cfg, batch["mask"].to(device))
+                old = batch_logprobs(model, ids, batch["lengths"], batch["mask"].to(device), cfg["temperature"],
+                                     cfg["micro_batch_tokens"], share_prefix=cfg["share_prefix"])
             stop_if_signalled(stop, StepAbandoned)
         with gathered(reference):
-            ref = None if reference is None else batch_logprobs(reference, ids, batch["lengths"], cfg,
-                                                                batch["mask"].to(device))
+            ref = None if reference is None else batch_logprobs(
+                reference, ids, batch["lengths"], batch["mask"].to(device), cfg["temperature"],
+                cfg["micro_batch_tokens"], share_prefix=cfg["share_prefix"])
     sums["time_logprobs"] = time.time() - t0
     t0 = time.time()
     model.train()
@@ -260,6 +264,93 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
     sums["grad_norm"] = float(grad_norm) / world_size    # the same on every rank: sums to it once
     sums["time_update"] = time.time() - t0
     return sums, status
+
+
+# ----------------------------------------------------------------------------- a step's episodes
+
+def sample_round(fmt, setting, model, tokenizer, tasks, cfg, simulator, generator, amp, stop):
+    """This rank's `tasks` x group_size episodes (fmt.rl_sample: env_mode's world) and their rewards:
+    (episodes, rewards, each episode's task). A signal caught by `stop` during the sampling (the
+    sampler's StepAbandoned on this rank) is agreed on by every rank just after: StepAbandoned."""
+    episode_tasks = [t for t in tasks for _ in range(cfg["group_size"])]
+    prompts, worlds, tags = fmt.inputs(setting, tasks, cfg["group_size"])      # one per episode
+    try:
+        with amp, gathered(model), gathered(simulator):
+            episodes = fmt.rl_sample(setting, model, tokenizer, prompts, worlds, tags, simulator, generator)
+    except StepAbandoned:       # the sampler saw this rank's own signal: the ranks agree just below
+        pass
+    stop_if_signalled(stop, StepAbandoned)       # every rank, sampled or stopped, meets here
+    rewards = [fmt.reward(setting, e, t) for e, t in zip(episodes, episode_tasks, strict=True)]
+    return episodes, rewards, episode_tasks
+
+
+def first_needed(varied, need, rank=0, world_size=1):
+    """Of this rank's groups with reward variance in a round (`varied`, in task order), those among
+    the round's first `need` over all ranks, rank 0's first (the order of the global task draw,
+    which each rank slices): (this rank's kept groups, how many the round kept over all ranks)."""
+    counts = all_sum([len(varied) if r == rank else 0 for r in range(world_size)])   # [len(varied)] alone
+    before = int(sum(counts[:rank]))
+    return varied[:max(0, min(len(varied), need - before))], min(int(sum(counts)), need)
+
+
+def sample_step(fmt, setting, model, tokenizer, rl_tasks, task_rng, cfg, simulator, generator, amp, stop,
+                rank=0, world_size=1):
+    """A step's episodes, in rounds: a round draws tasks_per_step tasks from task_rng (every rank the
+    same draw, then its slice) and samples group_size episodes of each (a group). Paper: one round,
+    every group in the update. max_sample_rounds > 1 (DAPO's dynamic sampling): a group whose rewards
+    are all equal has no signal; rounds are drawn until tasks_per_step groups with reward variance
+    are kept (the first ones drawn) or max_sample_rounds rounds are. Every rank draws as many rounds
+    (first_needed's count is over ranks). Returns (sampled, kept, counts): `sampled`, this rank's
+    (episodes, rewards, episode_tasks, task ids) of every round, a task id per group drawn; `kept`,
+    the task ids the update uses (one round: all); `counts`, the step's over all ranks."""
+    G, want = cfg["group_size"], cfg["tasks_per_step"]
+    per_rank = want // world_size
+    episodes, rewards, episode_tasks, task_ids, kept, n_kept = [], [], [], [], [], 0
+    for rounds in range(1, cfg["max_sample_rounds"] + 1):
+        tasks = task_rng.sample(rl_tasks, want)[rank * per_rank:(rank + 1) * per_rank]
+        got, got_rewards, got_tasks = sample_round(fmt, setting, model, tokenizer, tasks, cfg, simulator, generator,
+                                                   amp, stop)
+        ids = [len(episodes) // G + i // G for i in range(len(got))]      # a task's G samples
+        episodes, rewards, episode_tasks, task_ids = (episodes + got, rewards + got_rewards,
+                                                      episode_tasks + got_tasks, task_ids + ids)
+        mine, n_round = first_needed(sorted(varied_groups(got_rewards, ids)), want - n_kept, rank, world_size)
+        kept, n_kept = kept + mine, n_kept + n_round
+        if n_kept == want:
+            break
+    if cfg["max_sample_rounds"] == 1:     # the paper's step: all-equal groups in the update too (A = 0)
+        kept = sorted(set(task_ids))
+    counts = {"sample_rounds": rounds, "groups_sampled": rounds * want, "episodes_sampled": rounds * want * G,
+              "groups_kept": n_kept}
+    return (episodes, rewards, episode_tasks, task_ids), kept, counts
+
+
+def update_rows(sampled, kept, groups_kept, cfg, pad_id):
+    """(rows, row rewards, row group ids) of the update (reward.training_rows) from sample_step's
+    `sampled` and `kept`. One round: every row. Dynamic sampling: the rows of the kept tasks whose
+    row group varies (a kept task's actor rows always do; under task_role its rehearse rows may
+    not: reward.py); no group kept on any rank (`groups_kept` 0): every row, and the step is
+    skipped as a one-round step is; none kept here but some on another rank: one idle row (two
+    prompt tokens, nothing trained) that keeps this rank's update passes in step with theirs."""
+    episodes, rewards, _, task_ids = sampled
+    if cfg["max_sample_rounds"] == 1 or groups_kept == 0:
+        return training_rows(episodes, rewards, task_ids, cfg["advantage_groups"])
+    kept = set(kept)
+    chosen = [i for i, t in enumerate(task_ids) if t in kept]
+    rows, row_rewards, groups = training_rows([episodes[i] for i in chosen], [rewards[i] for i in chosen],
+                                              [task_ids[i] for i in chosen], cfg["advantage_groups"])
+    varied = varied_groups(row_rewards, groups)
+    keep = [i for i, g in enumerate(groups) if g in varied]
+    if not keep:
+        return [{"ids": [pad_id, pad_id], "roles": [PROMPT, PROMPT]}], [0.0], [-1]
+    return [rows[i] for i in keep], [row_rewards[i] for i in keep], [groups[i] for i in keep]
+
+
+def all_equal_row_groups(sampled, cfg):
+    """How many row groups (group ids of training_rows) of all the step's sampled episodes have no
+    reward variance (with one round: the update's all-equal groups)."""
+    episodes, rewards, _, task_ids = sampled
+    _, row_rewards, groups = training_rows(episodes, rewards, task_ids, cfg["advantage_groups"])
+    return len(set(groups)) - len(varied_groups(row_rewards, groups))
 
 
 # ----------------------------------------------------------------------------- the run
@@ -317,7 +408,6 @@ def run_phases(cfg, resume, overwrite, phase, stop):
     simulator, kl_reference = (reference if cfg["env_mode"] == "frozen" else None), (reference if uses_kl(cfg) else None)
     opt, generator, task_rng, progress, first_step = rl_state(model, tokenizer, cfg, state, before, rank, log, phase)
     metrics_path, config_text = start_metrics(out, first_step, rank), yaml.safe_dump(cfg, sort_keys=False)
-    per_rank, G = cfg["tasks_per_step"] // world_size, cfg["group_size"]
 
     # 4. RL: no environment in the loop unless env_mode is real
     left = progress.pop("eval_left", None)
@@ -335,22 +425,21 @@ def run_phases(cfg, resume, overwrite, phase, stop):
             phase["name"], t0 = f"RL step {step}", time.time()
             start = rng_states(generator), task_rng.getstate()       # what a dropped step goes back to
             try:
-                tasks = task_rng.sample(splits["rl"], cfg["tasks_per_step"])[rank * per_rank:(rank + 1) * per_rank]
-                group_ids = [i // G for i in range(len(tasks) * G)]   # a task's G samples; all ranks draw alike, then slice
-                episode_tasks = [tasks[g] for g in group_ids]
-                prompts, worlds, tags = fmt.inputs(setting, tasks, G)             # one per episode
+                sampled, kept, counts = sample_step(fmt, setting, model, tokenizer, splits["rl"], task_rng, cfg,
+                                                    simulator, generator, amp, rl_stop, rank, world_size)
+                episodes, rewards, episode_tasks, _ = sampled
                 try:
-                    with amp, gathered(model), gathered(simulator):
-                        episodes = fmt.rl_sample(setting, model, tokenizer, prompts, worlds, tags, simulator, generator)
+                    with amp, gathered(model):
                         extras = fmt.step_extras(setting, model, episodes, episode_tasks)
-                except StepAbandoned:   # the sampler saw this rank's own signal: the ranks agree just below
+                except StepAbandoned:   # this rank's own signal: the ranks agree just below
                     pass
-                stop_if_signalled(rl_stop, StepAbandoned)       # every rank, sampled or stopped, meets here
+                stop_if_signalled(rl_stop, StepAbandoned)
                 time_sample = time.time() - t0
-                rewards = [fmt.reward(setting, e, t) for e, t in zip(episodes, episode_tasks, strict=True)]
-                rows, row_rewards, row_groups = training_rows(episodes, rewards, group_ids, cfg["advantage_groups"])
+                rows, row_rewards, row_groups = update_rows(sampled, kept, counts["groups_kept"], cfg,
+                                                            tokenizer.pad_token_id)
                 sums, status = rl_step(model, ddp_model, opt, rows, row_rewards, row_groups, cfg,
                                        tokenizer.pad_token_id, kl_reference, world_size, rl_stop)
+                sums["all_equal_groups"] = all_equal_row_groups(sampled, cfg)     # of every round
             except StepAbandoned:       # a signal before the update was applied: the step is dropped
                 restore_rngs(start[0], generator)
                 task_rng.setstate(start[1])
@@ -360,7 +449,7 @@ def run_phases(cfg, resume, overwrite, phase, stop):
                 log(rl_stop_line(cfg, step - 1, False, dropped=True))
                 return 0
             sums.update(episode_sums(episodes, rewards), **fmt.rl_diagnostics(setting, episodes, episode_tasks))
-            record = {**step_record(step, status, progress, sums, time_sample, time.time() - t0), **extras}
+            record = {**step_record(step, status, progress, sums, time_sample, time.time() - t0), **counts, **extras}
             if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < cfg["rl_steps"]:
                 result = unless_signalled(rank0_eval, rl_stop)
                 if result is None:      # the step is saved; its evaluation and metrics line left to --resume
@@ -383,7 +472,8 @@ def run_phases(cfg, resume, overwrite, phase, stop):
 
     # 5. evaluate the final policy in the real world
     phase["name"] = "final evaluation"
-    after = rank0_eval(os.path.join(out, "eval.json"), before=progress["before"])
+    after = rank0_eval(os.path.join(out, "eval.json"), before=progress["before"],
+                       rl_updates=rl_updates(progress, cfg["rl_steps"]))
     log(final_report(progress, after, cfg, time.time() - t_start))
     return 0
 

@@ -9,4 +9,5 @@
     separate.py   separate rehearsal rows in the chat format
     honesty.py    would-rehearse, fidelity and collusion in chat rows
     setup.py      what a chat run sets up from the files above
+    toytokenizer.py  a small BPE with a Hermes-style template (bench.py and the tests)
 """

@@ -17,12 +17,9 @@ import json
 from collections import defaultdict
 from types import SimpleNamespace
 
-import torch
-
 from chat import reward as chat_reward
 from chat import executor
 from rehearsal import honesty
-from machinery import kvcache
 from chat.format import _call, _json, has_executor
 from envace import OBS
 
@@ -30,63 +27,25 @@ from envace import OBS
 def would_rehearse_inline(model, tokenizer, tasks, episodes, tags):
     """[(call, matched)] of real-world chat episodes: would the model, greedy, have written each
     real response, the same once normalised as JSON (executor.same_response: key order and spacing
-    do not count)? A response greedy decoding reproduces token for token is found by one
-    teacher-forced forward (honesty.would_rehearse_calls with the template's stop); only the others
-    are decoded greedily from their prefix (`greedy_responses`, batched) and compared normalised."""
-    if not episodes:
+    do not count)? One teacher-forced forward answers every response greedy decoding reproduces
+    token for token, and decodes greedily the others, in the same pass (honesty.greedy_hits with
+    the template's stop), whose text is then compared normalised."""
+    stop = tags["env_end"]
+    if not any(e["calls"] for e in episodes):
         return []
-    pairs = honesty.would_rehearse_calls(model, tokenizer, episodes, env_end=tags["env_end"])
-    segments = [(e, k, seg) for e in episodes                 # aligned with pairs: one per call
-                for k, (_, seg) in enumerate(zip(e["calls"], _response_segments(e, tags["env_end"])))]
-    misses = [n for n, (_, matched) in enumerate(pairs) if not matched]
-    if not misses:
-        return pairs
-    prefixes = [segments[n][0]["ids"][:segments[n][2][0]] for n in misses]
-    longest = max(len(segments[n][2]) for n in misses)
-    written = greedy_responses(model, prefixes, tags["env_end"], tokenizer.pad_token_id, 2 * longest + 8)
+    hits, _, written = honesty.greedy_hits(model, episodes, OBS, tokenizer.pad_token_id, stop=stop)
     lead, pre = tags.get("env_lead", ""), tags["env_pre"]
-    for n, ids in zip(misses, written):
-        e, k, _ = segments[n]
-        text = tokenizer.decode(ids) if ids is not None else None
-        same = (text is not None and text.startswith(lead) and text.endswith(pre)
-                and executor.same_response(text[len(lead):len(text) - len(pre)], e["responses"][k]))
-        pairs[n] = (pairs[n][0], same)
+    pairs = []
+    for i, e in enumerate(episodes):
+        for k, (call, seg) in enumerate(zip(e["calls"], honesty.response_segments(e, stop))):
+            if all(hits[i, t - 1] for t in seg):
+                pairs.append((call, True))
+                continue
+            ids = written[(i, seg[0])]
+            text = tokenizer.decode(ids) if ids is not None else None
+            pairs.append((call, text is not None and text.startswith(lead) and text.endswith(pre)
+                          and executor.same_response(text[len(lead):len(text) - len(pre)], e["responses"][k])))
     return pairs
-
-
-def _response_segments(episode, env_end):
-    """The positions of each real response of an episode, as honesty.would_rehearse_calls splits
-    them: runs of OBS ids, each ending at env_end (the last one maybe unfinished or empty)."""
-    segments = [[]]
-    for t in range(1, len(episode["ids"])):
-        if episode["roles"][t] == OBS:
-            segments[-1].append(t)
-            if episode["ids"][t] == env_end:
-                segments.append([])
-    return segments
-
-
-@torch.no_grad()
-def greedy_responses(model, prefixes, stop, pad_id, max_new, rows=32):
-    """Per prefix, the ids greedy decoding writes before `stop` (None if it does not stop within
-    max_new ids), `rows` prefixes at a time in one KV-cached batch (kvcache.Decoder, as the sampler
-    decodes): the keys and values of every missed response at once would be SmolLM2's 400 prefixes
-    of ~550 ids, 10 GB."""
-    if len(prefixes) > rows:
-        return [ids for k in range(0, len(prefixes), rows)
-                for ids in greedy_responses(model, prefixes[k:k + rows], stop, pad_id, max_new, rows)]
-    decoder = kvcache.Decoder(model, prefixes, pad_id)
-    written, done = [[] for _ in prefixes], [False] * len(prefixes)
-    for _ in range(max_new):
-        tokens = decoder.logits.argmax(-1).tolist()
-        for j, t in enumerate(tokens):
-            if not done[j]:
-                done[j] = t == stop
-                written[j] += [] if done[j] else [t]
-        if all(done):
-            break
-        decoder.step([[t] for t in tokens])
-    return [ids if ok else None for ids, ok in zip(written, done)]
 
 
 def by_kind(pairs, tasks):

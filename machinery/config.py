@@ -51,6 +51,9 @@ DEFAULTS = {
     "sft_steps": 600, "sft_batch_size": 64, "sft_lr": 1e-3,
     # RL
     "env_mode": "rehearse", "rl_steps": 200, "tasks_per_step": 16, "group_size": 8,
+    # DAPO's dynamic sampling: a step draws up to max_sample_rounds rounds of tasks_per_step tasks and
+    # updates on the first tasks_per_step groups whose rewards vary (1: one round, every group)
+    "max_sample_rounds": 1,
     "lr": 1e-4, "weight_decay": 0.01, "grad_clip": 1.0, "ppo_epochs": 1,
     "micro_batch_tokens": 512, "reuse_sampler_logprobs": True,
     # share_prefix: the ids every row of a micro-batch starts with (a chat system prompt with its tool
@@ -113,7 +116,7 @@ CHOICES = {"env_mode": ("rehearse", "real", "frozen", "none"), "device": ("auto"
 
 
 POSITIVE = {"n_layer", "n_embd", "n_head", "n_logged", "n_rl_tasks", "n_test", "sft_batch_size",
-            "tasks_per_step", "group_size", "ppo_epochs", "micro_batch_tokens", "max_turns",
+            "tasks_per_step", "group_size", "max_sample_rounds", "ppo_epochs", "micro_batch_tokens", "max_turns",
             "max_act_tokens", "max_env_tokens", "max_tokens", "temperature", "lr", "sft_lr", "tool_timeout",
             "eval_batch_size"}
 

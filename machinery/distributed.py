@@ -9,7 +9,9 @@ branch for it. Under torchrun every rank samples its slice of each step's tasks,
 the gradients, and the loss is divided by the GLOBAL count of trained tokens, so N ranks x B/N
 rows make the same update as 1 rank x B rows. With `fsdp` the model is sharded instead of
 replicated: sampling, the no-grad logprob passes and evaluation run on weights gathered once
-per phase (`gathered`), and saves gather a full state dict to rank 0.
+per phase (`gathered`), and saves gather a full state dict to rank 0. Whether a shared prefix may
+run once under the wrapping chosen here (not under FSDP; under gradient checkpointing when the
+layers keep its cache) is asked here too: `can_share_prefix`, `keep_cache_when_checkpointing`.
 """
 import contextlib
 import os
@@ -21,8 +23,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
+from transformers.modeling_layers import GradientCheckpointingLayer
 
-from envace import keep_cache_when_checkpointing
 from machinery.config import ConfigError
 
 
@@ -202,7 +204,7 @@ def parallel_model(model, cfg, device, world_size):
     """The module the training forwards go through: the model itself (one process), DDP, or,
     with `fsdp`, the model sharded in place by FSDP2 (`shard`). With gradient_checkpointing the
     decoder layers recompute their activations in backward, the shared-prefix caches kept
-    (envace.keep_cache_when_checkpointing); transformers does it only in training mode with grad
+    (`keep_cache_when_checkpointing`); transformers does it only in training mode with grad
     enabled, so the no-grad KV-cached sampler runs exactly as without it."""
     if cfg["gradient_checkpointing"]:
         model.activation_checkpointing_enable()     # transformers 5.x name of gradient_checkpointing_enable
@@ -212,6 +214,34 @@ def parallel_model(model, cfg, device, world_size):
     if cfg["fsdp"]:
         return shard(model, device, world_size, isinstance(autocast(cfg, device), torch.autocast))
     return DDP(model, device_ids=[device] if device.startswith("cuda") else None)
+
+
+def can_share_prefix(model):
+    """Whether machinery.sharedprefix.token_logprobs may run a shared prefix once for `model`
+    (unwrapped from DDP), given the wrapping and checkpointing `parallel_model` set up.
+    Not under FSDP: a second forward of every sharded layer before one backward would gather its
+    weights and register its gradient reduce-scatter twice, which is not tested here.
+    Under gradient checkpointing with gradients, only when every checkpointed layer keeps its cache
+    (`keep_cache_when_checkpointing`): transformers otherwise passes `cache=None` to a checkpointed
+    layer, and the suffix would run without the prefix."""
+    if isinstance(model, FSDPModule):
+        return False
+    if not (model.training and torch.is_grad_enabled()):
+        return True
+    return all(m._can_checkpoint_with_cache for m in model.modules()
+               if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing)
+
+
+def keep_cache_when_checkpointing(model):
+    """Let the checkpointed decoder layers of a transformers model keep the cache they are passed,
+    so that a shared prefix runs once under gradient checkpointing too. Safe because the only
+    caches a training forward passes are the shared-prefix ones (machinery/sharedprefix.py's
+    RecordingCache, ReadOnlyCache), which never change what a layer already holds: the recompute
+    in backward reads the same keys and values as the forward did. (Sampling runs without
+    gradients, where nothing is checkpointed.)"""
+    for m in model.modules():
+        if isinstance(m, GradientCheckpointingLayer):
+            m._can_checkpoint_with_cache = True
 
 
 def shard(model, device, world_size, bf16=False):

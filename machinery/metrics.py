@@ -121,12 +121,21 @@ def eval_during_rl(result, record, progress, cfg, step):
             f"{cfg['env_mode']} world this step {record['reward']:.3f})")
 
 
+def rl_updates(progress, steps):
+    """How the run's `steps` RL steps went (eval.json's "rl_updates", the final line): updated,
+    skipped (no group with reward variance), non-finite, and the share that updated."""
+    skipped, nonfinite = progress["skipped_steps"], progress["nonfinite_steps"]
+    return {"steps": steps, "updated": steps - skipped - nonfinite, "skipped": skipped, "nonfinite": nonfinite,
+            "updated_share": (steps - skipped - nonfinite) / steps if steps else None}
+
+
 def final_report(progress, after, cfg, seconds):
-    before = progress["before"]
+    before, rl = progress["before"], rl_updates(progress, cfg["rl_steps"])
+    share = f" ({rl['updated_share']:.0%})" if rl["steps"] else ""
     return (f"before RL: {summary(before)}\nafter RL:  {summary(after)}\n"
             f"{success_name(after)} {before['success']:.3f} -> {after['success']:.3f} ({cfg['env_mode']} "
-            f"mode, {cfg['rl_steps']} steps, {progress['skipped_steps']} skipped, "
-            f"{progress['nonfinite_steps']} non-finite, {seconds:.0f}s); saved to {cfg['out_dir']}/ckpt")
+            f"mode, {rl['steps']} steps: {rl['updated']} updated{share}, {rl['skipped']} skipped, "
+            f"{rl['nonfinite']} non-finite, {seconds:.0f}s); saved to {cfg['out_dir']}/ckpt")
 
 
 def real_world_eval(model, tokenizer, tasks, cfg, fmt, setting, amp, path=None, stop=None, **extra):

@@ -26,9 +26,11 @@ import torch
 
 import rollout
 import world as toy_world
+from machinery import kvcache
 from rehearsal import toolcache
-from envace import (OBS, REHEARSE, can_share_prefix, collate, encode_episode, final_hidden, lean_head, micro_batches,
-                    shared_prefix_forward, shared_prefix_length, tag_ids)
+from envace import OBS, REHEARSE, collate, encode_episode, micro_batches, tag_ids
+from machinery.distributed import can_share_prefix
+from machinery.sharedprefix import final_hidden, lean_head, shared_prefix_length
 from reward import task_reward
 
 
@@ -99,39 +101,166 @@ def replay_fidelity(episodes, world=toy_world):
     return by_kind(calls, world)
 
 
+def response_segments(row, stop, role=OBS):
+    """The positions of each response of a row: runs of `role` ids, each ending at `stop` (the
+    last one maybe unfinished or empty). A call's response is the segment of the same index."""
+    segments = [[]]
+    for t in range(1, len(row["ids"])):
+        if row["roles"][t] == role:
+            segments[-1].append(t)
+            if row["ids"][t] == stop:
+                segments.append([])
+    return segments
+
+
 @torch.no_grad()
-def greedy_hits(model, rows, role, pad_id, token_budget=4096):
+def greedy_hits(model, rows, role, pad_id, token_budget=4096, stop=None):
     """One teacher-forced forward over `rows` (micro-batched): hits[i, t] is whether the argmax
     after row i's first t+1 tokens IS its token t+1, for the targets of `role` (OBS: the real
     responses; REHEARSE: a rehearse row's); every other target is False.
-    A transformers model (envace.lean_head) runs the ids every row of a micro-batch shares (a chat
-    row's system prompt and tool schemas) once (envace.shared_prefix_forward) and its LM head on
-    the `role` targets only: the full-vocabulary logits of the other positions, most of a chat
-    row, are never made. Other models (tests' fakes) give their logits whole.
-    Returns (hits [B, T-1], roles [B, T])."""
+    With `stop` (the id closing a response), also what greedy decoding writes where it does not
+    reproduce a response (a `response_segments` segment with a missed target): the ids from the
+    response's start until `stop`, at most 2 x the response's length + 8 (None if no `stop` by then).
+    Each row runs up to its last `role` id. A transformers model (lean_head) runs the ids every
+    row starts with (a chat row's system prompt and tool schemas) once for all the rows, and once
+    per group the ids a group of rows goes on with alike (`_prefix_groups`: separate rehearse rows
+    of one tool), and its LM head on the `role` targets only: the full-vocabulary logits of the
+    other positions, most of a chat row, are never made. It decodes a missed response on the
+    forward's own keys and values, from its first missed id on (the ids before it are the greedy
+    ones): no prefix runs again. Other models (tests' fakes) give their logits whole, and decode a
+    missed response from a prefill of the ids before it (`greedy_responses`).
+    Returns (hits [B, T-1], roles [B, T], written {(row, the response's first position): its ids,
+    or None}: {} without `stop`)."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))     # no weights: the CPU
     ids, roles = collate(rows, pad_id)
     wanted = roles[:, 1:] == role
-    lengths = [len(r["ids"]) for r in rows]
+    # each row up to its last `role` id: nothing after it is asked (a row with none is not run)
+    lengths = {i: max(t for t in range(1, len(r["roles"])) if r["roles"][t] == role) + 1
+               for i, r in enumerate(rows) if role in r["roles"][1:]}
     hits = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)
+    written = {}
     head = lean_head(model)
-    for index in micro_batches(lengths, token_budget):
-        n = max(lengths[i] for i in index)
-        batch, want = ids[index, :n].to(device), wanted[index, :n - 1].to(device)
-        if head is None:
-            hits[index, :n - 1] = ((model(input_ids=batch).logits[:, :-1].argmax(-1) == batch[:, 1:]) & want).cpu()
-            continue
-        prefix = shared_prefix_length(batch, [lengths[i] for i in index]) if can_share_prefix(model) else 0
-        if prefix:
-            pieces = shared_prefix_forward(model, batch, prefix)
+    share = head is not None and can_share_prefix(model)
+    for group, prefix, shared in _prefix_groups(model, ids, lengths, share, device):
+        for part in micro_batches([lengths[i] for i in group], token_budget):
+            index = [group[k] for k in part]
+            n = max(lengths[i] for i in index)
+            batch, want = ids[index, :n].to(device), wanted[index, :n - 1].to(device)
+            if head is None:
+                hits[index, :n - 1] = ((model(input_ids=batch).logits[:, :-1].argmax(-1) == batch[:, 1:]) & want).cpu()
+                hidden = cache = None
+            else:
+                hidden, cache = _forced_pass(model, batch, prefix, shared)
+                found = torch.zeros_like(want)
+                # shift by one: position t's hidden state predicts id t+1, the target `want` marks
+                found[want] = head(hidden[:, :-1][want]).argmax(-1) == batch[:, 1:][want]
+                hits[index, :n - 1] = found.cpu()
+            if stop is not None:
+                written.update(_decode_misses(model, pad_id, rows, index, hits, role, stop, hidden, cache))
+    return hits, roles, written
+
+
+def _decode_misses(model, pad_id, rows, index, hits, role, stop, hidden, cache):
+    """{(row, the response's first position): what greedy decoding writes} for the responses of
+    the micro-batch `index` with a missed id (greedy_hits): on its pass's `hidden` states and
+    `cache`, from the first missed id on; without them (no transformers model), from a prefill of
+    the ids before the response."""
+    misses = [(j, i, seg) for j, i in enumerate(index) for seg in response_segments(rows[i], stop, role)
+              if seg and not all(hits[i, t - 1] for t in seg)]
+    if not misses:
+        return {}
+    limits = [2 * len(seg) + 8 for _, _, seg in misses]
+    if cache is None:
+        out = greedy_responses(model, [rows[i]["ids"][:seg[0]] for _, i, seg in misses], stop, pad_id, limits)
+    else:
+        first = [next(t for t in seg if not hits[i, t - 1]) for _, i, seg in misses]
+        logits = lean_head(model)(hidden[[j for j, _, _ in misses], [t - 1 for t in first]])
+        decoder = _decoder_at(model, pad_id, cache, logits, [j for j, _, _ in misses], first)
+        out = greedy_writes(decoder, [rows[i]["ids"][seg[0]:t] for (_, i, seg), t in zip(misses, first)], stop, limits)
+    return {(i, seg[0]): w for (_, i, seg), w in zip(misses, out)}
+
+
+def _prefix_groups(model, ids, lengths, share, device):
+    """[(rows, prefix, its pass)]: the rows `lengths` names (row -> its ids to run), in groups
+    whose ids[:prefix] are alike and ran once (`_forced_pass`: hidden states and one row's cache;
+    prefix 0 and None where `share` is false or nothing is shared). The ids all rows start with
+    run first; rows that go on alike for at least kvcache.MIN_SHARED more ids (separate rehearse
+    rows of one tool: its instructions and schema) form a group whose common ids run once on top
+    of those; the rest are one group."""
+    rows = sorted(lengths, key=lambda i: ids[i, :lengths[i]].tolist())      # alike starts next to each other
+    prefix = shared_prefix_length(ids[rows], [lengths[i] for i in rows]) if share and rows else 0
+    shared = _forced_pass(model, ids[rows[:1], :prefix].to(device), 0, None) if prefix else None
+    if not prefix:
+        return [(rows, 0, None)]
+    runs = [[rows[0]]]
+    for a, b in zip(rows, rows[1:]):
+        common = shared_prefix_length(ids[[a, b]], [lengths[a], lengths[b]])
+        if common >= prefix + kvcache.MIN_SHARED:
+            runs[-1].append(b)
         else:
-            pieces = [(0, final_hidden(model, batch, use_cache=False))]
-        hidden = torch.cat([h.expand(len(index), -1, -1) for _, h in pieces], 1)    # [b, n, H]
-        found = torch.zeros_like(want)
-        # shift by one: position t's hidden state predicts id t+1, the target `want` marks
-        found[want] = head(hidden[:, :-1][want]).argmax(-1) == batch[:, 1:][want]
-        hits[index, :n - 1] = found.cpu()
-    return hits, roles
+            runs.append([b])
+    groups, rest = [], [i for run in runs if len(run) == 1 for i in run]
+    for run in (r for r in runs if len(r) > 1):
+        longer = shared_prefix_length(ids[run], [lengths[i] for i in run])
+        groups.append((run, longer, _forced_pass(model, ids[run[:1], :longer].to(device), prefix, shared)))
+    return groups + ([(rest, prefix, shared)] if rest else [])
+
+
+def _forced_pass(model, ids, prefix, shared):
+    """(hidden states after the final norm [b, n, H], a kvcache.Decoder cache of every row's keys
+    and values) of right-padded `ids` [b, n] through a transformers model, where ids[:, :prefix],
+    alike in every row, already ran: `shared` is their (hidden [1, prefix, H], cache of one row)."""
+    b, n = ids.shape
+    cache, pieces = kvcache.new_cache(model.config), []
+    if prefix:
+        hidden, one = shared
+        for layer, kept in zip(cache.layers, one.layers):
+            layer.update(kept.keys.expand(b, -1, -1, -1), kept.values.expand(b, -1, -1, -1))
+        pieces.append(hidden.expand(b, -1, -1))
+    positions = torch.arange(prefix, n, device=ids.device)[None].expand(b, -1)
+    pieces.append(final_hidden(model, ids[:, prefix:], cache=cache, use_cache=True, position_ids=positions))
+    return torch.cat(pieces, 1), cache
+
+
+def _decoder_at(model, pad_id, cache, logits, rows, lengths):
+    """A kvcache.Decoder over copies of `cache`'s rows (`rows`, a row may come twice), each cut to
+    its first lengths[k] ids (the later columns masked), with `logits` [k, V] after them."""
+    device = logits.device
+    cache.batch_select_indices(torch.tensor(rows, device=device))
+    ends = torch.tensor(lengths, device=device)
+    mask = (torch.arange(cache.get_seq_length(), device=device)[None] < ends[:, None]).long()
+    return kvcache.Decoder.resume(model, pad_id, cache, mask, ends, logits.float())
+
+
+def greedy_writes(decoder, written, stop, limits):
+    """Greedy decoding on `decoder` (a kvcache.Decoder at each row's logits): row k's argmax ids are
+    appended to written[k] until `stop` (left out). Returns each row's ids, or None for a row that
+    reached limits[k] ids without `stop`."""
+    written = [list(w) for w in written]
+    ended = [len(w) >= limit for w, limit in zip(written, limits)]
+    stopped = [False] * len(written)
+    while not all(ended):
+        tokens = decoder.logits.argmax(-1).tolist()
+        for k, t in enumerate(tokens):
+            if not ended[k]:
+                stopped[k] = ended[k] = t == stop
+                if not stopped[k]:
+                    written[k].append(t)
+                    ended[k] = len(written[k]) >= limits[k]
+        if not all(ended):
+            decoder.step([[t] for t in tokens])
+    return [w if ok else None for w, ok in zip(written, stopped)]
+
+
+@torch.no_grad()
+def greedy_responses(model, prefixes, stop, pad_id, max_new, rows=32):
+    """Per prefix, the ids greedy decoding writes before `stop` (None if it does not stop within
+    max_new ids: one number, or one per prefix), `rows` prefixes at a time in one KV-cached batch
+    (kvcache.Decoder, as the sampler decodes), so that the keys and values held stay bounded."""
+    limits = max_new if isinstance(max_new, list) else [max_new] * len(prefixes)
+    return [ids for k in range(0, len(prefixes), rows)
+            for ids in greedy_writes(kvcache.Decoder(model, prefixes[k:k + rows], pad_id),
+                                     [[] for _ in prefixes[k:k + rows]], stop, limits[k:k + rows])]
 
 
 @torch.no_grad()
@@ -145,17 +274,9 @@ def would_rehearse_calls(model, tokenizer, episodes, token_budget=4096, env_end=
     env_end = tag_ids(tokenizer)["env_end"] if env_end is None else env_end
     if not any(e["calls"] for e in episodes):
         return []
-    hits, _ = greedy_hits(model, episodes, OBS, tokenizer.pad_token_id, token_budget)
-    pairs = []
-    for i, e in enumerate(episodes):
-        obs = [t for t in range(1, len(e["ids"])) if e["roles"][t] == OBS]
-        segments = [[]]            # each real response: a run of OBS tokens ending in </env>
-        for t in obs:
-            segments[-1].append(t)
-            if e["ids"][t] == env_end:
-                segments.append([])
-        pairs += [(call, all(hits[i, t - 1] for t in seg)) for call, seg in zip(e["calls"], segments)]
-    return pairs
+    hits, _, _ = greedy_hits(model, episodes, OBS, tokenizer.pad_token_id, token_budget)
+    return [(call, all(hits[i, t - 1] for t in seg)) for i, e in enumerate(episodes)
+            for call, seg in zip(e["calls"], response_segments(e, env_end))]
 
 
 def fidelity_by_coverage(pairs, warm_start_counts, edges=(1, 50)):
@@ -198,7 +319,7 @@ def would_rehearse_rows(model, rows, pad_id, token_budget=4096):
     (one teacher-forced forward)? The rows of rehearsal_rows, or chat_separate.rehearse_rows."""
     if not rows:
         return []
-    hits, roles = greedy_hits(model, rows, REHEARSE, pad_id, token_budget)
+    hits, roles, _ = greedy_hits(model, rows, REHEARSE, pad_id, token_budget)
     target = roles[:, 1:] == REHEARSE
     return [(r["call"], bool(hits[i][target[i]].all())) for i, r in enumerate(rows)]
 

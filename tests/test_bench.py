@@ -1,6 +1,7 @@
 """bench.py runs end to end on tiny batches of both workloads and writes its JSON (speed itself is
 never asserted), the generate-driven baseline builds well-formed interleaved episodes with our
 state machine, and the GPU script's Qwen3 path runs on the CPU at a tiny shape."""
+import ast
 import json
 import os
 import resource
@@ -17,6 +18,23 @@ from test_faults import sigterm_guard  # noqa: F401  (a fixture)
 TOK = toy_tokenizer()
 FIGURES = ("sampler_rehearse", "sampler_real", "sampler_separate", "generate_rehearse", "generate_real",
            "generate_one_call", "old_logprob_forward", "train_step")
+
+
+def test_bench_imports_no_test_helper_and_no_private_name():
+    """bench.py is a command users type, so it stands on the library alone: nothing imported from
+    tests/ (what it shares with the tests lives in the library: chat.toytokenizer), and no
+    module's private name (_x), imported or read as module._x. Mutations: `from tests.helpers
+    import chat_tokenizer`, `from rollout import _append`, `import rollout` and
+    `rollout._append_run` called."""
+    tree = ast.parse(open(bench.__file__).read())
+    froms = [(n.module, a) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names]
+    modules = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    modules |= {a.asname or a.name for m, a in froms if m.split(".")[0] in ("chat", "machinery", "rehearsal")}
+    assert {"world", "chat", "chat_tasks", "json"} <= modules      # (the check sees bench's modules)
+    assert [m for m, _ in froms if m.split(".")[0] in ("tests", "helpers")] == []
+    assert [f"{m}.{a.name}" for m, a in froms if a.name.startswith("_")] == []
+    assert [f"{n.value.id}.{n.attr}" for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+            and n.attr.startswith("_") and isinstance(n.value, ast.Name) and n.value.id in modules] == []
 
 
 def test_timed_in_turn_alternates_the_calls_after_one_warm_up_each():

@@ -272,3 +272,55 @@ def test_a_command_still_running_is_killed_with_every_process_it_started(tmp_pat
     except FileNotFoundError:
         state = "gone"
     assert state in ("gone", "Z"), state
+
+
+def _dynamic_sampling_worker(rank, world_size, init_file, result_file):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    result = dynamic_sampling_update(rank, world_size)
+    torch.save(result, f"{result_file}.{rank}")
+    dist.destroy_process_group()
+
+
+def dynamic_sampling_update(rank, world_size, only=None):
+    """max_sample_rounds 2, tasks_per_step 4, group_size 2 (test_dynamic_sampling's scripted format:
+    B, D, F vary, A, C, E, H do not). Round 1 draws B D A C: rank 0 samples B D (both vary), rank
+    1 A C (none): 2 of 4; round 2 draws F A E H: rank 0's F varies, rank 1's E H do not: 3, and
+    the rounds are spent. Both ranks: 2 rounds, 3 groups kept, rank 0's B D F (ids 0, 1, 2), rank 1
+    none (an idle row). Then one SGD rl_step; `only`: one process updating on those rows alone."""
+    from test_dynamic_sampling import step
+    tok = toy_tokenizer()
+    names, sampled, kept, counts, _ = step(["BDAC", "FAEH"], rounds=2, rank=rank, world_size=world_size,
+                                           tasks_per_step=4)
+    cfg = {**config.DEFAULTS, "tasks_per_step": 4, "group_size": 2, "max_sample_rounds": 2, "kl_coef": 0.0,
+           "reuse_sampler_logprobs": False}
+    rows, rewards, groups = train.update_rows(sampled, kept, counts["groups_kept"], cfg, tok.pad_token_id)
+    if only is not None:
+        rows, rewards, groups = only
+    model = tiny_llama(tok, seed=0)
+    ddp_model = DDP(model) if world_size > 1 else model
+    sums, status = train.rl_step(model, ddp_model, torch.optim.SGD(model.parameters(), lr=0.1), rows, rewards,
+                                 groups, cfg, tok.pad_token_id, world_size=world_size)
+    return {"names": names, "kept": kept, "counts": counts, "rows": (rows, rewards, groups), "status": status,
+            "grads": grads(model)}
+
+
+def test_two_ranks_draw_as_many_rounds_and_update_on_the_groups_kept(tmp_path):
+    """Every rank takes the same rounds (the count of kept groups is summed over ranks) and keeps
+    the first groups in the global order; a rank that kept none joins the update with an idle row
+    and adds nothing: the 2-rank gradient is the 1-process gradient of rank 0's kept rows alone.
+    Mutations: the count not summed over ranks (rank 1 sees 0 kept: all its rows, the all-equal
+    ones, in the token mean), the idle row's tokens trained."""
+    torch.set_num_threads(1)
+    result = str(tmp_path / "ranks")
+    run_ranks(_dynamic_sampling_worker, (2, str(tmp_path / "init"), result), tmp_path)
+    r0, r1 = (torch.load(f"{result}.{r}", weights_only=False) for r in (0, 1))
+    assert r0["names"] == [["B", "D"], ["F", "A"]] and r1["names"] == [["A", "C"], ["E", "H"]]
+    assert r0["counts"] == r1["counts"] == {"sample_rounds": 2, "groups_sampled": 8, "episodes_sampled": 16,
+                                            "groups_kept": 3}
+    assert (r0["kept"], r1["kept"]) == ([0, 1, 2], [])
+    assert [len(r0["rows"][0]), len(r1["rows"][0])] == [6, 1] and r1["rows"][2] == [-1]
+    assert r0["status"] == r1["status"] == "updated"
+    alone = dynamic_sampling_update(0, 1, only=r0["rows"])
+    assert_same_gradients(alone["grads"], r0["grads"])
+    assert_same_gradients(r0["grads"], r1["grads"])

@@ -395,7 +395,7 @@ def test_would_rehearse_fidelity_compares_responses_as_normalised_json(bank_dir)
     built = chat.assemble(TOK, tags, prompts[0], actions, real, "2")
     episode = {"ids": built["ids"], "roles": built["roles"], "calls": [json.dumps(c) for c in actions],
                "responses": real}
-    starts = [seg[0] for seg in chat_honesty._response_segments(episode, tags["env_end"])[:2]]
+    starts = [seg[0] for seg in honesty.response_segments(episode, tags["env_end"])[:2]]
     assert len(starts) == 2 and all(built["roles"][t] == OBS for t in starts)
     writes = {starts[0]: chat.encode(TOK, '{"balance":10}\n') + [tags["env_end"]],
               starts[1]: chat.encode(TOK, '{"balance": 3}\n') + [tags["env_end"]]}
@@ -411,7 +411,7 @@ def test_would_rehearse_fidelity_compares_responses_as_normalised_json(bank_dir)
 
 
 def test_greedy_responses_decode_in_chunks_of_rows_what_one_batch_writes(bank_dir):
-    """chat_honesty.greedy_responses decodes `rows` prefixes at a time (a bounded KV cache): the
+    """honesty.greedy_responses decodes `rows` prefixes at a time (a bounded KV cache): the
     scripted model writes {"balance":10} after the first response's prefix and {"balance": 3} after
     the second's, each then the stop; three prefixes (the first twice) give those ids, stop left
     out, in the prefixes' order with one batch, chunks of 2 and one row at a time. Mutations: a
@@ -422,13 +422,13 @@ def test_greedy_responses_decode_in_chunks_of_rows_what_one_batch_writes(bank_di
     actions, real = [call("deposit", amount=5), call("withdraw", amount=8)], ['{"balance": 10}', '{"balance": 2}']
     built = chat.assemble(TOK, tags, prompts[0], actions, real, "2")
     episode = {"ids": built["ids"], "roles": built["roles"]}
-    starts = [seg[0] for seg in chat_honesty._response_segments(episode, tags["env_end"])[:2]]
+    starts = [seg[0] for seg in honesty.response_segments(episode, tags["env_end"])[:2]]
     texts = {starts[0]: '{"balance":10}\n', starts[1]: '{"balance": 3}\n'}
     model = Writer(built["ids"], built["roles"], {t: chat.encode(TOK, x) + [tags["env_end"]] for t, x in texts.items()})
     prefixes = [built["ids"][:starts[0]], built["ids"][:starts[1]], built["ids"][:starts[0]]]
     want = [chat.encode(TOK, texts[t]) for t in (starts[0], starts[1], starts[0])]
     for rows in (32, 2, 1):
-        assert chat_honesty.greedy_responses(model, prefixes, tags["env_end"], TOK.pad_token_id, 40, rows) == want
+        assert honesty.greedy_responses(model, prefixes, tags["env_end"], TOK.pad_token_id, 40, rows) == want
 
 
 def test_the_imagined_world_of_an_executor_task(bank_dir):

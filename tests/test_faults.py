@@ -153,7 +153,7 @@ def test_bf16_autocast_on_cuda_and_on_the_cpu_only_with_cpu_bf16():
 def nan_logprobs_on(monkeypatch, calls):
     """Make the warm start's token_logprobs NaN on the given call numbers (0-based; one call per
     step with one micro-batch), all if None."""
-    real, count = envace.token_logprobs, [0]
+    real, count = train.token_logprobs, [0]
 
     def patched(*args, **kwargs):
         out = real(*args, **kwargs)

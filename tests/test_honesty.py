@@ -101,10 +101,10 @@ def test_greedy_hits_of_a_model_that_is_no_transformers_model_by_hand(token_budg
     P, A, R, O = PROMPT, ACT, REHEARSE, OBS
     rows = [{"ids": [5, 6, 7, 9, 10], "roles": [P, A, O, O, O]},     # next id +1?  6 y, 7 y, 9 n, 10 y
             {"ids": [5, 6, 7, 9], "roles": [P, R, R, O]}]            #              6 y, 7 y, 9 n, (pad)
-    hits, roles = honesty.greedy_hits(NextId(), rows, OBS, pad_id=0, token_budget=token_budget)
+    hits, roles, _ = honesty.greedy_hits(NextId(), rows, OBS, pad_id=0, token_budget=token_budget)
     assert hits.tolist() == [[False, True, False, True], [False, False, False, False]]
     assert roles.tolist() == [[P, A, O, O, O], [P, R, R, O, 5]]           # 5: PAD
-    hits, _ = honesty.greedy_hits(NextId(), rows, REHEARSE, pad_id=0, token_budget=token_budget)
+    hits, _, _ = honesty.greedy_hits(NextId(), rows, REHEARSE, pad_id=0, token_budget=token_budget)
     assert hits.tolist() == [[False, False, False, False], [True, True, False, False]]
 
 

@@ -317,7 +317,7 @@ def test_shared_prefix_gradients_on_the_real_model(smollm2):
     logprobs (10 x helpers.LOGPROB_TOLERANCE: 30 layers) and the first step's gradient of a loss over targets inside
     and after the prefix (10 x helpers.GRAD_TOLERANCE: 1e-3 of each tensor's largest entry), through
     30 layers of grouped-query attention with RoPE."""
-    from envace import shared_prefix_length, token_logprobs
+    from machinery.sharedprefix import shared_prefix_length, token_logprobs
     from helpers import GRAD_TOLERANCE, LOGPROB_TOLERANCE, assert_same_gradients
 
     class Plain(torch.nn.Module):                  # no transformers model: the whole forward per row

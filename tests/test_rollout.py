@@ -2,6 +2,7 @@
 and truncation causes, and KV-cached logprobs against a full teacher-forced forward."""
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from rehearsal import honesty
@@ -208,23 +209,32 @@ def test_growing_cache_keeps_every_step_across_its_growth():
     assert torch.equal(got_v, torch.cat([torch.cat(values, -2)[index], v], -2))
 
 
-def test_decoder_rows_fed_runs_of_different_lengths_match_a_plain_forward():
+@pytest.mark.parametrize("split_holes", [10 ** 9, 0])
+def test_decoder_rows_fed_runs_of_different_lengths_match_a_plain_forward(split_holes, monkeypatch):
     """kvcache.Decoder on a RoPE model (tiny Llama), rows fed runs of different lengths per step
     (0 to 9 ids: holes in the shorter ones), two rows copied from one shared prefix, a row dropped
     midway, the cache grown past its first buffer: each row's next position is its own count of
-    ids, and its logits after every step equal a plain unpadded forward over its ids.
+    ids, and its logits after every step equal a plain unpadded forward over its ids. Each step
+    in one forward, and (SPLIT_HOLES 0) every step with a run longer than one id in two: every
+    row's first id, then the longer runs on a copy of their rows' cache (Decoder._step_rows).
+    Mutations of the split: the hole columns of the other rows left out, the rows' positions or
+    logits not taken from the second forward.
     Tolerance: fp32 (unit roundoff u = 6e-8); the cached and the plain forward sum the same
     products in another order (padded vs unpadded attention, other matmul shapes), an error of at
     most one u per accumulated term, bounded by n = layers x (width + longest row) terms each of
     size up to max|logit|: tol = n u max(1, max|logit|) (1.2e-5 here; measured 6e-8 with 1 thread,
     1.2e-7 with 2). The attention's query/key weights are scaled by 4 so that a row read at a
     wrong position (RoPE) moves the logits by about 1e-2, far above tol."""
+    from machinery import kvcache
     from machinery.kvcache import Decoder
+    monkeypatch.setattr(kvcache, "SPLIT_HOLES", split_holes)
     model = tiny_llama(TOK, seed=2)
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.q_proj.weight.mul_(4.0)
             layer.self_attn.k_proj.weight.mul_(4.0)
+    forwards = []
+    model.register_forward_hook(lambda m, args, out: forwards.append(1))
     g = torch.Generator().manual_seed(0)
     a, b, c = (torch.randint(5, len(TOK), (n,), generator=g).tolist() for n in (5, 11, 2))
     dec = Decoder(model, [a, b, a, c], TOK.pad_token_id)           # rows 0 and 2 share one prefill
@@ -243,6 +253,8 @@ def test_decoder_rows_fed_runs_of_different_lengths_match_a_plain_forward():
             if run:
                 cached.append((r, len(rows[r]), logits[j]))
     assert dec.cache.layers[0].buffers[0].shape[-2] > 64           # the cache grew past its first buffer
+    split = sum(any(n > 1 for n in lengths) for lengths in runs_per_step)   # every step here
+    assert len(forwards) == 1 + len(runs_per_step) + (split if split_holes == 0 else 0)
     with torch.no_grad():                                          # position t's logits: after t + 1 ids
         plain = [model(input_ids=torch.tensor([row])).logits[0] for row in rows]
     n_terms = model.config.num_hidden_layers * (model.config.hidden_size + max(map(len, rows)))
@@ -294,7 +306,7 @@ def test_the_decoder_prefills_the_ids_every_prefix_starts_with_once():
     the 20 run once as one row, the rests as one step of right-aligned runs; each row's logits,
     then and after a further step, equal a plain forward over its ids (a RoPE model at
     POSITION_INIT: a row read one position off moves them by ~1e-1; fp32 sums in another order ~1e-7)."""
-    from envace import shared_prefix_length
+    from machinery.sharedprefix import shared_prefix_length
     from machinery.kvcache import Decoder
     model = tiny_llama(TOK, seed=3, init_range=POSITION_INIT)
     g = torch.Generator().manual_seed(1)

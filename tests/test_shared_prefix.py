@@ -1,9 +1,10 @@
 """The update's forward, two ways of saving work that must not change a number: the prefix every
-row of a micro-batch shares runs once (envace.shared_prefix_forward), and the LM head runs in
-chunks of positions under checkpoint (envace.head_logprobs). Each is compared with the plain
-forward on a tiny random Llama (RoPE, at POSITION_INIT so that a position out of place moves the
-logprobs far past the tolerance): logprobs, entropy and gradients; then the warm start and rl_step
-with share_prefix on and off."""
+row of a micro-batch shares runs once (machinery.sharedprefix.shared_prefix_forward), and the LM
+head runs in chunks of positions under checkpoint (machinery.sharedprefix.head_logprobs). Each is
+compared with the plain forward (envace.token_logprobs) on a tiny random Llama (RoPE, at
+POSITION_INIT so that a position out of place moves the logprobs far past the tolerance):
+logprobs, entropy and gradients; then the warm start and rl_step with share_prefix on and off;
+and the model wrappings under which a prefix may be shared (machinery.distributed.can_share_prefix)."""
 import copy
 
 import pytest
@@ -11,10 +12,11 @@ import torch
 
 import envace
 import train
-from envace import REHEARSE, encode_episode, shared_prefix_length, token_logprobs
+from envace import REHEARSE, encode_episode
 from helpers import (GRAD_TOLERANCE, LOGPROB_TOLERANCE, POSITION_INIT, assert_same_gradients, tiny_llama,
                      toy_tokenizer)
-from machinery import config
+from machinery import config, distributed, sharedprefix
+from machinery.sharedprefix import shared_prefix_length, token_logprobs
 
 TOK = toy_tokenizer()
 PROMPT = "not pear buy 2 milk and egg"
@@ -91,11 +93,36 @@ def test_batch_logprobs_start_at_the_first_trained_target_and_equal_the_plain_fo
     ids, roles, lengths = shared_rows()
     mask = envace.loss_mask(roles)
     assert envace.first_target(mask) == 8
-    got = envace.batch_logprobs(model, ids, lengths, {**config.DEFAULTS, "micro_batch_tokens": 1000}, mask)
+    got = sharedprefix.batch_logprobs(model, ids, lengths, mask, 1.0, micro_batch_tokens=1000, share_prefix=True)
     with torch.no_grad():
         want = token_logprobs(Plain(model), ids)
     assert (got[:, :8] == 0).all() and want[:, :8].abs().min() > 0.01
     assert (got[:, 8:] - want[:, 8:]).abs().max() < LOGPROB_TOLERANCE
+
+
+def test_batch_logprobs_read_their_temperature_budget_and_share_prefix():
+    """batch_logprobs' arguments, each once a config key, are each read: at temperature 0.7 the
+    values are the plain forward's at 0.7 (1.0 moves them far past the tolerance); share_prefix
+    true runs the 10 shared ids once, false every row whole; a budget of 30 tokens puts each row
+    in a micro-batch of its own (longest first), each cut to its length, 0 past its end.
+    Mutations: any of the three not passed on (the temperature 1.0, sharing always on, the
+    default budget)."""
+    model = tiny_llama(TOK, init_range=POSITION_INIT)
+    ids, _, lengths = shared_rows()
+    L = ids.shape[1]
+    assert sorted(lengths) == [19, 19, L] and L == 26
+    with torch.no_grad():
+        want, at_one = envace.token_logprobs(model, ids, 0.7), envace.token_logprobs(model, ids, 1.0)
+    assert (want - at_one).abs().max() > 100 * LOGPROB_TOLERANCE
+    shapes = forward_shapes(model)
+    for share, budget, forwards in ((True, 1000, [(1, 10), (3, L - 10)]), (False, 1000, [(3, L)]),
+                                    (True, 30, [(1, L), (1, 19), (1, 19)])):
+        shapes.clear()
+        got = sharedprefix.batch_logprobs(model, ids, lengths, None, 0.7, budget, share_prefix=share)
+        assert shapes == forwards
+        for i, n in enumerate(lengths):
+            assert (got[i, :n - 1] - want[i, :n - 1]).abs().max() < LOGPROB_TOLERANCE
+            assert (got[i, n - 1:] == 0).all() or budget == 1000      # (rows together: past a row's end, its pads)
 
 
 def test_shared_prefix_gradients_equal_the_plain_forward():
@@ -134,9 +161,9 @@ def test_shared_prefix_under_gradient_checkpointing_gives_the_plain_gradients():
         return {n: p.grad.clone() for n, p in model.named_parameters()}
     want = gradients(Plain(model), 0)
     model.activation_checkpointing_enable()
-    assert not envace.can_share_prefix(model)
-    envace.keep_cache_when_checkpointing(model)
-    assert envace.can_share_prefix(model)
+    assert not distributed.can_share_prefix(model)
+    distributed.keep_cache_when_checkpointing(model)
+    assert distributed.can_share_prefix(model)
     calls = []
     for layer in model.model.layers:
         inner = layer._gradient_checkpointing_func
@@ -170,9 +197,9 @@ def test_chunked_head_equals_the_full_logits(monkeypatch):
     model = tiny_llama(TOK, init_range=POSITION_INIT)
     ids, roles, _ = shared_rows()
     vocab = model.config.vocab_size
-    monkeypatch.setattr(envace, "LOGIT_CHUNK", 3 * ids.shape[0] * vocab)     # 3 positions of the 3 rows
-    chunks, checkpoint = [], envace.checkpoint
-    monkeypatch.setattr(envace, "checkpoint", lambda fn, h, *a, **k: chunks.append(h.shape[1]) or checkpoint(fn, h, *a, **k))
+    monkeypatch.setattr(sharedprefix, "LOGIT_CHUNK", 3 * ids.shape[0] * vocab)     # 3 positions of the 3 rows
+    chunks, checkpoint = [], sharedprefix.checkpoint
+    monkeypatch.setattr(sharedprefix, "checkpoint", lambda fn, h, *a, **k: chunks.append(h.shape[1]) or checkpoint(fn, h, *a, **k))
     weights = torch.randn(ids.shape[0], ids.shape[1] - 1, generator=torch.Generator().manual_seed(1))
     results = []
     for m in (Plain(model), model):
@@ -249,9 +276,9 @@ def test_identical_rows_share_all_but_their_last_id_and_equal_the_plain_forward(
     prefix = shared_prefix_length(ids, [L] * 3)
     assert prefix == L - 1
     # the LM head's budget 9 positions of one row: the prefix's one row of hidden states goes 9 at a time
-    monkeypatch.setattr(envace, "LOGIT_CHUNK", 9 * model.config.vocab_size)
-    chunks, checkpoint = [], envace.checkpoint
-    monkeypatch.setattr(envace, "checkpoint",
+    monkeypatch.setattr(sharedprefix, "LOGIT_CHUNK", 9 * model.config.vocab_size)
+    chunks, checkpoint = [], sharedprefix.checkpoint
+    monkeypatch.setattr(sharedprefix, "checkpoint",
                         lambda fn, h, *a, **k: chunks.append(h.shape) or checkpoint(fn, h, *a, **k))
     for start, pieces in ((0, [(1, 9), (1, 9)]), (L - 2, [(1, 1)])):
         chunks.clear()
@@ -294,8 +321,8 @@ def test_identical_rows_share_all_but_their_last_id_and_equal_the_plain_forward(
 
 
 def test_greedy_hits_run_the_head_on_the_responses_only_and_equal_the_plain_argmax():
-    """honesty.greedy_hits on a transformers model: the 10 shared ids run once, the LM head runs
-    on the OBS targets only (and on the one position each forward keeps), and the hits equal the
+    """honesty.greedy_hits on a transformers model: the 10 shared ids run once, then each row up to
+    its last response (the answer after it is not run), the LM head on the OBS targets only (and on the one position each forward keeps), and the hits equal the
     plain forward's argmax there, False at every other target. The responses are made the model's
     own greedy choices (so that hits are True), then row 2's last is made wrong (a False). Where
     an argmax is compared its top-2 margin is asserted > 1e-3: the two computations differ by
@@ -322,10 +349,11 @@ def test_greedy_hits_run_the_head_on_the_responses_only_and_equal_the_plain_argm
     assert expected.sum() == obs.sum() - 1 and not expected[2, wrong - 1]
     heads, shapes = [], forward_shapes(model)
     model.lm_head.register_forward_hook(lambda m, args, out: heads.append(args[0].shape[:-1].numel()))
-    hits, got_roles = honesty.greedy_hits(model, eps, envace.OBS, TOK.pad_token_id)
+    hits, got_roles, _ = honesty.greedy_hits(model, eps, envace.OBS, TOK.pad_token_id)
     assert torch.equal(got_roles, roles) and torch.equal(hits, expected)
-    L = ids.shape[1]
-    assert shapes == [(1, 10), (3, L - 10)]                 # the shared ids once, then the suffixes
+    last = max(max(t for t, r in enumerate(e["roles"]) if r == envace.OBS) for e in eps)
+    assert last + 1 < ids.shape[1]                          # the rows go on after their last response
+    assert shapes == [(1, 10), (3, last + 1 - 10)]          # the shared ids once, then the suffixes up to it
     assert sum(heads) == int(obs.sum()) + 1 + 3             # + the one kept position of each forward
     # the same model behind a wrapper of no transformers class: its logits whole, the same hits
     assert torch.equal(honesty.greedy_hits(Plain(model), eps, envace.OBS, TOK.pad_token_id)[0], expected)

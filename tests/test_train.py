@@ -14,7 +14,9 @@ import torch
 
 from machinery import evaluate_cli
 import train
-from envace import ACT, REHEARSE, encode_episode, token_logprobs
+from envace import ACT, REHEARSE, encode_episode
+from machinery import sharedprefix
+from machinery.sharedprefix import token_logprobs
 from helpers import (LOGPROB_TOLERANCE, POSITION_INIT, assert_ratio_one, assert_same_gradients, tiny_cfg, tiny_llama, toy_tokenizer, import_graph)
 from rollout import sample_episodes
 
@@ -110,7 +112,9 @@ def test_sampler_logprobs_equal_the_recomputed_old_logprobs():
                           generator=torch.Generator().manual_seed(3))
     batch = train.make_batch(eps, [float(i % 2) for i in range(12)], [i // 3 for i in range(12)],
                              config.DEFAULTS, TOK.pad_token_id)
-    recomputed = envace.batch_logprobs(model, batch["ids"], batch["lengths"], config.DEFAULTS)
+    d = config.DEFAULTS
+    recomputed = sharedprefix.batch_logprobs(model, batch["ids"], batch["lengths"], None, d["temperature"],
+                                             d["micro_batch_tokens"], share_prefix=d["share_prefix"])
     sampled = batch["sampled_logprobs"]
     trained = batch["mask"]
     assert trained.sum() > 30
@@ -266,7 +270,7 @@ def test_fidelity_gate_stops_rl(tmp_path, capsys):
 
 def test_logprobs_from_the_first_needed_target_skip_the_prompt_logits(monkeypatch):
     """token_logprobs(start=s): the LM head runs on positions s.. only (a long prompt's logits are
-    never made: the chunked head, envace.head_logprobs, is given those positions' hidden states), the
+    never made: the chunked head, sharedprefix.head_logprobs, is given those positions' hidden states), the
     values from s on equal the full forward's, and 0 before s; the warm start's and the update's
     gradients through it equal those of the full forward (the prompt has no loss)."""
     model = tiny_llama(TOK)
@@ -276,8 +280,8 @@ def test_logprobs_from_the_first_needed_target_skip_the_prompt_logits(monkeypatc
     mask = envace.loss_mask(roles)
     start = envace.first_target(mask)
     assert start == roles[1].tolist().index(envace.TAG) == 15     # the shorter prompt's <act>: predicts its first ACT
-    heads, head_logprobs = [], envace.head_logprobs
-    monkeypatch.setattr(envace, "head_logprobs",
+    heads, head_logprobs = [], sharedprefix.head_logprobs
+    monkeypatch.setattr(sharedprefix, "head_logprobs",
                         lambda hidden, *a: heads.append(hidden.shape[1]) or head_logprobs(hidden, *a))
     part = token_logprobs(model, ids, start=start)
     full = token_logprobs(model, ids)

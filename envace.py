@@ -126,14 +126,20 @@ def token_advantages(roles, episode_adv, act_coef=1.0, rehearse_coef=1.0):
     return coef * episode_adv.float()[:, None]
 
 
-def micro_batches(lengths, token_budget):
+def micro_batches(lengths, token_budget, groups=None):
     """Row indices grouped into micro-batches of similar length, so that padding costs little:
     rows sorted longest first and packed while rows x longest <= token_budget (>= 1 row each).
-    lengths [50, 12, 48, 10], budget 100 -> [[0, 2], [1, 3]]: 100 + 24 tokens computed for 120."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    lengths [50, 12, 48, 10], budget 100 -> [[0, 2], [1, 3]]: 100 + 24 tokens computed for 120.
+    `groups` (a key a row; None: one group): rows of different keys never share a micro-batch.
+    Separate rehearse rows carry the tool they play ("tool"): a micro-batch of one tool's rows
+    starts with that tool's system turn in every row, which then runs once (share_prefix).
+    lengths [50, 12, 48, 10], groups [a, b, b, a], budget 100 -> [[0, 3], [2, 1]]."""
+    groups = groups or [""] * len(lengths)
+    order = sorted(range(len(lengths)), key=lambda i: (groups[i], -lengths[i]))
     batches = [[]]
     for i in order:
-        if batches[-1] and (len(batches[-1]) + 1) * lengths[batches[-1][0]] > token_budget:
+        full = (len(batches[-1]) + 1) * lengths[batches[-1][0]] > token_budget if batches[-1] else False
+        if batches[-1] and (full or groups[i] != groups[batches[-1][0]]):
             batches.append([])
         batches[-1].append(i)
     return batches

@@ -105,9 +105,11 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
             mask = loss_mask(batch_roles, trained=roles).float()
             n_tokens = all_sum([mask.sum().item()])[0]
             lengths = [len(s["ids"]) for s in batch]
+            tools = [s.get("tool", "") for s in batch]          # one tool's rehearse rows share its system turn
             total = 0.0
             opt.zero_grad(set_to_none=True)
-            for index, n, weight in in_step(micro_batches(lengths, cfg["micro_batch_tokens"]), lengths, ddp_model):
+            for index, n, weight in in_step(micro_batches(lengths, cfg["micro_batch_tokens"], tools), lengths,
+                                            ddp_model):
                 stop_if_signalled(stop)         # any rank signalled: all stop
                 index = index.to(device)
                 rows = [lengths[i] for i in index.tolist()]      # a common prompt runs once (share_prefix)
@@ -152,6 +154,7 @@ def make_batch(episodes, rewards, group_ids, cfg, pad_id):
     batch = {"ids": ids, "roles": roles, "mask": loss_mask(roles, trained),  # coef 0: no loss at all
              "advantages": token_advantages(roles, adv, cfg["act_coef"], cfg["rehearse_coef"]),
              "sampled_logprobs": sampled, "lengths": [len(e["ids"]) for e in episodes],
+             "tools": [e.get("tool", "") for e in episodes],      # micro-batches by tool (micro_batches)
              "all_equal_groups": all_equal, "n_groups": len(set(group_ids))}
     batch["kl_coefs"] = token_kl_coefs(roles, cfg["kl_coef"], cfg["kl_rehearse_coef"])
     batch["n_tokens"] = int(batch["mask"].sum())     # no clamp here: a rank with none adds 0 to the sum
@@ -179,7 +182,8 @@ def accumulate_gradients(model, batch, old, ref, cfg, world_size=1, stop=None):
     keep = [i for i in range(len(lengths))
             if (ref is not None and kl_coefs[i].any()) or batch["advantages"][i].any()]
     kept_lengths = [lengths[i] for i in keep]
-    batches = [[keep[j] for j in b] for b in micro_batches(kept_lengths, cfg["micro_batch_tokens"])]
+    batches = [[keep[j] for j in b]
+               for b in micro_batches(kept_lengths, cfg["micro_batch_tokens"], [batch["tools"][i] for i in keep])]
     totals = {"loss": 0.0, "rows_updated": len(keep),
               "pad_frac": padded_fraction(lengths, batches) / world_size if keep else 0.0}
     for index, n, weight in in_step(batches, lengths, model):
@@ -230,12 +234,12 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
         else:               # the sampling policy's logprobs recomputed: same weights, fp32 softmax
             with gathered(model):
                 old = batch_logprobs(model, ids, batch["lengths"], batch["mask"].to(device), cfg["temperature"],
-                                     cfg["micro_batch_tokens"], share_prefix=cfg["share_prefix"])
+                                     cfg["micro_batch_tokens"], share_prefix=cfg["share_prefix"], tools=batch["tools"])
             stop_if_signalled(stop, StepAbandoned)
         with gathered(reference):
             ref = None if reference is None else batch_logprobs(
                 reference, ids, batch["lengths"], batch["mask"].to(device), cfg["temperature"],
-                cfg["micro_batch_tokens"], share_prefix=cfg["share_prefix"])
+                cfg["micro_batch_tokens"], share_prefix=cfg["share_prefix"], tools=batch["tools"])
     sums["time_logprobs"] = time.time() - t0
     t0 = time.time()
     model.train()

@@ -82,7 +82,7 @@ def rehearse_rows(tokenizer, tags, task, calls, responses, k=0, cache=None, own_
                                      grounding(task, call, k, cache, own_examples), tags.get("template"))
         target = encode(tokenizer, response + tags["act_pre"]) + [tags["act_end"]]
         rows.append({"ids": prompt + target, "roles": [PROMPT] * len(prompt) + [REHEARSE] * len(target),
-                     "call": _json(_call(call)), "turn": n})
+                     "call": _json(_call(call)), "turn": n, "tool": call["name"]})
     return rows
 
 

@@ -56,13 +56,14 @@ def token_logprobs(model, ids, temperature=1.0, with_entropy=False, start=0, pre
 
 
 @torch.no_grad()
-def batch_logprobs(model, ids, lengths, mask, temperature, micro_batch_tokens, share_prefix):
+def batch_logprobs(model, ids, lengths, mask, temperature, micro_batch_tokens, share_prefix, tools=None):
     """No-grad fp32 logprobs of every target [B, L-1] at `temperature`, in length-grouped
-    micro-batches of at most `micro_batch_tokens` (envace.micro_batches); with a [B, L-1] `mask`
-    (None: every target), only from each micro-batch's first masked target on (0 before it); with
-    `share_prefix`, a micro-batch's common prefix runs once."""
+    micro-batches of at most `micro_batch_tokens` (envace.micro_batches; `tools`: a row's tool,
+    whose rows share a micro-batch); with a [B, L-1] `mask` (None: every target), only from each
+    micro-batch's first masked target on (0 before it); with `share_prefix`, a micro-batch's
+    common prefix runs once."""
     out = torch.zeros(ids.shape[0], ids.shape[1] - 1, device=ids.device)
-    for index in envace.micro_batches(lengths, micro_batch_tokens):
+    for index in envace.micro_batches(lengths, micro_batch_tokens, tools):
         rows = [lengths[i] for i in index]
         n = max(rows)
         index = torch.tensor(index, device=ids.device)

@@ -11,6 +11,7 @@ same rows (`warm_start_sequences`), and evaluation asks the model in them (`woul
 The chat format's rehearse prompt is chat_separate.rehearse_prompt_ids, in the model's own template.
 """
 import functools
+import json
 from collections import deque
 
 import torch
@@ -48,7 +49,8 @@ def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     frozen: `env_model` writes the rehearse rows; their tokens are then OBS (no loss).
     Returns the actor rows as sample_episodes does, each with "rehearsals": its rehearse rows in
     call order (ids, roles, logprobs, calls [the call], responses, cause, "episode": the index of
-    its actor row, i.e. of its prompt, "turn": which call). A rehearsal that fails (bad_rehearsal,
+    its actor row, i.e. of its prompt, "turn": which call, "tool": the tool it plays, by which the
+    update groups its micro-batches). A rehearsal that fails (bad_rehearsal,
     env_limit) ends its episode with that cause.
     Chat format (`tags` the chat hand-offs, prompts as ids, one world per row): the rehearse prompt
     is `rehearse_prompt(actor row, its world)` (chat_separate.separate_prompt), the rehearser writes the
@@ -99,7 +101,7 @@ def _rehearse_row(episode, tags, tokenizer, examples, world):
     ids = rehearse_prompt(tokenizer, episode["ids"][len(tags["bos"]):], call,
                                    examples(call) if examples else (), world)
     return new_row(ids, world, "env", calls=[call], stop_at="response", episode=episode["episode"],
-                   turn=len(episode["calls"]) - 1)
+                   turn=len(episode["calls"]) - 1, tool=world.parse_call(call)[0])
 
 
 
@@ -107,8 +109,9 @@ def _chat_rehearse_row(episode, world, env_tags, rehearse_prompt):
     """A chat rehearse row for the actor row's last call: its own prompt (`rehearse_prompt`), and a
     world reading its result as an assistant turn (chat_separate.rehearse_tags)."""
     ids = rehearse_prompt(episode, world)
-    return new_row(ids, chat.task_world(world.task, env_tags), "env", calls=[episode["calls"][-1]],
-                   stop_at="response", episode=episode["episode"], turn=len(episode["calls"]) - 1)
+    call = episode["calls"][-1]
+    return new_row(ids, chat.task_world(world.task, env_tags), "env", calls=[call], stop_at="response",
+                   episode=episode["episode"], turn=len(episode["calls"]) - 1, tool=json.loads(call)["name"])
 
 
 
@@ -178,7 +181,7 @@ def rehearsal_rows(tokenizer, episode, examples=None, world=toy_world):
                                  examples(call) if examples else (), world)
         target = encode(tokenizer, response) + [tags["env_end"]]
         rows.append({"ids": prompt + target, "roles": [PROMPT] * len(prompt) + [REHEARSE] * len(target),
-                     "call": call, "turn": k})
+                     "call": call, "turn": k, "tool": world.parse_call(call)[0]})
     return rows
 
 

@@ -19,6 +19,7 @@ from chat import separate as chat_separate
 from chat import setup as chat_setup
 from chat import tasks as chat_tasks
 from machinery import config
+import envace
 import evaluate
 from machinery import evaluate_cli
 from formats import features
@@ -27,8 +28,8 @@ import reward
 from rehearsal import separate, toolcache
 import train
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask
-from helpers import (POSITION_INIT, assert_ratio_one, assert_rehearse_logprobs_match_a_forward, chat_tokenizer,
-                     scripted_rows, tiny_qwen)
+from helpers import (POSITION_INIT, assert_ratio_one, assert_rehearse_logprobs_match_a_forward, assert_same_gradients,
+                     chat_tokenizer, scripted_rows, tiny_qwen)
 from rollout import sample_episodes
 from rehearsal.separate import _chat_rehearse_row, sample_separate
 
@@ -299,10 +300,11 @@ def test_chat_rehearse_rows_logprobs_equal_a_teacher_forced_forward():
     assert_rehearse_logprobs_match_a_forward(model, rows, TOK.pad_token_id)
 
 
-def test_rl_step_on_chat_separate_rows():
+def test_rl_step_on_chat_separate_rows(monkeypatch):
     """Two episodes of one task: answer 4 (reward 1) and 5 (reward 0), two calls each. Rows
     (task_role): e1, e1.r1, e1.r2, e2, e2.r1, e2.r2 in groups 0 1 1 0 1 1; act mean 1/2, rehearse
-    mean 1/2. Trained targets: 20 + 20 + 2 ACT per actor row, 2 REHEARSE per rehearse row."""
+    mean 1/2. Trained targets: 20 + 20 + 2 ACT per actor row, 2 REHEARSE per rehearse row. The
+    old logprobs and the update run in micro-batches by tool: the actor rows, then pay's rows."""
     task = pay_task()
     e1, = sample(task)
     prompts, worlds = chat_setup.episode_inputs(TOK, TAGS, [task])
@@ -318,9 +320,13 @@ def test_rl_step_on_chat_separate_rows():
     assert batch["n_tokens"] == 2 * 42 + 4 * 2
     adv, mask = batch["advantages"], batch["mask"]
     assert [sorted(set(adv[i][mask[i]].tolist())) for i in range(6)] == [[0.5], [0.5], [0.5], [-0.5], [-0.5], [-0.5]]
+    assert batch["tools"] == ["", "pay", "pay", "", "pay", "pay"]
+    packed = []
+    monkeypatch.setattr(train, "micro_batches", lambda *a: packed.append(envace.micro_batches(*a)) or packed[-1])
     model = tiny_qwen(TOK)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sums, status = train.rl_step(model, model, opt, rows, row_rewards, groups, cfg, TOK.pad_token_id)
+    assert packed == [[[0, 3], [2, 5, 1, 4]]]      # longest first: a second call's rows hold the first in their dialogue
     assert status == "updated" and sums["tokens_rehearse"] == 8 and sums["tokens_act"] == 84
     # ratio 1: loss = -(sum of A over trained tokens) / n_tokens = -(0.5 x (42 + 2 + 2) - 0.5 x (42 + 2 + 2)) / 92;
     # each ratio is 1 within LOGPROB_TOLERANCE (old recomputed, new from the update's forward), so the
@@ -425,3 +431,52 @@ def test_what_chat_still_refuses(tmp_path, bad):
     with pytest.raises(config.ConfigError):
         config.load_config(os.path.join(ROOT, "configs", "chat_tiny.yaml"), [f"--model={tmp_path}",
                                                                               "--rehearsal_context=separate", bad])
+
+
+ASK = {"type": "function", "function": {"name": "ask", "parameters": {
+    "type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]}}}
+
+
+def test_warm_start_micro_batches_run_a_tools_system_turn_once(monkeypatch):
+    """Rehearse rows of two tools (pay, ask) beside an actor row, one warm-start step: every
+    micro-batch holds one tool's rows (the actor row alone), the prefix that runs once is that
+    tool's whole system turn (its name and schema), and the gradient is the one the same rows give
+    in micro-batches by length alone (where pay's and ask's rows mix and share only the template's
+    opening). The tool a rehearse row plays is carried by both row builders (warm start and RL)."""
+    pay, ask = pay_task(), {**pay_task(), "tools": [ASK]}
+    calls = [{"name": "ask", "arguments": {"item": w}} for w in ("jam", "tea", "milk")]
+    rows = (chat_separate.rehearse_rows(TOK, TAGS, pay, CALLS, ["6", "4"], own_examples=True)
+            + chat_separate.rehearse_rows(TOK, TAGS, ask, calls, ["2", "3", "5"]))
+    assert [r["tool"] for r in rows] == ["pay", "pay", "ask", "ask", "ask"]
+    actor = chat.assemble(TOK, TAGS, chat.prompt_ids(TOK, pay["messages"], pay["tools"]), CALLS, ["6", "4"], "4")
+    e, = sample(pay_task(), k=1)
+    assert [r["tool"] for r in e["rehearsals"]] == ["pay", "pay"]
+    seqs = [{"rows": [{"ids": actor["ids"], "roles": actor["roles"]}] + rows}]
+    cfg = {**config.DEFAULTS, "format": "chat", "rehearsal_context": "separate", "sft_steps": 1,
+           "sft_batch_size": 1, "micro_batch_tokens": 4096}
+    seen, grads = [], []
+
+    def spy(model, ids, **kw):
+        seen.append((ids.shape[0], kw["prefix"], TOK.decode(ids[0, :kw["prefix"]])))
+        return train_logprobs(model, ids, **kw)
+
+    class Recorder(torch.optim.SGD):      # lr 0: records the step's gradients, moves nothing
+        def step(self, closure=None):
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+
+    train_logprobs = train.token_logprobs
+    monkeypatch.setattr(train, "token_logprobs", spy)
+    monkeypatch.setattr(train, "adamw", lambda model, lr, cfg: Recorder(model.parameters(), lr=0.0))
+    model = tiny_qwen(TOK)
+    train.warm_start(model, model, seqs, cfg, TOK.pad_token_id, roles=(ACT, REHEARSE))
+    assert [n for n, _, _ in seen] == [1, 3, 2]            # the actor row, ask's 3 rows, pay's 2 rows
+    for (n, prefix, text), tool in zip(seen[1:], (ASK, PAY)):
+        name = tool["function"]["name"]
+        system = chat_separate.REHEARSE_SYSTEM.format(name=name, schema=chat._json(tool))
+        assert system in text and prefix < min(len(r["ids"]) for r in rows if r["tool"] == name)
+    by_length = envace.micro_batches
+    monkeypatch.setattr(train, "micro_batches", lambda lengths, budget, groups=None: by_length(lengths, budget))
+    seen.clear()
+    train.warm_start(model, model, seqs, cfg, TOK.pad_token_id, roles=(ACT, REHEARSE))
+    assert len(seen) == 1 and "You play the tool" not in seen[0][2]        # one micro-batch of all six rows
+    assert_same_gradients(grads[0], grads[1])

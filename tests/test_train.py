@@ -105,6 +105,15 @@ def test_micro_batches_pack_by_length_within_the_budget():
     assert envace.padded_fraction([50, 12, 48, 10], [[1, 3]]) == pytest.approx(1 - 22 / 24)   # rows left out
 
 
+def test_micro_batches_never_mix_groups():
+    """Rows of one group (the tool a separate rehearse row plays) share micro-batches, longest
+    first within their group; no groups (or one) packs exactly as by length alone."""
+    assert envace.micro_batches([50, 12, 48, 10], 100, ["a", "b", "b", "a"]) == [[0, 3], [2, 1]]
+    assert envace.micro_batches([50, 12, 48, 10], 100, ["", "", "", ""]) == [[0, 2], [1, 3]]
+    # act rows ("") sort before tool rows; a group's rows still split on the budget: 3 x 30 > 80
+    assert envace.micro_batches([30, 30, 30, 40, 5], 80, ["pay", "pay", "pay", "", "ask"]) == [[3], [4], [0, 1], [2]]
+
+
 def test_sampler_logprobs_equal_the_recomputed_old_logprobs():
     model = tiny_llama(TOK, init_range=POSITION_INIT)
     prompts = ["price apple", "not pear buy 2 milk and egg", "cost 3 fish", "buy tea"] * 3

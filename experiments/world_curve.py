@@ -1,0 +1,172 @@
+"""The world model's learning curve: would-rehearse fidelity per tool kind against warm-start rows.
+
+    python -m experiments.world_curve --config configs/smollm2-separate.yaml --rows 128,256,512 \
+        --out results/smollm2_world_curve/curve.jsonl                      # grounded and ungrounded
+    python -m experiments.world_curve --out results/smollm2_world_curve/curve.jsonl --table
+
+For each arm (`grounded`: the config's grounding_examples; `ungrounded`: 0) and each budget of
+R rows, the config's model is warm-started anew on R separate rehearse rows only (R / sft_batch_size
+steps of sft_batch_size rows drawn from the rehearse rows of the config's warm start: the logged
+episodes' calls and the RL tasks' reference examples, each row grounded as the warm start grounds
+it; the cosine schedule over those steps), then asked, greedy and teacher-forced, to rehearse the
+expert's calls of the test tasks (their real responses replayed: what `evaluate.py --coverage`
+asks), grounded by the tool cache of training traffic only. Each point is one JSON line: fidelity
+per tool kind, split by whether the cache holds the exact call (`fidelity_by_cache`), the
+warm start's seconds and the process's peak resident memory. A point already in --out is kept and
+not redone (a stopped curve goes on where it stopped).
+
+Simplified: rehearse rows only (the actor's rows train the actor, not the world); one seed; a
+budget is a run of its own, so a point is what a warm start of that size gives, not a snapshot of
+a longer one.
+"""
+import json
+import os
+import resource
+import sys
+import time
+
+from machinery.config import ArgumentParser, ConfigError, load_config
+
+ARMS = ("grounded", "ungrounded")
+
+
+def rehearse_sequences(sequences):
+    """The warm start's rehearse rows, each a sequence of its own (the actor rows left out)."""
+    from envace import ACT, REHEARSE
+    return [row for s in sequences for row in s.get("rows", [s])
+            if REHEARSE in row["roles"] and ACT not in row["roles"]]
+
+
+def point(cfg, arm, rows):
+    """One curve point (a dict): a fresh model warm-started on `rows` rehearse rows, its fidelity."""
+    import torch
+    import train
+    from chat import setup as chat_setup
+    from envace import REHEARSE
+    from formats import features
+    from machinery.checkpoint import load_policy
+    from rehearsal import honesty
+    cfg = {**cfg, "grounding_examples": cfg["grounding_examples"] if arm == "grounded" else 0,
+           "sft_steps": rows // cfg["sft_batch_size"]}
+    torch.manual_seed(cfg["seed"])
+    splits = features.build_tasks(cfg)
+    model, tokenizer = load_policy(cfg["model"], "cpu", cfg["model_init"])
+    if cfg["chat_template"]:
+        with open(cfg["chat_template"], encoding="utf-8") as f:
+            tokenizer.chat_template = f.read()
+    fmt, setting = features.setup(cfg, tokenizer, splits, "cpu")
+    sequences = rehearse_sequences(fmt.warm_start_sequences(setting))
+    t0 = time.time()
+    train.warm_start(model, model, sequences, cfg, tokenizer.pad_token_id, roles=(REHEARSE,))
+    seconds = time.time() - t0
+    tasks, episodes = chat_setup.expert_episodes(tokenizer, setting["tags"], splits["test"])
+    pairs = fmt.would_rehearse(setting, model, tokenizer, tasks, episodes)
+    by_kind = lambda part: fmt.by_kind(setting, part, tasks)         # noqa: E731
+    return {"arm": arm, "rows": rows, "grounding_examples": cfg["grounding_examples"],
+            "sft_steps": cfg["sft_steps"], "rehearse_rows_available": len(sequences),
+            "fidelity": honesty.rates(by_kind(pairs)), "counts": by_kind(pairs),
+            **honesty.fidelity_by_cache(pairs, setting["cache"], by_kind),
+            "warm_start_seconds": round(seconds, 1),
+            "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+
+
+def table(lines):
+    """The curve as a markdown table: matches / calls per tool kind, covered by the cache and not."""
+    kinds = sorted({k for p in lines for part in p["fidelity_by_cache"].values() for k in part})
+    head = " | ".join(f"{k} covered | {k} not" for k in kinds)
+    out = [f"| arm | rows | {head} | warm start s |", "|---" * (3 + 2 * len(kinds)) + "|"]
+    for p in lines:
+        cells = []
+        for k in kinds:
+            for part in ("seen", "unseen"):
+                m, n = p["fidelity_by_cache"][part].get(k, [0, 0])
+                cells.append(f"{m}/{n}" + (f" ({m / n:.2f})" if n else ""))
+        out.append(f"| {p['arm']} | {p['rows']} | " + " | ".join(cells) + f" | {p['warm_start_seconds']:.0f} |")
+    return "\n".join(out) + "\n"
+
+
+def read_points(path):
+    """The points already in `path` ([] if it does not exist); a line that is not a point: ConfigError."""
+    if not os.path.exists(path):
+        return []
+    points = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                p = json.loads(line)
+            except ValueError:
+                p = None
+            if not isinstance(p, dict) or not {"arm", "rows", "fidelity_by_cache"} <= set(p):
+                raise ConfigError(f"{path}, line {n}: not a point of this curve (another file?); give another --out")
+            points.append(p)
+    return points
+
+
+def check_options(args, overrides):
+    """One line for each bad option, before any model loads."""
+    if args.table:
+        if not os.path.isfile(args.out):
+            raise ConfigError(f"--out {args.out}: no such file")
+        return None, [], []
+    if args.config is None:
+        raise ConfigError("--config: give the run's config (e.g. configs/smollm2-separate.yaml)")
+    cfg = load_config(args.config, overrides)
+    if cfg["format"] != "chat" or cfg["rehearsal_context"] != "separate":
+        raise ConfigError(f"{args.config}: this curve is for format chat with rehearsal_context separate")
+    try:
+        rows = [int(r) for r in args.rows.split(",")]
+    except ValueError:
+        raise ConfigError(f"--rows {args.rows!r}: comma-separated whole numbers, e.g. 128,256,512") from None
+    if any(r <= 0 or r % cfg["sft_batch_size"] for r in rows):
+        raise ConfigError(f"--rows {args.rows}: each a positive multiple of sft_batch_size ({cfg['sft_batch_size']})")
+    arms = args.arms.split(",")
+    if not set(arms) <= set(ARMS) or not arms:
+        raise ConfigError(f"--arms {args.arms!r}: some of {', '.join(ARMS)}")
+    if os.path.isdir(args.out):
+        raise ConfigError(f"--out {args.out} is a folder: give a file")
+    read_points(args.out)
+    return cfg, rows, arms
+
+
+def main(argv=None):
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", help="a chat config with rehearsal_context separate")
+    parser.add_argument("--rows", default="128,256,512", help="warm-start budgets in rehearse rows")
+    parser.add_argument("--arms", default="grounded,ungrounded", help="grounded, ungrounded or both")
+    parser.add_argument("--out", required=True, help="the curve's JSON lines (points already there are kept)")
+    parser.add_argument("--table", action="store_true", help="print --out as a markdown table")
+    try:
+        args, overrides = parser.parse_known_args(argv)
+        cfg, rows, arms = check_options(args, overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.table:
+        print(table(read_points(args.out)), end="")
+        return 0
+    from machinery.faults import StopRequest
+    from machinery.savefiles import write_file
+    try:
+        with StopRequest(immediate=True):         # SIGTERM too: KeyboardInterrupt at once
+            for arm in arms:
+                for r in rows:
+                    points = read_points(args.out)
+                    if any(p["arm"] == arm and p["rows"] == r for p in points):
+                        continue
+                    p = point(cfg, arm, r)
+                    print(f"{arm} {r} rows: fidelity {p['fidelity']} | covered {p['fidelity_by_cache']['seen']} | "
+                          f"not covered {p['fidelity_by_cache']['unseen']} | {p['warm_start_seconds']:.0f}s", flush=True)
+                    write_file(args.out, "".join(json.dumps(q) + "\n" for q in points + [p]))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: the points finished are in {args.out}; the same command goes on from there",
+              file=sys.stderr)
+        return 130
+    print(table(read_points(args.out)), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

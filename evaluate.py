@@ -18,6 +18,7 @@ policy, their figure "rehearsed success (no executor)" (`success_name`).
 """
 import functools
 import runpy
+import time
 
 import torch
 from tqdm import tqdm
@@ -34,15 +35,18 @@ def evaluate(model, tokenizer, tasks, cfg, fmt, setting, seed=0, rehearser=None)
     run (fmt.executes) are rehearsed by the policy instead, and counted apart. With cfg
     rehearsal_budget N > 0, each task is first privately rehearsed N times (rehearse.py;
     `rehearser` plays the world in imagination instead of the policy if given) and the real
-    execution commits to the plan. Returns the eval.json dict, with `task_rewards` (per task, in
-    order: experiments.paired_bootstrap) and the world's own figures in `extras` (fmt.eval_extras:
-    world: uncertain's per-subset truth probe and success; absent for the demo's world)."""
+    execution commits to the plan. Returns the eval.json dict, with `seconds` (wall time of the
+    episodes, the would-rehearse check, the imagined world, the world's extras), `task_rewards`
+    (per task, in order: experiments/compare.py's paired_bootstrap) and the world's own figures in
+    `extras` (fmt.eval_extras: world: uncertain's per-subset truth probe and success; absent for
+    the demo's world)."""
     model.eval()
     generator = torch.Generator().manual_seed(seed)
     limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
     sampling = {"temperature": cfg["eval_temperature"], "top_p": cfg["top_p"], "generator": generator, **limits}
     executed = [i for i, t in enumerate(tasks) if fmt.executes(setting, t)]
     episodes, imagined, rewards = [None] * len(tasks), [0] * len(tasks), [None] * len(tasks)
+    seconds, t0 = {}, time.time()
     with tqdm(total=len(tasks), desc="evaluate", dynamic_ncols=True, leave=False) as bar:   # tasks done
         for mode, index in (("real", executed), ("rehearse", [i for i in range(len(tasks)) if i not in set(executed)])):
             for k in range(0, len(index), cfg["eval_batch_size"]):      # tasks sampled at once
@@ -65,6 +69,7 @@ def evaluate(model, tokenizer, tasks, cfg, fmt, setting, seed=0, rehearser=None)
                     episodes[i], rewards[i] = e, fmt.reward(setting, e, tasks[i])
                 bar.update(len(part))
                 bar.set_postfix(success=f"{sum(r for r in rewards if r is not None) / bar.n:.3f}")
+    seconds["episodes"], t0 = time.time() - t0, time.time()
     pairs = fmt.would_rehearse(setting, model, tokenizer, [tasks[i] for i in executed], [episodes[i] for i in executed])
     fidelity = fmt.by_kind(setting, pairs, [tasks[i] for i in executed])
     result = {**outcome_record(tasks, episodes, rewards),
@@ -77,11 +82,15 @@ def evaluate(model, tokenizer, tasks, cfg, fmt, setting, seed=0, rehearser=None)
               # grounded by the tool cache of training traffic only: the test calls it holds, fidelity split by it
               **honesty.fidelity_by_cache(pairs, setting.get("cache"),
                                           lambda part: fmt.by_kind(setting, part, [tasks[i] for i in executed]))}
+    seconds["would_rehearse"], t0 = time.time() - t0, time.time()
     if cfg["n_collusion"]:
         result.update(fmt.imagined_world(setting, model, tokenizer, tasks[:cfg["n_collusion"]], cfg, generator))
+    seconds["imagined_world"], t0 = time.time() - t0, time.time()
     extras = fmt.eval_extras(setting, model, tasks, episodes, rewards)      # the world's own figures, or {}
     if extras:
         result["extras"] = extras
+    seconds["extras"] = time.time() - t0
+    result["seconds"] = {k: round(v, 2) for k, v in seconds.items()}      # where the evaluation's time went
     result["task_rewards"] = rewards          # per test task, in order: the paired bootstrap's input
     return result
 

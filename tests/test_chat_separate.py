@@ -348,6 +348,9 @@ def test_chat_evaluation_asks_would_rehearse_in_separate_rows(monkeypatch):
     result = evaluate.evaluate(PrefixScript(scripts_for(task, 2)), TOK, [task], cfg, fmt, setting)
     assert result["success"] == 1.0 and result["fidelity_counts"] == {"stateful": [1, 2]}
     assert result["executed_tasks"] == 1 and result["rehearsed_tasks"] == 0
+    # where the time went: each part once, wall seconds (their sizes are a benchmark's business)
+    assert list(result["seconds"]) == ["episodes", "would_rehearse", "imagined_world", "extras"]
+    assert all(v >= 0 for v in result["seconds"].values())
     # the tool cache: the RL task's examples, pay 1 -> 8, pay 5 -> 4 (this test task is that RL task)
     assert toolcache.examples(setting["cache"], CALLS[0], 2) == task["examples"]
     want = chat_separate.rehearse_rows(TOK, TAGS, task, CALLS, ["6", "4"], 2, cache=setting["cache"])

@@ -4,16 +4,16 @@ The paper trains with rehearsal but reports success on real benchmarks; likewise
 figure here is measured with the real world answering the policy's calls, never with its own
 rehearsals (an imagined success can rise while the real one does not). Besides success: how
 episodes ended, the mean number of calls, the would-rehearse fidelity per tool kind, and on the
-first `n_collusion` test tasks the imagined world's success and collusion rate (rehearsal/honesty.py).
-Every rehearse prompt here is grounded by the tool cache (rehearsal/toolcache.py), built from
+first `n_collusion` test tasks the imagined world's success and collusion rate (worldmodel/honesty.py).
+Every rehearse prompt here is grounded by the tool cache (worldmodel/toolcache.py), built from
 training traffic only; `cache_coverage` and `fidelity_by_cache` say which test calls it holds.
 
     python evaluate.py --ckpt out/small                 # the RL'd policy: <ckpt>/eval.json
     python evaluate.py --ckpt out/small/warmstart       # the warm start it came from
     python evaluate.py --ckpt out/small --sweep         # private rehearsal at N = 0, 1, 2, 4
-(--coverage, --collusion, --oracle and the command line itself: machinery/evaluate_cli.py). What depends on
+(--coverage, --collusion, --oracle and the command line itself: scripts/evaluate_cli.py). What depends on
 the format and the rehearsal layout comes from the format module `fmt` and its `setting`
-(features.setup; formats/plain.py for the demo); chat tasks with no executor are rehearsed by the
+(features.setup; formats/format_plain.py for the demo); chat tasks with no executor are rehearsed by the
 policy, their figure "rehearsed success (no executor)" (`success_name`).
 """
 import functools
@@ -23,7 +23,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from rehearsal import honesty
+from worldmodel import honesty
 import rehearse
 from reward import outcome_record
 from rollout import sample_episodes
@@ -37,7 +37,7 @@ def evaluate(model, tokenizer, tasks, cfg, fmt, setting, seed=0, rehearser=None)
     `rehearser` plays the world in imagination instead of the policy if given) and the real
     execution commits to the plan. Returns the eval.json dict, with `seconds` (wall time of the
     episodes, the would-rehearse check, the imagined world, the world's extras), `task_rewards`
-    (per task, in order: experiments/compare.py's paired_bootstrap) and the world's own figures in
+    (per task, in order: scripts/compare.py's paired_bootstrap) and the world's own figures in
     `extras` (fmt.eval_extras: world: uncertain's per-subset truth probe and success; absent for
     the demo's world)."""
     model.eval()
@@ -123,5 +123,5 @@ def imagined_summary(m):
             f"({c['colluding']} of {c['wrong']} wrong calls)")
 
 
-if __name__ == "__main__":    # the command line is machinery/evaluate_cli.py, which imports this module
-    runpy.run_module("machinery.evaluate_cli", run_name="__main__")
+if __name__ == "__main__":    # the command line is scripts/evaluate_cli.py, which imports this module
+    runpy.run_module("scripts.evaluate_cli", run_name="__main__")

@@ -8,10 +8,14 @@ sequence (role REHEARSE) and closes it with `</env>` (rollout.py). This file hol
 - the `rehearse_check` guard (`check_rehearsal`): a response must have the form its call implies,
   as the official simulator's format/whitelist/schema checks demand;
 - test-time private rehearsal (`private_rehearsal_plans`): the paper's use of the internal
-  world model at test time: imagine whole episodes before committing one real execution.
+  world model at test time, imagine whole episodes before committing one real execution, decided
+  here by a VOTE: the imagined answers vote and the committed episode replays the winning plan.
+  The vote is this repository's simpler rule, not the paper's; the paper's rule (each imagined
+  episode self-assessed into a rehearsal memory that the actor reads and then acts on) is
+  worldmodel/memory.py, used by `world: choice`.
 How faithful the rehearsals are (fidelity per tool kind, collusion, coverage) is measured in
-rehearsal/honesty.py, against a real replay, diagnostic only. What a well-formed rehearsed response is lives
-with its world (world.parse_response); the separate rehearse rows' prompt with its layout (rehearsal/separate.py).
+worldmodel/honesty.py, against a real replay, diagnostic only. What a well-formed rehearsed response is lives
+with its world (world.parse_response); the separate rehearse rows' prompt with its layout (worldmodel/separate.py).
 """
 import rollout
 import world as toy_world
@@ -36,7 +40,8 @@ def private_rehearsal_plans(policy, tokenizer, prompts, budget, mode="parallel",
     complete act/rehearse episodes in which the policy (or `rehearser`, e.g. the warm-start model)
     plays the world, and turn them into a plan for the one committed real execution.
 
-    The rule: the imagined answers vote. The plan is the calls of the first imagined episode
+    The rule, a vote (this repository's, not the paper's rehearsal memory: worldmodel/memory.py):
+    the imagined answers vote. The plan is the calls of the first imagined episode
     that reached the most-imagined answer, each with the response imagined for it. The committed
     episode (rollout.sample_episodes with `plans`) makes those calls in the real world while the
     real responses are the imagined ones, and re-plans (the policy acts on its own, greedy) from

@@ -13,7 +13,7 @@ Worked example, two tasks x G = 3:
     mean     1/3            1
     A        2/3 -1/3 -1/3  0    0    0      group 1 is all-equal: zero signal, counted
 
-Chat-format tasks (chat/format.py) are scored by `chat_reward` (chat/reward.py): the final answer
+Chat-format tasks (chat/format.py) are scored by `chat_reward` (chat/chat_reward.py): the final answer
 (normalised string or number match), the tool calls against gold calls compared AST-style as BFCL
 does (type-aware values, in order or in any order), and optionally the paper's checklist judge: a
 local causal LM asked each yes/no question, scored by p(yes) / (p(yes) + p(no)) of its next token.

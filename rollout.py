@@ -25,7 +25,7 @@ Per-row state machine (the sampler forces every hand-off; no role ever writes an
     env  --</env>-->  validate the response (world.parse_response), force <act>, back to act
 
 The chat format (chat/format.py: hand-offs from the model's chat template, JSON tool calls, one world
-per row) and the separate layout (rehearsal/separate.py: each rehearsal a row of its own, in rounds) drive
+per row) and the separate layout (worldmodel/separate.py: each rehearsal a row of its own, in rounds) drive
 this same machine; their files say how.
 
 Truncation is explicit: a tag sampled in the wrong role ("bad_act", "bad_rehearsal"), a segment

@@ -30,7 +30,7 @@ exactly); every other fault is one line and an exit status
 (machinery/faults.py; the table of faults tried: docs/faults.md). Each step's figures go to metrics.jsonl.
 
 Simplified against the paper / official code: inline rehearsal by default (one row holds both
-roles; `rehearsal_context: separate`, rehearsal/separate.py, gives each rehearsal its own row and prompt);
+roles; `rehearsal_context: separate`, worldmodel/separate.py, gives each rehearsal its own row and prompt);
 a toy world with exact-match success instead of a judge (`format: chat`, chat/format.py, runs a real
 chat model on JSONL tool tasks); one optimizer step per batch (`ppo_epochs` > 1 makes the clip
 bite); by default no dynamic sampling (steps whose groups all have equal rewards are skipped and counted).
@@ -62,8 +62,8 @@ from evaluate import summary
 from machinery.faults import (Interrupted, StepAbandoned, StopRequest, exit_status, interrupted_line, nonfinite,
                     restore_snapshot, rl_stop_line, signalled, stop_if_signalled, training_snapshot,
                     unless_signalled)
-from rehearsal.honesty import fidelity_gate
-from machinery.metrics import (add_micro_batch, episode_sums, eval_during_rl, final_report, real_world_eval, role_sums,
+from worldmodel.honesty import fidelity_gate
+from reporting.metrics import (add_micro_batch, episode_sums, eval_during_rl, final_report, real_world_eval, role_sums,
                      rl_updates, start_metrics, step_record)
 from reward import group_advantages, training_rows, varied_groups
 

@@ -25,7 +25,7 @@ import sys
 from chat import format as chat
 from chat import tasks as chat_tasks
 from machinery import taskfiles
-from chat.reward import chat_reward
+from chat.chat_reward import chat_reward
 from machinery.checkpoint import write_file
 from machinery.config import DEFAULTS, ArgumentParser, ConfigError, check_value
 from chat.executor import is_error

@@ -34,8 +34,8 @@ turns. This file lets the same inline rehearsal run on such a model (`format: ch
   writes the toy world's splits as chat task files (`export_toy`).
 
 The rest of the chat format is in files of their own: below this one, chat/tasks.py (a task
-file line checked field by field); above it, chat/multiturn.py (later user turns), chat/separate.py
-(rehearsal_context separate), chat/honesty.py (fidelity and collusion in chat rows) and
+file line checked field by field); above it, chat/multiturn.py (later user turns), worldmodel/chat_separate.py
+(rehearsal_context separate), worldmodel/chat_honesty.py (fidelity and collusion in chat rows) and
 chat/setup.py (what a chat run sets up from them).
 Simplified: one tool call per assistant turn (several end the episode); every hand-off must be
 the same after each turn (a template whose glue depends on the turn is refused at start).
@@ -299,7 +299,7 @@ def task_world(task, tags, tool_timeout=DEFAULTS["tool_timeout"]):
     """The sampler's world for one chat task: reads actions against the task's tools, reads a
     rehearsed response, and executes calls: env "toy" in the toy world, env "MODULE:CLASS" on a
     fresh CLASS(**env_config) per episode (`new_state`; executor.call_tool, tool_timeout seconds
-    a call). Also what rehearsal/honesty.py's fidelity functions need (TOOL_KINDS, parse_call, replay),
+    a call). Also what worldmodel/honesty.py's fidelity functions need (TOOL_KINDS, parse_call, replay),
     by tool name."""
     schemas = tool_schemas(task["tools"])
     toy = task.get("env") == "toy"

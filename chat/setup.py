@@ -1,4 +1,4 @@
-"""What a `format: chat` run sets up from the chat files (formats/chat.py calls these).
+"""What a `format: chat` run sets up from the chat files (formats/format_chat.py calls these).
 
 The splits read and checked (`chat_tasks`: chat_tasks.read_chat_jsonl); the template's
 hand-offs derived and checked (`chat_tags`: chat.chat_format, and multiturn.turn_tags when a task
@@ -14,7 +14,7 @@ Simplified: a judge model is loaded once per path and kept for the process (`_JU
 import world as toy_world
 from machinery import taskfiles
 from chat.format import _call, _json, assemble, chat_format, has_executor, prompt_ids, task_world, toy_task_line
-from chat.reward import make_judge
+from chat.chat_reward import make_judge
 from chat.tasks import check_task, read_chat_jsonl
 from machinery.checkpoint import load_policy
 from machinery.config import DEFAULTS, ConfigError

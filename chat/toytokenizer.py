@@ -1,6 +1,6 @@
 """A small chat tokenizer for benches and tests, built in a second with no download: a byte-level
 BPE with Qwen2's pre-tokenizer and special tokens, trained on a fixed corpus of the toy shop's and
-JSON tool calls' words (deterministic), and a Qwen2.5 / Hermes-style chat template. bench.py's chat
+JSON tool calls' words (deterministic), and a Qwen2.5 / Hermes-style chat template. scripts/speed.py's chat
 workload and the chat format's tests run the chat format on it with a random tiny model.
 """
 

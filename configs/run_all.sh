@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The toy world's arms over the seeds, the private-rehearsal sweep, then the comparison table and
-# figures (experiments/compare.py --compare).
+# figures (python -m scripts.compare --compare).
 #   bash configs/run_all.sh [RESULTS]       # all six arms, seeds 1-3, the sweep (default RESULTS: out/toy)
 #   SEEDS="1" bash configs/run_all.sh       # one seed (about 15 min on 2 quiet CPU cores)
 #   SEEDS="1 2 3 4 5" ARMS="rehearse real frozen act_only" SWEEP=0 PARALLEL=1 bash configs/run_all.sh results/toy_rehearse-real-frozen-act_only_seeds1-5
 #                                           # made the experiment in results/ (92 min on 2 CPU cores);
-#                                           # python -m experiments.compare --compare FOLDER remakes its tables
+#                                           # python -m scripts.compare --compare FOLDER remakes its tables
 # Each seed's warm start is trained once (configs/warmstart.yaml) and every RL arm starts from it;
 # the coverage arm trains its own, on the data it is allowed to see. ARMS picks the arms (default
 # all six), SWEEP=0 skips the sweep; PARALLEL=1 runs a seed's arms at once and NICE=15 runs every
@@ -38,6 +38,6 @@ for s in ${SEEDS:-1 2 3}; do
   # model imagines with its own world model, or with the warm start's
   [ "${SWEEP:-1}" = 0 ] || run evaluate.py --ckpt $R/rehearse/seed$s --sweep --rehearser $R/warmstart/seed$s/warmstart \
     --eval_temperature=0.6 --top_p=0.95 --imagine_temperature=0.6
-  run experiments/compare.py --compare $R > /dev/null
+  run -m scripts.compare --compare $R > /dev/null
 done
-run experiments/compare.py --compare $R
+run -m scripts.compare --compare $R

@@ -9,7 +9,7 @@
 #   bash configs/run_choice.sh results/choice-3-options_memory-sweep_seeds1-5
 #   CONFIG=configs/choice.yaml SEEDS=1 bash configs/run_choice.sh results/choice-2-options_memory-sweep_seed1
 #                                              # made the two experiments in results/ (a run retrains:
-#                                              # --overwrite); experiments/choice_sweep.py --report FOLDER remakes the tables
+#                                              # --overwrite); python -m scripts.choice_sweep --report FOLDER remakes the tables
 # Three options are the experiment: with two, N = 0 already bought right in 0.970 of the test
 # tasks (results/choice-2-options_memory-sweep_seed1/), too close to the ceiling for a memory to show a gain.
 # NICE=15 runs every step under `nice -n 15` with OMP_NUM_THREADS=1 (a shared machine). Run
@@ -28,7 +28,7 @@ for s in ${SEEDS:-1 2 3 4 5}; do
   cp $R/seed$s/warmstart/eval.json $R/eval_warmstart-seed$s.json
   cp $R/seed$s/eval.json $R/eval_rl-seed$s.json
   cp $R/seed$s/metrics.jsonl $R/metrics-seed$s.jsonl
-  run experiments/choice_sweep.py --ckpt $R/seed$s/warmstart --out $R/sweep_warmstart-seed$s.json | tee $R/sweep_warmstart-seed$s.log
-  run experiments/choice_sweep.py --ckpt $R/seed$s --out $R/sweep_rl-seed$s.json | tee $R/sweep_rl-seed$s.log
-  run experiments/choice_sweep.py --report $R > /dev/null           # the tables and figure of the seeds so far
+  run -m scripts.choice_sweep --ckpt $R/seed$s/warmstart --out $R/sweep_warmstart-seed$s.json | tee $R/sweep_warmstart-seed$s.log
+  run -m scripts.choice_sweep --ckpt $R/seed$s --out $R/sweep_rl-seed$s.json | tee $R/sweep_rl-seed$s.log
+  run -m scripts.choice_sweep --report $R > /dev/null           # the tables and figure of the seeds so far
 done

@@ -38,4 +38,4 @@ done
 for s in $SEEDS; do     # the real-world arm of run_all.sh, for reference
   mkdir -p "$R/real/seed$s" && cp "$(dirname "$WS")/real/seed$s/"{eval.json,metrics.jsonl} "$R/real/seed$s/" || true
 done
-python -m experiments.compare --compare "$R"
+python -m scripts.compare --compare "$R"

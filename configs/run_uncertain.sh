@@ -3,11 +3,11 @@
 # per seed on the stale logs of configs/world_uncertain.yaml, then four RL arms of 200 steps
 # from it: rehearse (EnvACE), frozen (the warm start plays the world), act_only (rehearse_coef 0),
 # real (the real world answers). After each seed, the tables, the paired bootstrap and the
-# figure of what is there (experiments/compare.py --uncertain), so results land seed by seed.
+# figure of what is there (python -m scripts.compare --uncertain), so results land seed by seed.
 #   bash configs/run_uncertain.sh [RESULTS]              # seeds 1 2 3 4 5 (default RESULTS: out/uncertain)
 #   SEEDS=1 bash configs/run_uncertain.sh                 # the reduced variant
 #   PARALLEL=1 bash configs/run_uncertain.sh results/uncertain_rehearse-real-frozen-act_only_seeds1-5
-#                                 # made the experiment in results/; experiments/compare.py --uncertain FOLDER remakes its tables
+#                                 # made the experiment in results/; python -m scripts.compare --uncertain FOLDER remakes its tables
 # NICE=15 runs every step under `nice -n 15` (a shared machine); PARALLEL=1 runs a seed's four
 # arms at once; either one sets OMP_NUM_THREADS=1; each arm's output goes to $R/ARM-seedS.log.
 # A run whose eval.json exists is kept, not redone (a second call continues with the seeds left);
@@ -36,6 +36,6 @@ for s in ${SEEDS:-1 2 3 4 5}; do
   done
   wait
   echo "seed $s end $(date -u +%FT%TZ) seconds $(( $(date +%s) - start ))" >> "$R/timing.log"
-  run experiments/uncertain_report.py --lookups $R        # the items the actor looked up, per test task
-  run experiments/compare.py --uncertain $R
+  run -m scripts.uncertain_report --lookups $R        # the items the actor looked up, per test task
+  run -m scripts.compare --uncertain $R
 done

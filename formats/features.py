@@ -1,29 +1,29 @@
 """Features chosen once at setup: the task format and the rehearsal layout, as one module of plain functions.
 
-    format: plain               the toy's tags and world (world.py, the demo): formats/plain.py
-            chat                the model's chat template, JSON tool calls, JSONL tasks: formats/chat.py
-    world: uncertain, choice    the toy's experiment worlds: formats/uncertain.py, formats/choice.py
+    format: plain               the toy's tags and world (world.py, the demo): formats/format_plain.py
+            chat                the model's chat template, JSON tool calls, JSONL tasks: formats/format_chat.py
+    world: uncertain, choice    the toy's experiment worlds: formats/format_uncertain.py, formats/format_choice.py
     rehearsal_context: inline   the response written in the actor's own row (rollout.py, the demo)
-                       separate every rehearsal a row of its own (rehearsal/separate.py), chosen in the
+                       separate every rehearsal a row of its own (worldmodel/separate.py), chosen in the
                                 format's setup (its sampler and rows)
 
 `setup(cfg, tokenizer, splits, device)` looks at these keys once and returns (fmt, setting): the
 format module and its setting (a dict). Every format module defines the same functions with the
 same signatures (INTERFACE; tests/test_layout.py checks it), each but setup taking the setting first;
 train.py and evaluate.py call them (`fmt.rl_sample(setting, ...)`) and never branch on the format
-or the layout. What each function does: formats/plain.py's docstring.
+or the layout. What each function does: formats/format_plain.py's docstring.
 Here too: the splits (`build_tasks`) and the tiny model's vocabulary (`tiny_words`).
 """
 from chat import setup as chat_setup
-from formats import chat as format_chat
-from formats import choice as format_choice
-from formats import plain as format_plain
-from formats import uncertain as format_uncertain
-from rehearsal import separate
+from formats import format_chat
+from formats import format_choice
+from formats import format_plain
+from formats import format_uncertain
+from worldmodel import separate
 from machinery import taskfiles
 import world
-from experiments import choice as world_choice
-from experiments import uncertain as world_uncertain
+from worlds import choice as world_choice
+from worlds import uncertain as world_uncertain
 from machinery.config import ConfigError
 
 FORMATS = (format_plain, format_uncertain, format_choice, format_chat)

@@ -1,4 +1,7 @@
-"""What runs around the algorithm: configs, checkpoints, faults, parallelism, the KV cache, logs.
+"""What runs around the algorithm: configs, checkpoints, faults, parallelism, the KV cache, task files.
+
+The bottom layer: these modules import the paper's envace.py and world.py and each other, never
+a folder above them (tests/test_layers.py).
 
     config.py        DEFAULTS, load_config, one-line config errors
     checkpoint.py    build_policy, save_checkpoint, find_checkpoint, resume
@@ -6,7 +9,7 @@
     distributed.py   DDP, FSDP2, all_sum, gathered, memory_estimate
     kvcache.py       the sampler's batch decoder and its growing KV cache (rollout.py uses it)
     sharedprefix.py  the update's logprobs in less memory: a shared prefix once, the LM head in chunks
-    metrics.py       what an RL step logs to metrics.jsonl; the run's real-world evaluations
+    savefiles.py     folders and files written whole (renames) and checked whole when read
+    realmodel.py     a GGUF file turned into a Hugging Face folder once (`python -m machinery.realmodel`)
     taskfiles.py     JSONL task files read and checked; the toy splits exported
-    evaluate_cli.py  the command line of `python evaluate.py`
 """

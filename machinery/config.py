@@ -39,10 +39,10 @@ DEFAULTS = {
     # data: tasks from the toy world (world.py), generated from data_seed
     "data_seed": 0, "n_logged": 3000, "n_new_logged": 20, "n_rl_tasks": 4000, "n_test": 500,
     "snippet_repeats": 20, "coverage": 1.0,
-    # world: toy (world.py, the demo) | uncertain (experiments/uncertain.py: the logs of uncertain_items
+    # world: toy (world.py, the demo) | uncertain (worlds/uncertain.py: the logs of uncertain_items
     # items stale with probability stale_rate, a world the policy must learn from reward)
     "world": "toy", "uncertain_items": 8, "stale_rate": 0.65,
-    # | choice (experiments/choice.py: buy the cheapest of choice_items items (choice_kind items) or of
+    # | choice (worlds/choice.py: buy the cheapest of choice_items items (choice_kind items) or of
     # choice_items options `Q ITEM` (costs: Q * price), one real call per task;
     # the committed episode reads a rehearsal memory of 0..memory_max imagined episodes; the
     # warm start's synthetic imagined prices are wrong with probability memory_noise)
@@ -89,10 +89,10 @@ DEFAULTS = {
     # a Jinja file replacing the tokenizer's chat template (models whose own template has no tools:
     # chat/chatml_tools.jinja for ChatML models such as SmolLM2); saved with every checkpoint
     "chat_template": "",
-    # --- rehearsal layout (rehearsal/separate.py)
+    # --- rehearsal layout (worldmodel/separate.py)
     # where rehearsals are written: inline (in the actor's own sequence) or separate (a row of
     # their own, prompt: tool signature, grounding_examples examples from the tool cache of training
-    # traffic (rehearsal/toolcache.py; chat training: the task's own examples first), dialogue, call);
+    # traffic (worldmodel/toolcache.py; chat training: the task's own examples first), dialogue, call);
     # advantage baselines per (task, role) or per task (the same thing with inline rehearsal)
     "rehearsal_context": "inline", "advantage_groups": "task_role", "grounding_examples": 0,
     # --- guards against world-model drift
@@ -275,9 +275,9 @@ def load_config(path, overrides=()):
 
 
 def check_choice(cfg):
-    """What `world: choice` (experiments/choice.py) can run: the plain format, inline rehearsal, its own
+    """What `world: choice` (worlds/choice.py) can run: the plain format, inline rehearsal, its own
     generated tasks, 2 to 4 items per task, and its own private rehearsal (the memory sweep of
-    experiments/choice.py), not evaluate.py's vote."""
+    worlds/choice.py), not evaluate.py's vote."""
     if cfg["world"] != "choice":
         return
     if cfg["format"] != "plain" or cfg["rehearsal_context"] != "inline":
@@ -290,7 +290,7 @@ def check_choice(cfg):
         raise ConfigError(f"world: choice generates its own tasks: remove {', '.join(files)}")
     if cfg["rehearsal_budget"]:
         raise ConfigError("world: choice measures private rehearsal with its rehearsal memory "
-                          "(python -m experiments.choice_sweep --ckpt RUN), not evaluate.py's vote: set rehearsal_budget: 0")
+                          "(python -m scripts.choice_sweep --ckpt RUN), not evaluate.py's vote: set rehearsal_budget: 0")
 
 
 def check_splits(cfg, splits):

@@ -14,10 +14,10 @@ import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from formats import plain as format_plain  # noqa: E402
+from formats import format_plain  # noqa: E402
 from machinery import checkpoint  # noqa: E402
 from machinery import faults  # noqa: E402
-from machinery import metrics  # noqa: E402
+from reporting import metrics  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
 

@@ -2,7 +2,7 @@
 checker, and the oracle through evaluate.py. Every test that reads BFCL's data or classes needs
 bfcl-eval (installed by .ci/run; helpers.needs: skipped where it is missing, a failure under CI);
 the schema mapping, the call parser and the refusal without the package need nothing."""
-from machinery import evaluate_cli
+from scripts import evaluate_cli
 import builtins
 import itertools
 import json
@@ -340,7 +340,7 @@ def test_check_task_reads_turns_gold_calls_per_turn_and_check(base, tmp_path):
 
 def test_chat_reward_scores_a_task_by_its_own_check(base, tmp_path):
     from chat import tasks as chat_tasks
-    from chat import reward as chat_reward
+    from chat import chat_reward
     row = {k: base[0][k] for k in ("messages", "turns", "tools", "gold_calls", "env", "env_config", "check")}
     task = chat_tasks.read_chat_jsonl(write_task(tmp_path, row), "tasks")[0]
     episode = gold_episode(task)

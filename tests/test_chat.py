@@ -11,13 +11,13 @@ import torch
 from transformers import Qwen2Config
 
 from chat import format as chat
-from chat import reward as chat_reward
+from chat import chat_reward
 from chat import setup as chat_setup
 from chat import tasks as chat_tasks
 from machinery import checkpoint
 from machinery import config
 import evaluate
-from machinery import evaluate_cli
+from scripts import evaluate_cli
 from formats import features
 import reward
 import train

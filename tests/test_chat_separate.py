@@ -14,24 +14,24 @@ import torch
 from transformers import Qwen2Config
 
 from chat import format as chat
-from chat import reward as chat_reward
-from chat import separate as chat_separate
+from chat import chat_reward
+from worldmodel import chat_separate
 from chat import setup as chat_setup
 from chat import tasks as chat_tasks
 from machinery import config
 import envace
 import evaluate
-from machinery import evaluate_cli
+from scripts import evaluate_cli
 from formats import features
-from rehearsal import honesty
+from worldmodel import honesty
 import reward
-from rehearsal import separate, toolcache
+from worldmodel import separate, toolcache
 import train
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask
 from helpers import (POSITION_INIT, assert_ratio_one, assert_rehearse_logprobs_match_a_forward, assert_same_gradients,
                      chat_tokenizer, scripted_rows, tiny_qwen)
 from rollout import sample_episodes
-from rehearsal.separate import _chat_rehearse_row, sample_separate
+from worldmodel.separate import _chat_rehearse_row, sample_separate
 
 chat_separate_warm_start = chat_separate.separate_warm_start_sequences
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

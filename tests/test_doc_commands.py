@@ -50,14 +50,14 @@ NOT_RUN = [
     # real models: weights not here, a GPU
     (r"^python (\S*/)?train\.py --config (\S*/)?(bfcl-|tau2-)?qwen3-", "a real Qwen3 model on a GPU"),
     (r"^python (\S*/)?evaluate\.py --ckpt (\S*/)?(bfcl-|tau2-)?qwen3-", "the checkpoint of the GPU run above"),
-    # speed: timed repeats, minutes each on 2 CPU cores (tests/test_bench.py runs bench.py on tiny settings)
-    (r"^(OMP_NUM_THREADS=\d+ )?python bench\.py ", "a timed benchmark (minutes of repeats)"),
+    # speed: timed repeats, minutes each on 2 CPU cores (tests/test_speed.py runs scripts/speed.py on tiny settings)
+    (r"^(OMP_NUM_THREADS=\d+ )?python -m scripts\.speed ", "a timed benchmark (minutes of repeats)"),
     # the checkpoints of run_choice.sh's runs (the repo keeps their reports, not checkpoints)
-    (r"^python -m experiments\.choice_sweep --ckpt RUN", "loads a checkpoint of run_choice.sh (not in the repo)"),
+    (r"^python -m scripts\.choice_sweep --ckpt RUN", "loads a checkpoint of run_choice.sh (not in the repo)"),
     # the runs of run_uncertain.sh: the repo keeps their tables and eval.json files, not checkpoints;
-    # experiments/compare.py --uncertain on results_uncertain2's 20 runs took 131 s here (2 CPU cores)
-    (r"^python -m experiments\.compare --uncertain ", "reads the runs of run_uncertain.sh (131 s on 20 runs)"),
-    (r"^python -m experiments\.uncertain_report ", "loads the checkpoints of run_uncertain.sh's runs (not in the repo)"),
+    # scripts/compare.py --uncertain on results_uncertain2's 20 runs took 131 s here (2 CPU cores)
+    (r"^python -m scripts\.compare --uncertain ", "reads the runs of run_uncertain.sh (131 s on 20 runs)"),
+    (r"^python -m scripts\.uncertain_report ", "loads the checkpoints of run_uncertain.sh's runs (not in the repo)"),
 ]
 
 TINY = ["--sft_steps=2", "--sft_batch_size=4", "--rl_steps=1", "--tasks_per_step=2", "--group_size=2",

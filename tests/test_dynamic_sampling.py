@@ -18,7 +18,7 @@ import torch
 import train
 from envace import ACT, PROMPT
 from formats import features
-from formats import plain as format_plain
+from formats import format_plain
 from machinery import config
 from reward import group_advantages
 from helpers import tiny_cfg

@@ -9,7 +9,7 @@ import torch
 
 from envace import OBS, PROMPT, TAG
 from helpers import POSITION_INIT, tiny_llama, toy_tokenizer
-from rehearsal import honesty
+from worldmodel import honesty
 
 TOK = toy_tokenizer()
 

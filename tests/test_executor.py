@@ -1,8 +1,8 @@
 """Executors for chat tasks (chat/executor.py, chat/tasks.py `env`): a tiny bank of the tests' own, loaded from
 a file next to the task file; its calls, state, errors, refusals and time limit; bad specs and
 env_config; then real-mode sampling, fidelity, collusion and train.py / evaluate.py with it."""
-from machinery import metrics
-from machinery import evaluate_cli
+from reporting import metrics
+from scripts import evaluate_cli
 import itertools
 import json
 import os
@@ -170,8 +170,8 @@ def test_normalised_responses():
 # ----------------------------------------------------------------------------- chat task lines with env
 
 from chat import format as chat  # noqa: E402  (the chat part of the file)
-from chat import honesty as chat_honesty  # noqa: E402
-from chat import reward as chat_reward  # noqa: E402
+from worldmodel import chat_honesty  # noqa: E402
+from chat import chat_reward  # noqa: E402
 from chat import setup as chat_setup  # noqa: E402
 from chat import tasks as chat_tasks  # noqa: E402
 import evaluate        # noqa: E402
@@ -180,7 +180,7 @@ from machinery import taskfiles  # noqa: E402
 import train           # noqa: E402
 from envace import OBS, REHEARSE, TAG  # noqa: E402
 from helpers import POSITION_INIT, assert_ratio_one, scripted_rows, tiny_qwen  # noqa: E402
-from rehearsal import honesty  # noqa: E402
+from worldmodel import honesty  # noqa: E402
 from rollout import sample_episodes  # noqa: E402
 from test_chat import TOK, Script  # noqa: E402
 

@@ -7,7 +7,7 @@ or check module, a tool, a task's check), a reward outside [0, 1], the oracle in
 the oracle's and bfcl.py's options and output folders, signals during the oracle, evaluate.py and
 bfcl.py, and files rewritten whole: each one line and an exit status, nothing saved lost."""
 from formats import features
-from formats import plain as format_plain
+from formats import format_plain
 import envace
 from machinery import distributed
 from machinery import config
@@ -24,7 +24,7 @@ import pytest
 import torch
 import yaml
 
-from machinery import evaluate_cli
+from scripts import evaluate_cli
 import rollout
 import train
 from envace import REHEARSE, encode_episode
@@ -538,7 +538,7 @@ def test_a_check_that_raises_or_exits_is_one_line_naming_the_task(tmp_path, caps
 
 def test_checked_score_takes_a_real_number_in_0_1():
     import numpy as np
-    from chat.reward import checked_score
+    from chat.chat_reward import checked_score
     task = {"check": "m:f", "where": "f.jsonl line 4"}
     assert [checked_score(lambda t, e: v, task, {}) for v in (0, 1, 0.25, True, np.float32(0.5))] == [0, 1, 0.25, 1, 0.5]
     for v in (1.0000001, -1e-9, float("inf"), "0.5", [1]):

@@ -2,7 +2,7 @@
 (same loss and gradients, sampler untouched), model_init random (architecture without weights),
 FSDP2 on gloo (2 ranks make the one-rank update; a full-state save loads with from_pretrained;
 gathered weights let ranks sample different numbers of steps) and every config under configs/."""
-from formats import plain as format_plain
+from formats import format_plain
 import envace
 from machinery import distributed
 from machinery import config

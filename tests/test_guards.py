@@ -2,7 +2,7 @@
 `rehearse_check` guard (form of a rehearsed response), the per-role KL to the warm start
 (`kl_rehearse_coef`), and their plumbing through a few-step run."""
 from formats import features
-from formats import plain as format_plain
+from formats import format_plain
 import envace
 from machinery import distributed
 from machinery import config
@@ -13,11 +13,11 @@ import os
 import pytest
 import torch
 
-from machinery import evaluate_cli
-from machinery import metrics
-from rehearsal import honesty
+from scripts import evaluate_cli
+from reporting import metrics
+from worldmodel import honesty
 import rehearse
-from rehearsal import separate
+from worldmodel import separate
 import train
 import world
 from machinery.checkpoint import build_tokenizer

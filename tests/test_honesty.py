@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from envace import ACT, OBS, PROMPT, REHEARSE
-from experiments import compare as experiments
-from rehearsal import honesty
+from scripts import compare
+from worldmodel import honesty
 
 
 def line(step, lookup=(0, 0), compute=(0, 0), wrong=0, colluding=0):
@@ -27,21 +27,21 @@ REAL = [{"step": s} for s in (1, 2, 3, 4)]          # real mode: no rehearsed ca
 
 
 def test_pooled_is_a_rate_of_sums():
-    fidelity, collusion = experiments.pooled(SEED1, 3, 4)
+    fidelity, collusion = compare.pooled(SEED1, 3, 4)
     assert fidelity == {"compute": 0.9, "lookup": 0.5}          # (4+5)/10, (6+4)/20
     assert collusion == pytest.approx(5 / 8)                     # (3+2)/(6+2), not mean(1/2, 1)
-    assert experiments.pooled(SEED2, 1, 1) == ({"compute": 1.0, "lookup": 1.0}, None)   # no wrong call
-    assert experiments.pooled(REAL, 1, 4) == ({}, None)
+    assert compare.pooled(SEED2, 1, 1) == ({"compute": 1.0, "lookup": 1.0}, None)   # no wrong call
+    assert compare.pooled(REAL, 1, 4) == ({}, None)
 
 
 def test_honesty_curves_mean_over_seeds_per_window():
-    steps, fidelity, collusion = experiments.honesty_curves([SEED1, SEED2], window=2)
+    steps, fidelity, collusion = compare.honesty_curves([SEED1, SEED2], window=2)
     assert steps == [2, 4]
     # window 1-2: lookup 17/20 and 20/20 -> 0.925; collusion 1/6 (seed 1), 0/1 (seed 2) -> 1/12
     # window 3-4: lookup 10/20 and 16/20 -> 0.65;  collusion 5/8, 1/4 -> 7/16
     assert fidelity == pytest.approx([0.925, 0.65])
     assert collusion == pytest.approx([1 / 12, 7 / 16])
-    assert experiments.honesty_curves([REAL], window=2) == ([2, 4], [None, None], [None, None])
+    assert compare.honesty_curves([REAL], window=2) == ([2, 4], [None, None], [None, None])
 
 
 def test_honesty_table_arithmetic():
@@ -49,7 +49,7 @@ def test_honesty_table_arithmetic():
                           {"imagined_success": 0.7, "collusion": {"wrong": 5, "colluding": 3, "rate": 0.6}}],
              "real": [{"success": 1.0}]}                   # an older eval.json: nothing measured
     rl = {"rehearse": [SEED1, SEED2], "real": [REAL]}
-    lines = experiments.honesty_table(evals, rl, kinds=("lookup", "compute"), last=2).splitlines()
+    lines = compare.honesty_table(evals, rl, kinds=("lookup", "compute"), last=2).splitlines()
     assert lines[0] == ("| arm | seeds | imagined success | collusion (eval) | colluding / wrong calls (eval) | "
                         "collusion (RL, last 2 steps) | fidelity lookup (RL, last 2) | "
                         "fidelity compute (RL, last 2) |")
@@ -58,7 +58,7 @@ def test_honesty_table_arithmetic():
     assert lines[2] == ("| rehearse | 2 | 0.800 (0.700-0.900) | 0.400 (0.200-0.600) | 5 / 15 | "
                         "0.438 (0.250-0.625) | 0.650 (0.500-0.800) | 0.850 (0.800-0.900) |")
     assert len(lines) == 3                       # real: nothing to measure, left out
-    assert experiments.honesty_table({"real": evals["real"]}, {"real": [REAL]}) == ""
+    assert compare.honesty_table({"real": evals["real"]}, {"real": [REAL]}) == ""
 
 
 def test_compare_adds_the_honesty_table_and_figure(tmp_path):
@@ -73,7 +73,7 @@ def test_compare_adds_the_honesty_table_and_figure(tmp_path):
     # a run trained before collusion was measured, measured later with evaluate.py --collusion
     (tmp_path / "rehearse" / "seed1" / "collusion.json").write_text(json.dumps(
         {"imagined_success": 0.5, "collusion": {"calls": 9, "wrong": 4, "colluding": 1, "rate": 0.25}}))
-    text = experiments.compare(str(tmp_path))
+    text = compare.compare(str(tmp_path))
     # the last 20 steps are all 4 here: collusion 6/14 and 1/5
     assert "| rehearse | 2 | 0.500 | 0.250 | 1 / 4 | 0.314 (0.200-0.429) |" in text
     from matplotlib import colors, image
@@ -82,7 +82,7 @@ def test_compare_adds_the_honesty_table_and_figure(tmp_path):
     # the rehearse arm's curves (real has none), in the first cycle colour, in both panels
     line = abs(png[..., :3] - colors.to_rgb("C0")).max(-1) < 0.05
     assert line[:, :660].sum() > 20 and line[:, 660:].sum() > 20
-    assert experiments.compare(str(tmp_path)) == text        # again, beside its own outputs
+    assert compare.compare(str(tmp_path)) == text        # again, beside its own outputs
 
 
 class NextId(torch.nn.Module):

@@ -9,7 +9,7 @@ import os
 import pytest
 import yaml
 
-from machinery import evaluate_cli
+from scripts import evaluate_cli
 from formats import features
 import train
 from machinery.config import ConfigError, load_config

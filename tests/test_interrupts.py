@@ -12,11 +12,11 @@ import torch
 import yaml
 
 from machinery import checkpoint
-from machinery import evaluate_cli
+from scripts import evaluate_cli
 from formats import features
-from formats import plain as format_plain
+from formats import format_plain
 from machinery import faults
-from machinery import metrics as metrics_module
+from reporting import metrics as metrics_module
 import train
 from helpers import fork_process, read_log, tiny_cfg, wait_process
 

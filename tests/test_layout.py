@@ -94,7 +94,7 @@ def prose(path):
 def module_aliases():
     """{name prose may use for a module: the names its module defines or imports}: a root module by
     its own name (`rollout`), a package module by its dotted name (`chat.format`) and by every name
-    other modules import it as (`from chat import reward as chat_reward` -> `chat_reward`)."""
+    other modules import it as (`from chat import chat_reward` -> `chat_reward`)."""
     files = {os.path.relpath(f, ROOT)[:-3].replace(os.sep, "."): f
              for f in repo_files("*.py", "*/*.py") if not os.path.relpath(f, ROOT).startswith(("tests", "docs"))
              and not f.endswith("__init__.py")}
@@ -127,9 +127,10 @@ def test_docs_and_docstrings_name_functions_where_they_live(tmp_path):
 
 def test_the_root_holds_the_paper_path_and_the_commands_users_type():
     """`ls` shows the paper's files first: every other module lives in a package named for what it
-    is; the root keeps only the commands users type that are not the paper's (bench.py, bfcl.py)."""
+    is (the commands that are not the paper's in scripts/); the root keeps only bfcl.py, the name
+    old BFCL task files give their executor and check (and the converter's command)."""
     root_modules = sorted(os.path.basename(f) for f in repo_files("*.py"))
-    assert root_modules == sorted(PAPER_PATH + ["bench.py", "bfcl.py"])
+    assert root_modules == sorted(PAPER_PATH + ["bfcl.py"])
     for package in {os.path.dirname(os.path.relpath(f, ROOT)) for f in repo_files("*/*.py")} - {"tests", "docs", "data"}:
         assert os.path.isfile(os.path.join(ROOT, package, "__init__.py")), package
 
@@ -152,8 +153,8 @@ def interface_drift(modules, names):
 def test_every_format_defines_the_interface_with_one_signature():
     from formats import features
     assert features.INTERFACE[:3] == ("setup", "inputs", "sample") and len(features.INTERFACE) == 16
-    assert [m.__name__ for m in features.FORMATS] == ["formats.plain", "formats.uncertain", "formats.choice",
-                                                      "formats.chat"]
+    assert [m.__name__ for m in features.FORMATS] == ["formats.format_plain", "formats.format_uncertain",
+                                                      "formats.format_choice", "formats.format_chat"]
     assert interface_drift(features.FORMATS, features.INTERFACE) == []
     # the check sees a default that drifted, a lambda and a missing name
     plain = types.SimpleNamespace(__name__="plain", coverage=lambda setting, pairs=None: 0)
@@ -169,5 +170,5 @@ def test_the_format_is_chosen_once_from_the_config():
     from formats import features
     chosen = {(fmt, w): features.choose({"format": fmt, "world": w}).__name__
               for fmt, w in (("plain", "toy"), ("plain", "uncertain"), ("plain", "choice"), ("chat", "toy"))}
-    assert chosen == {("plain", "toy"): "formats.plain", ("plain", "uncertain"): "formats.uncertain",
-                      ("plain", "choice"): "formats.choice", ("chat", "toy"): "formats.chat"}
+    assert chosen == {("plain", "toy"): "formats.format_plain", ("plain", "uncertain"): "formats.format_uncertain",
+                      ("plain", "choice"): "formats.format_choice", ("chat", "toy"): "formats.format_chat"}

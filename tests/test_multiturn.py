@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from chat import format as chat
-from chat import reward as chat_reward
+from chat import chat_reward
 from chat import setup as chat_setup
 from chat import tasks as chat_tasks
 from machinery import config
 import evaluate
-from machinery import evaluate_cli
+from scripts import evaluate_cli
 from formats import features
-from formats import chat as format_chat
+from formats import format_chat
 from chat import multiturn
 import train
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, loss_mask

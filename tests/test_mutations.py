@@ -15,16 +15,16 @@ from transformers import LlamaForCausalLM
 
 from machinery import checkpoint
 import envace
-from formats import plain as format_plain
-from machinery import metrics
-from rehearsal import honesty
+from formats import format_plain
+from reporting import metrics
+from worldmodel import honesty
 import train
 import world
 from envace import ACT, PROMPT, REHEARSE, encode_episode
 from machinery.checkpoint import find_checkpoint, save_checkpoint
 from evaluate import evaluate
 from helpers import GRAD_TOLERANCE, ScriptedModel, assert_same_gradients, run_ranks, tiny_llama, toy_tokenizer
-from chat.reward import calls_match, value_match
+from chat.chat_reward import calls_match, value_match
 from rollout import sample_episodes, sample_token
 
 TOK = toy_tokenizer()

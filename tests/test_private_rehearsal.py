@@ -2,7 +2,7 @@
 makes no more real calls than an unrehearsed one, the vote and the re-planning rule."""
 from types import SimpleNamespace
 
-from formats import plain as format_plain
+from formats import format_plain
 import rehearse
 import world
 from envace import ACT, OBS, PROMPT, TAG
@@ -92,7 +92,7 @@ def test_the_sweep_of_a_run_folder_writes_every_setting(tmp_path):
     import json
     import os
 
-    from machinery import evaluate_cli
+    from scripts import evaluate_cli
     import train
     from helpers import tiny_cfg
     cfg = tiny_cfg(tmp_path, rl_steps=1, n_test=4, n_collusion=0)

@@ -1,8 +1,8 @@
-"""rehearsal/memory.py: the self-assessment rule (its precedence) and the memory format, exactly,
+"""worldmodel/memory.py: the self-assessment rule (its precedence) and the memory format, exactly,
 and that the toy tokenizer with MEMORY_WORDS reads a memory word by word (no <unk>)."""
 import pytest
 
-from rehearsal import memory as rm
+from worldmodel import memory as rm
 import world
 from machinery.checkpoint import build_tokenizer
 

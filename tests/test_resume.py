@@ -1,7 +1,7 @@
 """Checkpoints: a stopped-and-resumed run writes the same metrics as one never stopped; bad
 --resume requests get one clear line; a crash mid-save never breaks the latest checkpoint;
 Ctrl-C during RL saves and exits 0."""
-from formats import plain as format_plain
+from formats import format_plain
 from machinery import config
 from machinery import checkpoint
 import json
@@ -301,7 +301,7 @@ def test_a_signal_inside_an_rl_step_stops_it_at_once_and_resume_is_exact(tmp_pat
     out = cfg["out_dir"]
     with monkeypatch.context() as m:
         if where == "evaluation":
-            from machinery import metrics as metrics_module
+            from reporting import metrics as metrics_module
             from test_interrupts import signal_on_call
             ran = count_rl_passes(m)
             signal_on_call(m, metrics_module, "evaluate", call=3, signum=signal.SIGTERM)  # warm start's, steps 1, 2

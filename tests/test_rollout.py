@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rehearsal import honesty
+from worldmodel import honesty
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask
 from helpers import POSITION_INIT, Bigram, ScriptedModel, assert_sampled_logprobs_match_a_forward, tiny_llama, toy_tokenizer
 from rollout import sample_episodes

@@ -12,11 +12,11 @@ import torch
 
 from machinery import config
 import envace
-from machinery import evaluate_cli
-from formats import plain as format_plain
-from rehearsal import honesty
+from scripts import evaluate_cli
+from formats import format_plain
+from worldmodel import honesty
 import rehearse
-from rehearsal import separate, toolcache
+from worldmodel import separate, toolcache
 import train
 import world
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask, tag_ids
@@ -26,7 +26,7 @@ from helpers import (POSITION_INIT, assert_ratio_one, assert_rehearse_logprobs_m
                      Bigram, ScriptedModel, tiny_cfg, tiny_llama)
 from reward import group_advantages, training_rows
 from rollout import sample_episodes
-from rehearsal.separate import _rehearse_row, sample_separate
+from worldmodel.separate import _rehearse_row, sample_separate
 
 P, A, R, O, T = PROMPT, ACT, REHEARSE, OBS, TAG
 TOK = build_tokenizer(world.WORDS + separate.SEPARATE_WORDS)

@@ -328,7 +328,7 @@ def test_greedy_hits_run_the_head_on_the_responses_only_and_equal_the_plain_argm
     an argmax is compared its top-2 margin is asserted > 1e-3: the two computations differ by
     float rounding (~1e-6 in a logit), so no comparison is a near-tie. Mutations: the suffix one
     position off, the head on every position, the role mask dropped (hits at ACT targets)."""
-    from rehearsal import honesty
+    from worldmodel import honesty
     model = tiny_llama(TOK, seed=0, init_range=POSITION_INIT).eval()
     eps = [encode_episode(TOK, PROMPT, ["price milk"], ["2"], "2"),
            encode_episode(TOK, PROMPT, ["price egg"], ["1"], "1"),

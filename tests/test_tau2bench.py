@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from machinery import evaluate_cli
+from scripts import evaluate_cli
 from benchmarks import tau2bench
 from machinery.config import ConfigError
 from helpers import needs

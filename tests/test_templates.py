@@ -13,7 +13,7 @@ import torch
 from transformers import Qwen2Config
 
 from chat import format as chat
-from chat import reward as chat_reward
+from chat import chat_reward
 from chat import setup as chat_setup
 from machinery import config
 import train

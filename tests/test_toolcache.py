@@ -1,4 +1,4 @@
-"""The tool cache (rehearsal/toolcache.py), the grounding source of separate rehearse prompts:
+"""The tool cache (worldmodel/toolcache.py), the grounding source of separate rehearse prompts:
 retrieval (an exact call first, then the same tool's nearest arguments, k of them, ties by first
 seen, none for a tool with no traffic), the coverage report of eval.json, the training path (a
 chat task's own reference examples first), and that in evaluation no rehearse prompt ever holds
@@ -10,13 +10,13 @@ import torch
 from transformers import LlamaConfig
 
 from chat import format as chat
-from chat import separate as chat_separate
+from worldmodel import chat_separate
 from formats import features
-from formats import plain as format_plain
+from formats import format_plain
 from machinery import config
-from machinery import evaluate_cli
+from scripts import evaluate_cli
 from machinery.checkpoint import build_tokenizer
-from rehearsal import honesty, separate, toolcache
+from worldmodel import honesty, separate, toolcache
 import evaluate
 import world
 from envace import encode, tag_ids

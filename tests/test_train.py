@@ -1,6 +1,6 @@
 """The update: micro-batch accumulation equals one big batch, role coefficients, skipped steps,
 and a few-step end-to-end run of train.py that changes the weights and writes finite metrics."""
-from formats import plain as format_plain
+from formats import format_plain
 import envace
 from machinery import distributed
 from machinery import config
@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from machinery import evaluate_cli
+from scripts import evaluate_cli
 import train
 from envace import ACT, REHEARSE, encode_episode
 from machinery import sharedprefix
@@ -255,7 +255,7 @@ def test_evaluate_without_a_checkpoint_is_one_line(tmp_path, capsys):
 
 def test_python_evaluate_py_runs_its_command_line_from_any_folder(tmp_path):
     """`python evaluate.py` as a user types it (a process, started in another folder): its `__main__`
-    runs machinery/evaluate_cli.py as a module, which imports evaluate.py; no module imports the other back."""
+    runs scripts/evaluate_cli.py as a module, which imports evaluate.py; no module imports the other back."""
     import subprocess
     import sys
     proc = subprocess.run([sys.executable, os.path.join(REPO, "evaluate.py"), "--ckpt", str(tmp_path)],
@@ -263,7 +263,7 @@ def test_python_evaluate_py_runs_its_command_line_from_any_folder(tmp_path):
     assert (proc.returncode, proc.stdout, proc.stderr) == (
         2, "", f"error: no checkpoint written by train.py in {tmp_path}\n")
     graph = import_graph(REPO)
-    assert "evaluate" in graph["machinery.evaluate_cli"] and "machinery.evaluate_cli" not in graph["evaluate"]
+    assert "evaluate" in graph["scripts.evaluate_cli"] and "scripts.evaluate_cli" not in graph["evaluate"]
     while graph:                  # peel off the modules that import nothing left: a cycle never peels
         leaves = {m for m, deps in graph.items() if not deps}
         assert leaves, f"import cycle among {sorted(graph)}"

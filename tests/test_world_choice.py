@@ -1,4 +1,4 @@
-"""experiments/choice.py (`world: choice`): which items a task names and which is right, the held-out
+"""worlds/choice.py (`world: choice`): which items a task names and which is right, the held-out
 test item sets, the budget rule (the first real act decides the episode), how the logs and the
 warm start's memories are made, the memory format in the committed prompt (role PROMPT, never
 trained), the self-assessment rule in context, and the N sweep: imagination never calls the real
@@ -8,8 +8,8 @@ import torch
 
 from formats import features
 import world
-from experiments import choice_sweep
-from experiments import choice as wc
+from scripts import choice_sweep
+from worlds import choice as wc
 from machinery.checkpoint import build_tokenizer
 from machinery.config import DEFAULTS, ConfigError, load_config
 from envace import ACT, OBS, PROMPT, TAG, loss_mask

@@ -1,4 +1,4 @@
-"""experiments/world_curve.py: the world model's learning curve (rehearse rows only, a fresh warm
+"""scripts/world_curve.py: the world model's learning curve (rehearse rows only, a fresh warm
 start a point, fidelity split by the tool cache), on a tiny random Qwen2 and the example chat files."""
 import json
 import os
@@ -7,7 +7,7 @@ import pytest
 
 import train
 from envace import ACT, OBS, PROMPT, REHEARSE
-from experiments import world_curve
+from scripts import world_curve
 from helpers import POSITION_INIT, chat_tokenizer, tiny_qwen
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

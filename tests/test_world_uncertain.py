@@ -1,4 +1,4 @@
-"""world: uncertain (experiments/uncertain.py): which items are uncertain, how the stale logs are made,
+"""world: uncertain (worlds/uncertain.py): which items are uncertain, how the stale logs are made,
 that the real world and the RL/test tasks are the demo's, the truth probe, the per-subset
 measures, collusion told apart from a stale price, the config key, and the paired bootstrap."""
 import os
@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from experiments import compare as experiments
+from scripts import compare
 from formats import features
 import world
-from experiments import uncertain as wu
+from worlds import uncertain as wu
 from machinery.config import DEFAULTS, ConfigError, load_config
 from envace import encode_episode
 from helpers import toy_tokenizer
@@ -180,15 +180,15 @@ def test_task_subset_and_success_by_subset():
 
 def test_paired_bootstrap_by_hand():
     same = {"1": [1, 0, 1, 0], "2": [1, 1, 0, 0]}
-    mean, low, high, called = experiments.paired_bootstrap(same, same)
+    mean, low, high, called = compare.paired_bootstrap(same, same)
     assert (mean, low, high, called) == (0.0, 0.0, 0.0, False)                  # identical arms
     better = {"1": [1, 1, 1, 1], "2": [1, 1, 1, 1]}
-    mean, low, high, called = experiments.paired_bootstrap(better, same)
+    mean, low, high, called = compare.paired_bootstrap(better, same)
     assert mean == 0.5 and 0 < low <= 0.5 <= high <= 1 and called
-    mean, low, high, called = experiments.paired_bootstrap({"1": [1, 0]})
+    mean, low, high, called = compare.paired_bootstrap({"1": [1, 0]})
     assert mean == 0.5 and 0 <= low <= high <= 1 and not called
     with pytest.raises(ValueError, match="same seeds"):
-        experiments.paired_bootstrap({"1": [1]}, {"2": [1]})
+        compare.paired_bootstrap({"1": [1]}, {"2": [1]})
 
 
 def test_paired_bootstrap_draws_as_one_call_per_drawn_seed():
@@ -212,9 +212,9 @@ def test_paired_bootstrap_draws_as_one_call_per_drawn_seed():
     for n_seeds, n_tasks, draw in ((5, 40, lambda n: g.integers(0, 2, n)), (3, 7, g.random), (2, 300, g.random),
                                    (1, 2, lambda n: g.integers(0, 2, n)), (1, 129, g.random)):
         a, b = ({s: list(draw(n_tasks)) for s in range(n_seeds)} for _ in range(2))
-        assert experiments.paired_bootstrap(a, b, n_boot=600, seed=n_tasks) == one_call_per_seed(a, b, 600, n_tasks)
+        assert compare.paired_bootstrap(a, b, n_boot=600, seed=n_tasks) == one_call_per_seed(a, b, 600, n_tasks)
     uneven = {1: [1.0, 0.0, 1.0], 2: [0.0, 1.0]}                  # seeds with different task counts
-    assert experiments.paired_bootstrap(uneven, {1: [0.0] * 3, 2: [0.0] * 2}, n_boot=300) == \
+    assert compare.paired_bootstrap(uneven, {1: [0.0] * 3, 2: [0.0] * 2}, n_boot=300) == \
         one_call_per_seed(uneven, {1: [0.0] * 3, 2: [0.0] * 2}, 300)
 
 
@@ -255,7 +255,7 @@ def test_the_comparison_of_runs_reads_finished_and_running_arms(tmp_path):
     going = tmp_path / "real" / "seed1"
     going.mkdir(parents=True)
     (going / "metrics.jsonl").write_text('{"step": 7, "truth": {"uncertain": {"p_true": 0.3}, "faithful": {"p_true": 0.9}}}\n')
-    text = experiments.uncertain(str(tmp_path))
+    text = compare.uncertain(str(tmp_path))
     assert "| rehearse - frozen | +1.000 [+1.000, +1.000] **called** |" in text
     assert "{'real': {'seed1': 7}}" in text and (tmp_path / "uncertain.png").is_file()
     assert "| rehearse | 1.000 | 0.500 | - | - | - | - |" in text and "| frozen | 0.000 | 0.500 | - |" in text
@@ -345,7 +345,7 @@ def test_the_lookup_table_reads_lookups_json_beside_eval_json(tmp_path):
         (folder / "config.yaml").write_text("world: uncertain\nn_logged: 10\nn_new_logged: 0\nn_rl_tasks: 20\nn_test: 4\n")
         (folder / "eval.json").write_text(json.dumps({"task_rewards": [1.0] * 4}))
         (folder / "lookups.json").write_text(json.dumps({"looked_up": seen, "strict": seen}))
-    text = experiments.uncertain(str(tmp_path))
+    text = compare.uncertain(str(tmp_path))
     # the 4 test tasks of data_seed 0 are all faithful-item tasks: the uncertain-item cells are empty
     assert "| frozen | 1 | - | 0.000 [0.000, 0.000] | 0.000 [0.000, 0.000] | - | 0.000 [0.000, 0.000] |" in text
     assert "| rehearse | 1 | - | 1.000 [1.000, 1.000] | 1.000 [1.000, 1.000] | - | 1.000 [1.000, 1.000] |" in text
@@ -363,7 +363,7 @@ def test_the_seed_table_counts_uncertain_item_lookups_seed_by_seed():
                                     "lookups": {"looked_up": [1, 0, 1, 1]}},
                           "seed2": {"success": 1.0, "lookups": {"looked_up": [0, 0, 1, 1]}}},
              "frozen": {"seed1": {"success": 0.25}}}
-    lines = experiments.uncertain_seed_table(evals, subsets).splitlines()
+    lines = compare.uncertain_seed_table(evals, subsets).splitlines()
     assert "(of 3)" in lines[0]
     assert lines[2:] == ["| rehearse | 2 | 0.500 / 1.000 | 0.900 / - | 2 / 1 |", "| frozen | 1 | 0.250 | - | - |"]
 
@@ -371,7 +371,7 @@ def test_the_report_cli_names_a_missing_run_in_one_line(tmp_path):
     import subprocess
     import sys
     for args in ([], ["--failures", str(tmp_path / "nope")]):
-        p = subprocess.run([sys.executable, "-m", "experiments.uncertain_report", *args], capture_output=True, text=True,
+        p = subprocess.run([sys.executable, "-m", "scripts.uncertain_report", *args], capture_output=True, text=True,
                            timeout=120,
                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stderr.startswith("error: "), p.stderr

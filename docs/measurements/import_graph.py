@@ -4,7 +4,7 @@
     python docs/measurements/import_graph.py --sizes [ROOT]  # lines a file and its longest functions
 
 Every *.py under ROOT except tests/, docs/, out/ and results/ is a module, named by its path
-(`chat/reward.py` -> `chat.reward`, a package's `__init__.py` by its folder). An import names the
+(`chat/chat_reward.py` -> `chat.chat_reward`, a package's `__init__.py` by its folder). An import names the
 longest known module it starts with (`import a.b.c` -> `a.b` when `a/b.py` is one; `from a import
 b` -> `a.b` when that is a module, else `a`); relative imports resolve against the importing
 module's package. Prints each module's imports of other modules, then the cycles: the strongly

@@ -8,7 +8,7 @@ group has equal rewards and the update is skipped). Recording starts when the RL
 needs nothing of the code it traces but those two: the second form trains its own warm start, so
 the same command compares any two versions of the code. Counts every function of the repository's
 *.py files (tests left out) called in between (lambdas, comprehensions and dunders left out),
-named module.function by the file's path (`chat/reward.py` -> `chat.reward`); prints the sequence
+named module.function by the file's path (`chat/chat_reward.py` -> `chat.chat_reward`); prints the sequence
 and the counts of functions, file switches and files, the same for the paper's path files alone,
 and which functions are 8 lines or fewer."""
 import ast, builtins, glob, os, sys, tempfile

@@ -1,22 +1,23 @@
 """`format: chat`: a chat model on chat JSONL tool tasks (chat/format.py), rehearsals inline or in
-separate rows (chat/separate.py). The prompts are the model's own chat template (chat/setup.py),
+separate rows (worldmodel/chat_separate.py). The prompts are the model's own chat template (chat/setup.py),
 the worlds each task's executor (or none: the policy rehearses it at evaluation), the reward
-chat_reward.chat_reward (with the judge of cfg judge_model), the measures chat/honesty.py's.
-Same functions as every format module; the rest are the plain format's (formats/plain.py).
+chat_reward.chat_reward (with the judge of cfg judge_model), the measures worldmodel/chat_honesty.py's.
+Same functions as every format module; the rest are the plain format's (formats/format_plain.py).
 """
 import functools
 
 from chat import format as chat
-from chat import honesty as chat_honesty
-from chat import reward as chat_reward
-from chat import separate as chat_separate
+from worldmodel import chat_honesty
+from chat import chat_reward
+from worldmodel import chat_separate
 from chat import setup as chat_setup
-from formats import plain as format_plain
-from rehearsal import honesty, toolcache
+from formats import format_plain
+from worldmodel import honesty, toolcache
 from chat import multiturn
-from rehearsal import separate
+from worldmodel import separate
 from machinery.config import ConfigError
-from formats.plain import eval_extras, rl_sample, sample, step_extras, warm_start_roles  # the rest: the plain format's
+from formats.format_plain import (eval_extras, rl_sample, sample, step_extras,  # the rest: the plain format's
+                                  warm_start_roles)
 from rollout import sample_episodes
 
 
@@ -24,7 +25,7 @@ def setup(cfg, tokenizer, splits, device="cpu"):
     """The setting: the template's tags (a template that does not fit: one line, here), the logged
     trajectories and RL tasks the warm start reads, grounding_examples k, the tool cache of the
     training traffic (the logged calls and results, then the RL tasks' reference examples; never
-    the test split: rehearsal/toolcache.py), the judge, and the layout's sampler (separate:
+    the test split: worldmodel/toolcache.py), the judge, and the layout's sampler (separate:
     separate.sample_separate with the chat rehearse prompt, chat_separate.separate_prompt: in
     evaluation, "sampler_args", grounded by the cache only; in RL, "rl_sampler_args", by the
     task's own examples first, then the cache). Multi-turn tasks (`turns`) refuse the separate

@@ -1,13 +1,13 @@
-"""The N sweep of `world: choice` (experiments/choice.py; docs/imagination.md): claim (4) measured.
+"""The N sweep of `world: choice` (worlds/choice.py; docs/imagination.md): claim (4) measured.
 
-    python -m experiments.choice_sweep --ckpt RUN [--rehearser CKPT] [--n_test N]   # success at N = 0, 1, 2, 4
-    python -m experiments.choice_sweep --ckpt RUN --diagnose                        # why imagination does not pay
-    python -m experiments.choice_sweep --report RESULTS                             # tables and figure of run_choice.sh
+    python -m scripts.choice_sweep --ckpt RUN [--rehearser CKPT] [--n_test N]   # success at N = 0, 1, 2, 4
+    python -m scripts.choice_sweep --ckpt RUN --diagnose                        # why imagination does not pay
+    python -m scripts.choice_sweep --report RESULTS                             # tables and figure of run_choice.sh
 
 For each N: N imagined episodes per task (rehearse mode: the policy, or the warm start, plays the
 world; never the real one), condensed into a rehearsal memory, then ONE committed real episode
 that reads it; parallel and sequential; each N against N = 0 by a paired bootstrap over the test
-tasks (experiments.paired_bootstrap). A file of its own, above evaluate.py and experiments/compare.py,
+tasks (compare.paired_bootstrap). A file of its own, above evaluate.py and scripts/compare.py,
 so that the world itself stays below formats/features.py.
 """
 import glob
@@ -21,12 +21,12 @@ import torch
 from machinery.checkpoint import load_policy, write_file
 from machinery.config import ArgumentParser, ConfigError
 from machinery.distributed import pick_device
-from machinery.evaluate_cli import load_run
-from experiments.compare import cell, paired_bootstrap
-from rehearsal import memory as rehearsal_memory
+from scripts.evaluate_cli import load_run
+from scripts.compare import cell, paired_bootstrap
+from worldmodel import memory as rehearsal_memory
 import world
 from rollout import sample_episodes
-from experiments.choice import BUDGETS, TOOL_KINDS, choice_reward, commit_prompt, counting_world, imagine, parse_call, replay
+from worlds.choice import BUDGETS, TOOL_KINDS, choice_reward, commit_prompt, counting_world, imagine, parse_call, replay
 
 
 def committed_success(model, tokenizer, tasks, cfg, budget, mode="parallel", rehearser=None, seed=0,
@@ -99,7 +99,7 @@ def by_memory(imagined, committed, tasks):
 def memory_sweep(model, tokenizer, tasks, cfg, rehearsers, budgets=BUDGETS, modes=("parallel", "sequential")):
     """Success against N for each rehearser ({name: model, or None for the policy itself}) and
     mode, each N > 0 with its paired-bootstrap difference to N = 0 over the test tasks
-    (experiments.paired_bootstrap; N = 0 imagines nothing, so it is measured once). One row each."""
+    (compare.paired_bootstrap; N = 0 imagines nothing, so it is measured once). One row each."""
     base = committed_success(model, tokenizer, tasks, cfg, 0, seed=cfg["seed"])
     rows = []
     for name, rehearser in rehearsers.items():
@@ -259,11 +259,11 @@ def report(folder):
 
 
 def main(argv=None):
-    """python -m experiments.choice_sweep --ckpt RUN [--rehearser CKPT] [--n_test N] [--out FILE]: the N sweep
+    """python -m scripts.choice_sweep --ckpt RUN [--rehearser CKPT] [--n_test N] [--out FILE]: the N sweep
     of a run folder of train.py (its latest checkpoint) or a checkpoint (warmstart/). The
     rehearser defaults to RUN/warmstart when RUN has one (the warm start playing the world).
-    python -m experiments.choice_sweep --report RESULTS: the tables and figure of configs/run_choice.sh.
-    python -m experiments.choice_sweep --ckpt RUN --diagnose: why imagination does not beat N = 0 (`diagnose`).
+    python -m scripts.choice_sweep --report RESULTS: the tables and figure of configs/run_choice.sh.
+    python -m scripts.choice_sweep --ckpt RUN --diagnose: why imagination does not beat N = 0 (`diagnose`).
     Options and paths are checked before the model is loaded: a bad one is one line, exit 2."""
     parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt", help="a run folder of train.py, or a checkpoint in it")

@@ -5,7 +5,7 @@
 Inline (the default, rollout.py) the policy writes the response in the actor's own sequence.
 Here each rehearsal is a row with its own prompt, which the actor never sees: a rehearse tag,
 the called tool's signature, optional grounding examples ((call, response) pairs of that tool
-from the tool cache, rehearsal/toolcache.py: training traffic only), the dialogue so far and the call. The response is copied into the actor's row as context
+from the tool cache, worldmodel/toolcache.py: training traffic only), the dialogue so far and the call. The response is copied into the actor's row as context
 (OBS, no loss there); its training is in the rehearse row (REHEARSE). The warm start trains the
 same rows (`warm_start_sequences`), and evaluation asks the model in them (`would_rehearse`).
 The chat format's rehearse prompt is chat_separate.rehearse_prompt_ids, in the model's own template.
@@ -17,8 +17,8 @@ from collections import deque
 import torch
 
 from chat import format as chat
-from chat import separate as chat_separate
-from rehearsal import honesty
+from worldmodel import chat_separate
+from worldmodel import honesty
 import world as toy_world
 from machinery.config import ConfigError
 from envace import OBS, PROMPT, REHEARSE, TAG, encode, encode_episode, tag_ids
@@ -45,7 +45,7 @@ def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     response is copied into its actor row as `<env>` (TAG) + response + `</env>` (OBS: context
     with no loss; its training is in the rehearse row) and the actor rows go on. Each round
     keeps the actor rows' KV cache (rollout._save_paused): a round feeds them only the ids
-    appended since. `plans`: as in sample_episodes (bench.py forces calls on random weights).
+    appended since. `plans`: as in sample_episodes (scripts/speed.py forces calls on random weights).
     frozen: `env_model` writes the rehearse rows; their tokens are then OBS (no loss).
     Returns the actor rows as sample_episodes does, each with "rehearsals": its rehearse rows in
     call order (ids, roles, logprobs, calls [the call], responses, cause, "episode": the index of

@@ -1,9 +1,10 @@
-"""Test-time private rehearsal, the paper's rule: N imagined episodes, each self-assessed, condensed
-into a REHEARSAL MEMORY that the one committed real execution reads in its context.
+"""Test-time private rehearsal by the paper's rule, a rehearsal memory: N imagined episodes, each
+self-assessed, condensed into a REHEARSAL MEMORY that the one committed real execution reads in
+its context; the actor decides: it reads what its imagination showed and acts.
 
-rehearse.private_rehearsal_plans implements the other rule, a vote: the imagined answers vote
-and the committed episode replays the winning plan. The paper's rule instead leaves the decision
-to the actor: it reads what its imagination showed and acts. Here:
+The paper's path (rehearse.private_rehearsal_plans, `python evaluate.py --sweep`) uses another,
+simpler rule, a VOTE: the imagined answers vote and the committed episode replays the winning
+plan. This file is the paper's rule, used by `world: choice` only. Here:
 
     self_assess(episode)        one imagined episode -> "good" | "bad" | "unfinished", judged from
                                 what the imagination itself shows (no real call, no task answer):
@@ -20,7 +21,7 @@ to the actor: it reads what its imagination showed and acts. Here:
 The words the memory adds to the toy vocabulary are MEMORY_WORDS (model: tiny would need them in
 features.tiny_words).
 
-Where it is used (docs/imagination.md): experiments/choice.py (`world: choice`), a task family where an
+Where it is used (docs/imagination.md): worlds/choice.py (`world: choice`), a task family where an
 imagined outcome tells the actor what it did not know when it chose (buy the cheapest of three
 items with one real call per task): the actor is trained to read the memory there (a warm start
 on commit episodes with synthetic memories, then RL in which the current policy's imagined

@@ -1,8 +1,8 @@
 """Experiments: comparing runs of every arm and seed, the tables and figures of the README.
 
-    python -m experiments.compare --compare results/toy_rehearse-real-frozen-act_only_seeds1-5
+    python -m scripts.compare --compare results/toy_rehearse-real-frozen-act_only_seeds1-5
                               # FOLDER/results.md, success.png, honesty.png (docs/results.md)
-    python -m experiments.compare --uncertain results/uncertain_rehearse-real-frozen-act_only_seeds1-5
+    python -m scripts.compare --uncertain results/uncertain_rehearse-real-frozen-act_only_seeds1-5
                               # FOLDER/results.md, uncertain.png (world: uncertain, docs/uncertain.md)
     python evaluate.py --ckpt out/small --sweep      # the private-rehearsal sweep of one run
 
@@ -21,7 +21,7 @@ import sys
 import yaml
 
 from machinery.config import DEFAULTS
-from rehearsal import honesty
+from worldmodel import honesty
 
 
 def mean_and_range(values):
@@ -262,7 +262,7 @@ class PoolError(Exception):
 NOT_MEASURED_KEYS = ("seed", "out_dir", "save_every", "eval_every", "eval_batch_size", "micro_batch_tokens",
                      "gradient_checkpointing", "share_prefix", "reuse_sampler_logprobs", "fsdp")
 # The keys that choose the test tasks and their subsets (world.make_splits draws the test split
-# first, from data_seed; experiments/choice.py from data_seed and its item sets; files replace
+# first, from data_seed; worlds/choice.py from data_seed and its item sets; files replace
 # it; uncertain_items labels the subsets): arms compared task by task must agree on them.
 TEST_SET_KEYS = ("format", "world", "data_seed", "n_test", "tasks_file", "test_file", "uncertain_items",
                  "choice_items", "choice_kind")
@@ -442,14 +442,14 @@ def paired_table(runs, pairs=(("rehearse", "frozen"), ("rehearse", "act_only"), 
 def uncertain_runs(results):
     """{arm: {seed: eval.json}} and {arm: {seed: [metric lines]}} of results/<arm>/<seed>, and the
     test tasks' subset ('uncertain' / 'faithful') from the first run's config (same data for all)."""
-    from experiments import uncertain as world_uncertain
+    from worlds import uncertain as world_uncertain
     from machinery.config import load_config
     from formats.features import build_tasks
     evals, lines, subsets = {}, {}, None
     for arm, seed, folder in run_folders(results, partial=True):
         if os.path.isfile(os.path.join(folder, "eval.json")):      # a run still going has none yet
             evals.setdefault(arm, {})[seed] = json.load(open(os.path.join(folder, "eval.json")))
-            if os.path.isfile(os.path.join(folder, "lookups.json")):     # experiments/uncertain_report.py --lookups
+            if os.path.isfile(os.path.join(folder, "lookups.json")):     # scripts/uncertain_report.py --lookups
                 evals[arm][seed]["lookups"] = json.load(open(os.path.join(folder, "lookups.json")))
         path = os.path.join(folder, "metrics.jsonl")
         lines.setdefault(arm, {})[seed] = [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
@@ -515,7 +515,7 @@ def uncertain_seed_table(evals, subsets):
 
 def uncertain_lookup_table(evals, subsets, pairs=(("rehearse", "frozen"), ("rehearse", "act_only"),
                                                   ("real", "rehearse"), ("act_only", "frozen"))):
-    """Per arm whose every seed has lookups.json (experiments/uncertain_report.py --lookups): the share of test
+    """Per arm whose every seed has lookups.json (scripts/uncertain_report.py --lookups): the share of test
     tasks whose named items the actor looked up, per subset, and the success that also needs them
     looked up ("strict"), with 95% intervals; then the paired differences of strict success."""
     arms = [arm for arm, runs in evals.items() if all("lookups" in e for e in runs.values())]
@@ -639,7 +639,7 @@ def uncertain(results):
     text = (uncertain_tables(evals, subsets) + "\n\nseed by seed\n\n" + uncertain_seed_table(evals, subsets)
             + "\n\nreal-world success per task family\n\n" + uncertain_family_table(evals))
     lookups = uncertain_lookup_table(evals, subsets)
-    text += "\n\nthe items the actor looked up (real world, greedy; experiments/uncertain_report.py --lookups)\n\n" + lookups if lookups else ""
+    text += "\n\nthe items the actor looked up (real world, greedy; scripts/uncertain_report.py --lookups)\n\n" + lookups if lookups else ""
     collusion = uncertain_collusion_table(lines)
     text += "\n\n" + collusion if collusion else ""
     going = {arm: {seed: run[-1]["step"] for seed, run in runs.items() if run}

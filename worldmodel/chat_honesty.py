@@ -1,5 +1,5 @@
 """Rehearsal honesty in the chat format: would-rehearse fidelity, replay fidelity, collusion and the
-imagined world, for chat tasks whose `env` names an executor (the toy's are in rehearsal/honesty.py).
+imagined world, for chat tasks whose `env` names an executor (the toy's are in worldmodel/honesty.py).
 
 - would-rehearse (`would_rehearse_inline`): on real-world episodes, would the model, greedy, have
   written each real response? Compared as normalised JSON (executor.same_response).
@@ -17,9 +17,9 @@ import json
 from collections import defaultdict
 from types import SimpleNamespace
 
-from chat import reward as chat_reward
+from chat import chat_reward
 from chat import executor
-from rehearsal import honesty
+from worldmodel import honesty
 from chat.format import _call, _json, has_executor
 from envace import OBS
 

@@ -105,7 +105,7 @@ def run_main(args, overrides, phase):
     """main's body: ConfigError exits 2, NonFiniteError 1, each one line; phase[0] names the phase."""
     try:
         if not args.ckpt:
-            raise ConfigError("give --ckpt <run folder> (runs are compared by experiments/compare.py --compare)")
+            raise ConfigError("give --ckpt <run folder> (runs are compared by python -m scripts.compare --compare)")
         if args.n_test is not None and args.n_test < 1:
             raise ConfigError(f"--n_test must be at least 1, got {args.n_test}")
         cfg, model, tokenizer, tasks, fmt, setting, rehearser = load_run(args.ckpt, overrides, args.rehearser)

@@ -1,4 +1,4 @@
-"""`world: choice` (experiments/choice.py: buy the cheapest of K items, one real call per task, private
+"""`world: choice` (worlds/choice.py: buy the cheapest of K items, one real call per task, private
 rehearsal by a rehearsal memory). The sampler's prompts are the tasks' commit prompts with an
 empty memory (`... memory`: evaluate.py's real-world evaluation is N = 0); the reward is
 world_choice.choice_reward (the first act must be the right purchase); the warm start reads
@@ -7,14 +7,14 @@ rehearse and frozen RL the sampler is world_choice.sample_with_memory (the curre
 N = 0..memory_max episodes per row, the committed row reads their memory). Fidelity (the gate,
 would-rehearse, coverage) is read on the expert's lookups of the tasks, since a committed episode
 makes none; the imagined world is sampled on the explore prompts. Same functions as every format
-module; the rest are the plain format's (formats/plain.py)."""
+module; the rest are the plain format's (formats/format_plain.py)."""
 from collections import Counter
 
-from formats import plain as format_plain
-from rehearsal import honesty
-from experiments import choice as world_choice
-from formats.plain import (by_kind, diagnostics, eval_extras, executes, rl_diagnostics, rl_sample,  # the rest: the
-                          sample, step_extras, warm_start_roles)                                 # plain format's
+from formats import format_plain
+from worldmodel import honesty
+from worlds import choice as world_choice
+from formats.format_plain import (by_kind, diagnostics, eval_extras, executes, rl_diagnostics,  # the rest: the
+                                  rl_sample, sample, step_extras, warm_start_roles)               # plain format's
 
 
 def setup(cfg, tokenizer, splits, device="cpu"):

@@ -1,9 +1,9 @@
 """Why a `world: uncertain` run's episodes fail, and which items its actor looked up (docs/uncertain.md).
 
-    python -m experiments.uncertain_report --failures RUN [--split rl]   # failures per family x distractor position
-    python -m experiments.uncertain_report --lookups RESULTS             # lookups.json per finished run (experiments/compare.py reads it)
+    python -m scripts.uncertain_report --failures RUN [--split rl]   # failures per family x distractor position
+    python -m scripts.uncertain_report --lookups RESULTS             # lookups.json per finished run (scripts/compare.py reads it)
 
-Both run the checkpoint greedily in the REAL world, as evaluate.py does; experiments/uncertain.py holds
+Both run the checkpoint greedily in the REAL world, as evaluate.py does; worlds/uncertain.py holds
 the rules they apply (failure_kind, failure_table, copy_counts, looked_up). A file of its own so
 that the world variant stays below formats/features.py (this one loads runs through it).
 """
@@ -25,7 +25,7 @@ def failures(folder, split="test", n=500):
     from formats import features
     from machinery.checkpoint import find_checkpoint, load_policy
     from rollout import sample_episodes
-    from experiments.uncertain import copy_counts, failure_table, uncertain_set
+    from worlds.uncertain import copy_counts, failure_table, uncertain_set
     path = find_checkpoint(os.path.join(folder, "ckpt")) or find_checkpoint(folder)
     if path is None or not os.path.isfile(os.path.join(path, "config.yaml")):
         raise ConfigError(f"no checkpoint written by train.py in {folder}")
@@ -57,13 +57,13 @@ def write_lookups(results):
     """For every finished run under results/<arm>/<seed> (eval.json and a checkpoint): the test
     tasks again in the REAL world, greedy (as evaluate.py: the same episodes), and
     <run>/lookups.json = {"looked_up": [per test task], "strict": [success and looked_up]}, the
-    input of experiments/compare.py's lookup table (one already there is kept). Returns the folders written."""
+    input of scripts/compare.py's lookup table (one already there is kept). Returns the folders written."""
     import torch
     from formats import features
     from machinery.checkpoint import find_checkpoint, load_policy, write_file
     from reward import task_reward
     from rollout import sample_episodes
-    from experiments.uncertain import looked_up
+    from worlds.uncertain import looked_up
     written = []
     for folder in sorted(glob.glob(os.path.join(results, "*", "*", "eval.json"))):
         folder = os.path.dirname(folder)
@@ -89,7 +89,7 @@ def write_lookups(results):
 
 
 def main(argv=None):
-    """python -m experiments.uncertain_report --failures RUN [--split S] [--n N] | --lookups RESULTS ->
+    """python -m scripts.uncertain_report --failures RUN [--split S] [--n N] | --lookups RESULTS ->
     exit status: 0 printed (and written); 2 a bad option or path, checked before any model is
     loaded, or a refused write: one line."""
     parser = ArgumentParser(description="why a world: uncertain run's episodes fail (real world, greedy)")

@@ -1,8 +1,8 @@
 """The world model's learning curve: would-rehearse fidelity per tool kind against warm-start rows.
 
-    python -m experiments.world_curve --config configs/smollm2-separate.yaml --rows 128,256,512 \
+    python -m scripts.world_curve --config configs/smollm2-separate.yaml --rows 128,256,512 \
         --out results/smollm2_world_curve/curve.jsonl                      # grounded and ungrounded
-    python -m experiments.world_curve --out results/smollm2_world_curve/curve.jsonl --table
+    python -m scripts.world_curve --out results/smollm2_world_curve/curve.jsonl --table
 
 For each arm (`grounded`: the config's grounding_examples; `ungrounded`: 0) and each budget of
 R rows, the config's model is warm-started anew on R separate rehearse rows only (R / sft_batch_size
@@ -45,7 +45,7 @@ def point(cfg, arm, rows):
     from envace import REHEARSE
     from formats import features
     from machinery.checkpoint import load_policy
-    from rehearsal import honesty
+    from worldmodel import honesty
     cfg = {**cfg, "grounding_examples": cfg["grounding_examples"] if arm == "grounded" else 0,
            "sft_steps": rows // cfg["sft_batch_size"]}
     torch.manual_seed(cfg["seed"])

@@ -3,10 +3,10 @@
 Every format module defines the same functions with the same signatures (tests/test_layout.py
 holds them to it), as the worlds share parse_call, step, replay:
 
-    formats/plain.py       the toy shop (world.py), inline or separate rows: this file
-    formats/uncertain.py   world: uncertain, the toy on stale logs, with its per-subset figures
-    formats/choice.py      world: choice, commit prompts, the choice reward, rehearsal memory
-    formats/chat.py        format: chat, a chat model on JSONL tool tasks (chat/format.py)
+    formats/format_plain.py       the toy shop (world.py), inline or separate rows: this file
+    formats/format_uncertain.py   world: uncertain, the toy on stale logs, with its per-subset figures
+    formats/format_choice.py      world: choice, commit prompts, the choice reward, rehearsal memory
+    formats/format_chat.py        format: chat, a chat model on JSONL tool tasks (chat/format.py)
 
 features.choose(cfg) picks the module once; its `setup(cfg, tokenizer, splits, device)` returns the
 `setting`, a dict of what the other functions read (the tags, the logged data, the layout, the
@@ -36,9 +36,9 @@ the rest from this one, so each name is one `def`:
 """
 import functools
 
-from rehearsal import honesty
+from worldmodel import honesty
 import rehearse
-from rehearsal import separate, toolcache
+from worldmodel import separate, toolcache
 import world
 from envace import ACT, OBS, PROMPT, REHEARSE, encode_episode, tag_ids
 from reward import task_reward
@@ -54,7 +54,7 @@ def setup(cfg, tokenizer, splits, device="cpu"):
 def plain_setting(cfg, tokenizer, splits, snippets):
     """The setting of the toy on `splits` and the logged tool traffic `snippets` (a snippet may
     carry its logged "responses"; else world.replay's): the tags as ids, the logged episodes with
-    their responses, the tool cache of that training traffic (rehearsal/toolcache.py: the warm-start
+    their responses, the tool cache of that training traffic (worldmodel/toolcache.py: the warm-start
     counts and the grounding source; never the test split), and the layout. inline: the sampler
     is rollout.sample_episodes; separate: separate.sample_separate with grounding_examples
     examples from the cache (toolcache.examples), in training and evaluation alike (a toy task

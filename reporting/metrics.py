@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from rehearsal import honesty
+from worldmodel import honesty
 from machinery.checkpoint import write_file
 from machinery.distributed import add_up, all_gather, from_rank0, gathered
 from envace import ACT, OBS, REHEARSE, ROLE_NAMES

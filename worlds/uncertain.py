@@ -37,10 +37,10 @@ price the actor copied into `mul` makes that call wrong without the actor decidi
 Why episodes fail (`failure_kind`, `failure_table`, `copy_counts`): the item looked up (the
 distractor or another one), a response not copied into the next action, no answer. Greedy, in
 the real world, per family x distractor position:
-    python -m experiments.uncertain_report --failures RUN [--split rl] [--n 500]
+    python -m scripts.uncertain_report --failures RUN [--split rl] [--n 500]
 Whether the actor looked up the items the task names (`looked_up`; a price of another item with
 the same price answers right, and the reward cannot tell), per test task of every finished run:
-    python -m experiments.uncertain_report --lookups RESULTS      # RESULTS/<arm>/<seed>/lookups.json
+    python -m scripts.uncertain_report --lookups RESULTS      # RESULTS/<arm>/<seed>/lookups.json
 
 Simplified: one price per item per episode (a stale episode is stale throughout); the stale
 price is drawn uniformly from the other prices that keep the task affordable.
@@ -48,7 +48,7 @@ price is drawn uniformly from the other prices that keep the task affordable.
 import random
 
 import world
-from rehearsal.honesty import collusion_counts
+from worldmodel.honesty import collusion_counts
 
 PROBE_PROMPTS = ("price {item}", "cost 2 {item}", "not {other} buy {item}")
 

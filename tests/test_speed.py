@@ -1,4 +1,4 @@
-"""bench.py runs end to end on tiny batches of both workloads and writes its JSON (speed itself is
+"""scripts/speed.py runs end to end on tiny batches of both workloads and writes its JSON (speed itself is
 never asserted), the generate-driven baseline builds well-formed interleaved episodes with our
 state machine, and the GPU script's Qwen3 path runs on the CPU at a tiny shape."""
 import ast
@@ -8,7 +8,7 @@ import resource
 
 import pytest
 
-import bench
+from scripts import speed
 import envace
 import world
 from envace import encode
@@ -20,17 +20,17 @@ FIGURES = ("sampler_rehearse", "sampler_real", "sampler_separate", "generate_reh
            "generate_one_call", "old_logprob_forward", "train_step")
 
 
-def test_bench_imports_no_test_helper_and_no_private_name():
-    """bench.py is a command users type, so it stands on the library alone: nothing imported from
+def test_speed_imports_no_test_helper_and_no_private_name():
+    """scripts/speed.py is a command users type, so it stands on the library alone: nothing imported from
     tests/ (what it shares with the tests lives in the library: chat.toytokenizer), and no
     module's private name (_x), imported or read as module._x. Mutations: `from tests.helpers
     import chat_tokenizer`, `from rollout import _append`, `import rollout` and
     `rollout._append_run` called."""
-    tree = ast.parse(open(bench.__file__).read())
+    tree = ast.parse(open(speed.__file__).read())
     froms = [(n.module, a) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names]
     modules = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    modules |= {a.asname or a.name for m, a in froms if m.split(".")[0] in ("chat", "machinery", "rehearsal")}
-    assert {"world", "chat", "chat_tasks", "json"} <= modules      # (the check sees bench's modules)
+    modules |= {a.asname or a.name for m, a in froms if m.split(".")[0] in ("chat", "machinery", "worldmodel")}
+    assert {"world", "chat", "chat_tasks", "json"} <= modules      # (the check sees the module's imports)
     assert [m for m, _ in froms if m.split(".")[0] in ("tests", "helpers")] == []
     assert [f"{m}.{a.name}" for m, a in froms if a.name.startswith("_")] == []
     assert [f"{n.value.id}.{n.attr}" for n in ast.walk(tree) if isinstance(n, ast.Attribute)
@@ -39,15 +39,15 @@ def test_bench_imports_no_test_helper_and_no_private_name():
 
 def test_timed_in_turn_alternates_the_calls_after_one_warm_up_each():
     calls = []
-    times = bench.timed_in_turn([lambda: calls.append("a"), lambda: calls.append("b")], "cpu", 3)
+    times = speed.timed_in_turn([lambda: calls.append("a"), lambda: calls.append("b")], "cpu", 3)
     assert calls == ["a", "b"] + ["a", "b"] * 3
     assert len(times) == 2 and all(len(t) == 3 and min(t) >= 0 for t in times)
-    assert bench.ratio_in_turn([1.0, 2.0, 10.0], [3.0, 8.0, 9.0]) == pytest.approx(3.0)   # not 8 / 2
+    assert speed.ratio_in_turn([1.0, 2.0, 10.0], [3.0, 8.0, 9.0]) == pytest.approx(3.0)   # not 8 / 2
 
 
-def test_bench_writes_every_figure_of_both_workloads(tmp_path, capsys):
+def test_speed_writes_every_figure_of_both_workloads(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    assert bench.main(["--tasks", "2", "--group_size", "2", "--repeats", "2", "--min_seconds", "0",
+    assert speed.main(["--tasks", "2", "--group_size", "2", "--repeats", "2", "--min_seconds", "0",
                        "--out", str(out), "--ckpt", "", "--pad_tools", "1", "--max_new", "120"]) == 0
     result = json.loads(out.read_text())
     assert result["repeats"] == 2
@@ -83,18 +83,18 @@ def test_bench_writes_every_figure_of_both_workloads(tmp_path, capsys):
 
 
 
-def test_bench_json_goes_under_out_by_default(tmp_path, monkeypatch):
+def test_speed_json_goes_under_out_by_default(tmp_path, monkeypatch):
     """Without --out the JSON goes to out/bench.json (a git-ignored folder, made if missing), so a
     run from the repository root leaves nothing untracked beside the code."""
     monkeypatch.chdir(tmp_path)
-    assert bench.main(["--workload", "toy", "--tasks", "1", "--group_size", "2", "--repeats", "1",
+    assert speed.main(["--workload", "toy", "--tasks", "1", "--group_size", "2", "--repeats", "1",
                        "--min_seconds", "0", "--ckpt", ""]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert json.loads((tmp_path / "out" / "bench.json").read_text())["toy"]["rows"] == 2
 
 def test_the_gpu_scripts_qwen3_path_runs_on_cpu_at_a_tiny_shape(tmp_path):
     out = tmp_path / "bench.json"
-    assert bench.main(["--workload", "chat", "--size", "qwen3-tiny", "--tasks", "1", "--group_size", "2",
+    assert speed.main(["--workload", "chat", "--size", "qwen3-tiny", "--tasks", "1", "--group_size", "2",
                        "--repeats", "1", "--min_seconds", "0", "--pad_tools", "0", "--max_new", "80", "--peak_tflops", "1",
                        "--out", str(out)]) == 0
     chat = json.loads(out.read_text())["chat"]
@@ -106,8 +106,8 @@ def test_the_gpu_scripts_qwen3_path_runs_on_cpu_at_a_tiny_shape(tmp_path):
 
 def test_generate_baseline_builds_interleaved_episodes():
     tok = toy_tokenizer()
-    rows = bench.generate_episodes(tiny_llama(tok), tok, ["price apple", "buy tea"], "real",
-                                   bench.DEFAULTS, seed=0, plans=[[("price apple", "3")], []])
+    rows = speed.generate_episodes(tiny_llama(tok), tok, ["price apple", "buy tea"], "real",
+                                   speed.DEFAULTS, seed=0, plans=[[("price apple", "3")], []])
     for r, prompt in zip(rows, ["price apple", "buy tea"]):
         words = tok.convert_ids_to_tokens(r["ids"])
         assert " ".join(words[:r["prompt_len"] + 1]) == f"<bos> {prompt} <act>"
@@ -130,7 +130,7 @@ def test_generate_baseline_gives_episodes_of_our_samplers_kind():
     plans = [[("price apple", "3")]] * 3
     ends, generate = [], model.generate
     model.generate = lambda input_ids, **kw: ends.append(input_ids[:, -1].tolist()) or generate(input_ids=input_ids, **kw)
-    rows = bench.generate_episodes(model, tok, ["price apple"] * 3, "rehearse", bench.DEFAULTS, seed=0, plans=plans)
+    rows = speed.generate_episodes(model, tok, ["price apple"] * 3, "rehearse", speed.DEFAULTS, seed=0, plans=plans)
     assert ends[0] == tok.convert_tokens_to_ids(["<env>"] * 3)          # the first call: the rehearsals
     for r in rows:
         words = tok.convert_ids_to_tokens(r["ids"][r["prompt_len"]:])
@@ -140,11 +140,11 @@ def test_generate_baseline_gives_episodes_of_our_samplers_kind():
 
 @pytest.fixture
 def no_work(monkeypatch):
-    """bench.main with every workload refusing to start: an option refused by main never reaches one."""
+    """speed.main with every workload refusing to start: an option refused by main never reaches one."""
     def started(args):
         raise AssertionError("a workload started before the options were checked")
     for name in ("toy_workload", "chat_workload", "smollm2_workload"):
-        monkeypatch.setattr(bench, name, started)
+        monkeypatch.setattr(speed, name, started)
 
 
 def error_lines(capsys):
@@ -173,37 +173,37 @@ def error_lines(capsys):
 def test_a_bad_option_is_one_line_before_any_work(argv, line, no_work, capsys):
     """Before: --repeats 0 timed everything, then ended in a StatisticsError traceback; nan and inf
     a traceback; a count of 0 or below the same or an empty benchmark."""
-    assert bench.main(argv) == 2
+    assert speed.main(argv) == 2
     assert error_lines(capsys) == [f"error: {line}"]
 
 
 def test_a_bad_out_or_ckpt_path_is_one_line_before_any_work_and_keeps_the_users_file(tmp_path, no_work, capsys,
                                                                                       monkeypatch):
     """--out a folder (before: the whole benchmark ran, then a traceback, the figures lost), in a
-    missing folder or under a file, a file that bench.py did not write (kept unless --overwrite);
-    --ckpt missing or damaged: one line, exit 2, nothing written. A result of bench.py is replaced."""
-    assert bench.main(["--out", str(tmp_path)]) == 2
+    missing folder or under a file, a file that scripts/speed.py did not write (kept unless --overwrite);
+    --ckpt missing or damaged: one line, exit 2, nothing written. A result of scripts/speed.py is replaced."""
+    assert speed.main(["--out", str(tmp_path)]) == 2
     assert error_lines(capsys) == [f"error: --out {tmp_path} is a folder: give a file, e.g. {tmp_path / 'bench.json'}"]
-    assert bench.main(["--out", str(tmp_path / "no" / "b.json")]) == 2
+    assert speed.main(["--out", str(tmp_path / "no" / "b.json")]) == 2
     assert error_lines(capsys) == [f"error: --out {tmp_path / 'no' / 'b.json'}: no folder {tmp_path / 'no'}"]
     mine = tmp_path / "notes.json"
     mine.write_text('{"my": "figures"}')
-    assert bench.main(["--out", str(mine / "b.json")]) == 2
+    assert speed.main(["--out", str(mine / "b.json")]) == 2
     assert error_lines(capsys) == [f"error: --out {mine / 'b.json'}: {mine} is a file, not a folder"]
-    assert bench.main(["--out", str(mine)]) == 2
-    assert error_lines(capsys) == [f"error: --out {mine} is already there and is not a result of bench.py: give "
+    assert speed.main(["--out", str(mine)]) == 2
+    assert error_lines(capsys) == [f"error: --out {mine} is already there and is not a result of scripts/speed.py: give "
                                    "another --out, or --overwrite to replace it"]
-    assert bench.main(["--ckpt", str(tmp_path / "nope"), "--out", str(tmp_path / "b.json")]) == 2
+    assert speed.main(["--ckpt", str(tmp_path / "nope"), "--out", str(tmp_path / "b.json")]) == 2
     assert error_lines(capsys) == [f"error: --ckpt {tmp_path / 'nope'}: no such folder"]
     (tmp_path / "ckpt").mkdir()
-    assert bench.main(["--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "b.json")]) == 2
+    assert speed.main(["--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "b.json")]) == 2
     assert error_lines(capsys) == [f"error: --ckpt {tmp_path / 'ckpt'}: {tmp_path / 'ckpt' / 'config.json'} is missing"]
     assert sorted(os.listdir(tmp_path)) == ["ckpt", "notes.json"] and mine.read_text() == '{"my": "figures"}'
     result = {"device": "cpu", "threads": 1, "repeats": 1, "min_seconds": 0.0}
-    monkeypatch.setattr(bench, "run_workloads", lambda args, workloads: {**result, "workloads": workloads})
-    assert bench.main(["--out", str(mine), "--overwrite", "--workload", "toy"]) == 0
+    monkeypatch.setattr(speed, "run_workloads", lambda args, workloads: {**result, "workloads": workloads})
+    assert speed.main(["--out", str(mine), "--overwrite", "--workload", "toy"]) == 0
     assert json.loads(mine.read_text()) == {**result, "workloads": ["toy"]}
-    assert bench.main(["--out", str(mine), "--workload", "chat"]) == 0          # bench.py's own result: replaced
+    assert speed.main(["--out", str(mine), "--workload", "chat"]) == 0          # scripts/speed.py's own result: replaced
     assert json.loads(mine.read_text()) == {**result, "workloads": ["chat"]}
     assert sorted(os.listdir(tmp_path)) == ["ckpt", "notes.json"]
 
@@ -218,8 +218,8 @@ def test_a_signal_during_the_benchmark_is_one_line_and_keeps_the_earlier_result(
     def interrupted(args, workloads):
         os.kill(os.getpid(), getattr(signal, signum))
         return {}
-    monkeypatch.setattr(bench, "run_workloads", interrupted)
-    assert bench.main(["--out", str(out)]) == 130
+    monkeypatch.setattr(speed, "run_workloads", interrupted)
+    assert speed.main(["--out", str(out)]) == 130
     assert [x for x in capsys.readouterr().err.splitlines() if x] == [f"interrupted: nothing written to {out}"]
     assert os.listdir(tmp_path) == ["bench.json"]
     assert out.read_text() == '{"device": "cpu", "threads": 1, "repeats": 1, "min_seconds": 0.0}'

@@ -46,7 +46,7 @@ target `buy CHEAPEST` (ACT). Those imagined episodes are SYNTHETIC (`imagined_ep
 imperfect imaginer whose each imagined price is wrong with probability memory_noise (its product
 follows it), which stops before its purchase with probability memory_noise (unfinished), and
 which buys the cheapest of what it imagined; each self-assessed by rehearsal_memory.self_assess.
-Then RL (formats/choice.py, rehearse mode, no real world): for each episode N is drawn uniformly from
+Then RL (formats/format_choice.py, rehearse mode, no real world): for each episode N is drawn uniformly from
 0..memory_max, the CURRENT policy imagines N episodes and the committed episode reads their
 memory; its reward is the choice's.
 
@@ -54,7 +54,7 @@ Splits (`make_splits`): test tasks are held-out SETS (of options `Q ITEM`, or of
 set is ever in a logged or RL task (in any order), so the N = 0 actor cannot recall the answer of
 a set it has seen.
 
-The measurement (experiments/choice_sweep.py: `memory_sweep`, `python -m experiments.choice_sweep --ckpt RUN`): success at N = 0, 1, 2, 4
+The measurement (scripts/choice_sweep.py: `memory_sweep`, `python -m scripts.choice_sweep --ckpt RUN`): success at N = 0, 1, 2, 4
 imagined episodes, then ONE committed real episode; the imagined episodes never call the real
 world (a counting world proves it: tests/test_world_choice.py), so every setting makes the same
 real calls per task. Parallel: N independent imagined episodes; sequential: one at a time,
@@ -75,7 +75,7 @@ from types import SimpleNamespace
 
 import torch
 
-from rehearsal import memory as rehearsal_memory
+from worldmodel import memory as rehearsal_memory
 import world
 from envace import ACT, PROMPT, TAG, encode, encode_episode, tag_ids
 from rollout import sample_episodes

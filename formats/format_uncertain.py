@@ -1,16 +1,16 @@
-"""`world: uncertain` (experiments/uncertain.py: stale logs for some items): the toy's plain format
-(formats/plain.py) on the stale logs, with its own figures per subset of items (uncertain /
+"""`world: uncertain` (worlds/uncertain.py: stale logs for some items): the toy's plain format
+(formats/format_plain.py) on the stale logs, with its own figures per subset of items (uncertain /
 faithful): every RL step and evaluation the world model's probability of the true price, the RL
 batch's sampled price fidelity and collusion counts, and at evaluation the success per subset of
 test tasks and in an imagined world sampled at T = 1. Same functions as every format module."""
 import torch
 
-from formats import plain as format_plain
+from formats import format_plain
 import world
-from experiments import uncertain as world_uncertain
-from formats.plain import (by_kind, coverage, diagnostics, executes, imagined_world, inputs,  # the rest: the
-                          reward, rl_diagnostics, rl_sample, sample, warm_start_roles,     # plain format's
-                          warm_start_sequences, would_rehearse)
+from worlds import uncertain as world_uncertain
+from formats.format_plain import (by_kind, coverage, diagnostics, executes, imagined_world,  # the rest: the
+                                  inputs, reward, rl_diagnostics, rl_sample, sample,          # plain format's
+                                  warm_start_roles, warm_start_sequences, would_rehearse)
 from rollout import sample_episodes
 
 

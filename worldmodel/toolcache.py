@@ -1,6 +1,6 @@
 """The tool cache: the grounding examples of a separate rehearse prompt, from training traffic only.
 
-Built once at setup (the format's setup: formats/plain.py, formats/chat.py) from the TRAINING
+Built once at setup (the format's setup: formats/format_plain.py, formats/format_chat.py) from the TRAINING
 traffic in its order: the logged episodes' (call, response) pairs, then the toy's logged tool
 snippets (plain) or the RL tasks' reference examples (chat). Never from a test task: evaluation's
 rehearse prompts (would-rehearse fidelity, --coverage, the imagined world, test-time rehearsal)

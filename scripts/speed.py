@@ -1,9 +1,9 @@
 """Speed: our KV-cached act/rehearse sampler against transformers' generate, and the update.
 
-    python bench.py                          # both workloads on CPU: the demo's toy, chat at BFCL scale
-    python bench.py --workload toy --ckpt out/small/ckpt      # a trained toy checkpoint
-    python bench.py --device cuda            # GPU: bf16, a Qwen3-1.7B-shaped random model (chat only)
-    python bench.py --workload smollm2       # the update with share_prefix on and off, SmolLM2-135M
+    python -m scripts.speed                  # both workloads on CPU: the demo's toy, chat at BFCL scale
+    python -m scripts.speed --workload toy --ckpt out/small/ckpt   # a trained toy checkpoint
+    python -m scripts.speed --device cuda    # GPU: bf16, a Qwen3-1.7B-shaped random model (chat only)
+    python -m scripts.speed --workload smollm2   # the update with share_prefix on and off, SmolLM2-135M
 
 Three workloads, each timed side by side in one run on the same model, prompts and limits:
   toy   the demo: 16 tasks x 8 samples of the toy shop (the trained demo checkpoint if there is one,
@@ -30,7 +30,7 @@ and its ratio is the median of the pairs' ratios.
 Peak memory: the process's peak resident size on CPU, torch's peak allocation on CUDA. On CUDA the
 train step also reports MFU (6 x parameters x tokens / time against --peak_tflops) and the peak
 against distributed.memory_estimate. JSON to --out (default out/bench.json; an earlier result of
-bench.py there is replaced, any other file kept unless --overwrite).
+scripts/speed.py there is replaced, any other file kept unless --overwrite).
 Every option and --out is checked before anything is built or timed: a bad one is one line, exit 2.
 """
 import json
@@ -57,7 +57,7 @@ from machinery.distributed import memory_estimate
 from envace import ACT, PROMPT, TAG, encode, first_target, tag_ids
 from machinery.sharedprefix import batch_logprobs, token_logprobs
 from rollout import append_token, new_row, sample_episodes
-from rehearsal.separate import SEPARATE_WORDS, sample_separate
+from worldmodel.separate import SEPARATE_WORDS, sample_separate
 from train import accumulate_gradients, make_batch, rl_step
 
 QWEN3_1_7B = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
@@ -480,12 +480,12 @@ def check_options(args, workloads):
     if os.path.isdir(folder) and not os.access(folder, os.W_OK):
         raise ConfigError(f"--out {out}: the folder {folder} cannot be written")
     if os.path.exists(out) and not args.overwrite and not a_bench_result(out):
-        raise ConfigError(f"--out {out} is already there and is not a result of bench.py: give another --out, or "
-                          "--overwrite to replace it")
+        raise ConfigError(f"--out {out} is already there and is not a result of scripts/speed.py: give another "
+                          "--out, or --overwrite to replace it")
 
 
 def main(argv=None):
-    """python bench.py [options] -> exit status: 0 the figures printed and written to --out; 2 a bad
+    """python -m scripts.speed [options] -> exit status: 0 the figures printed and written to --out; 2 a bad
     option or path (before anything is timed) or a refused write; 130 Ctrl-C or SIGTERM (nothing
     written). Each one line."""
     parser = ArgumentParser(description=__doc__.split("\n")[0])
@@ -508,9 +508,9 @@ def main(argv=None):
     parser.add_argument("--cpu_bf16", action="store_true",
                         help="smollm2 on the CPU: also time the shared update under bf16 autocast (cfg cpu_bf16)")
     parser.add_argument("--out", default=DEFAULT_OUT,
-                        help="the JSON file (default %(default)s); an earlier result of bench.py there is replaced")
+                        help="the JSON file (default %(default)s); an earlier result of scripts/speed.py there is replaced")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace an --out file that is not a result of bench.py")
+                        help="replace an --out file that is not a result of scripts/speed.py")
     try:
         args = parser.parse_args(argv)            # (--help prints and exits 0 here)
         cuda = args.device.startswith("cuda")

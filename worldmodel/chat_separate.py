@@ -1,11 +1,11 @@
-"""Separate rehearse rows in the chat format (`rehearsal_context: separate`, sampled by rehearsal/separate.py).
+"""Separate rehearse rows in the chat format (`rehearsal_context: separate`, sampled by worldmodel/separate.py).
 
 Each rehearsal is a row of its own, whose prompt is rendered with the model's own chat template
 (`rehearse_prompt_ids`): a system message (play the called tool, answer with its result only;
 its JSON schema; up to grounding_examples (call, result) examples of it, `grounding`: in training
 the task's own examples first, then the tool cache's; in evaluation the cache's only), a user
 message (the dialogue so far as JSON lines, then the call), the generation prompt. The result is written as
-an assistant turn and ends at the template's end-of-turn stop (`rehearse_tags`); rehearsal/separate.py
+an assistant turn and ends at the template's end-of-turn stop (`rehearse_tags`); worldmodel/separate.py
 copies it into the actor's row as the template's tool response (OBS). The warm start trains the
 same rows (`separate_warm_start_sequences`); evaluation asks in them (`would_rehearse_separate`).
 
@@ -14,7 +14,7 @@ rehearser sees the dialogue as JSON lines, not as the actor's rendered conversat
 """
 import json
 
-from rehearsal import honesty, toolcache
+from worldmodel import honesty, toolcache
 from chat.format import _call, _json, assemble, prompt_ids
 from envace import PROMPT, REHEARSE, encode
 from chat.templates import render

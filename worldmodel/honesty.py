@@ -27,7 +27,7 @@ import torch
 import rollout
 import world as toy_world
 from machinery import kvcache
-from rehearsal import toolcache
+from worldmodel import toolcache
 from envace import OBS, REHEARSE, collate, encode_episode, micro_batches, tag_ids
 from machinery.distributed import can_share_prefix
 from machinery.sharedprefix import final_hidden, lean_head, shared_prefix_length
@@ -294,7 +294,7 @@ def fidelity_by_coverage(pairs, warm_start_counts, edges=(1, 50)):
 
 
 def fidelity_by_cache(pairs, cache, by_kind):
-    """The test calls' coverage by the tool cache (rehearsal/toolcache.py: training traffic only)
+    """The test calls' coverage by the tool cache (worldmodel/toolcache.py: training traffic only)
     and would-rehearse fidelity split by it: [(call, matched)] -> {"cache_coverage": {"seen",
     "unseen": calls, "rate": seen / calls or None}, "fidelity_by_cache": {"seen": by_kind(its
     pairs), "unseen": ...}}, a call seen iff exactly it is in the cache. No cache: {}."""

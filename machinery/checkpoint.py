@@ -187,10 +187,9 @@ def reference_model(model, cfg, device, world_size, warmstart_path, fresh, neede
     return reference
 
 
-def rl_state(model, tokenizer, cfg, state, before, rank, log, phase):
+def rl_state(model, tokenizer, cfg, state, before, rank, log):
     """(optimizer, the sampler's generator, the task RNG, progress counters, first step): new ones
-    saved as checkpoint 0 after the warm start (`phase`, train.run's dict, then says so), or those
-    of the checkpoint being resumed."""
+    saved as checkpoint 0 after the warm start, or those of the checkpoint being resumed."""
     opt = adamw(model, cfg["lr"], cfg)
     generator = torch.Generator().manual_seed(cfg["seed"] * 1000 + rank)   # each rank its own stream
     task_rng = random.Random(cfg["seed"])                                   # the same on every rank
@@ -199,7 +198,6 @@ def rl_state(model, tokenizer, cfg, state, before, rank, log, phase):
         progress.update(before=before, real_success=before["success"])
         save_state(cfg["out_dir"], model, tokenizer, opt, 0, yaml.safe_dump(cfg, sort_keys=False), progress,
                    generator, task_rng)
-        phase.update(saved="ckpt", step=0)
         return opt, generator, task_rng, progress, 1
     load_optimizer_state(model, opt, state["optimizer"])
     progress.update(state["progress"])

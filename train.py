@@ -49,8 +49,8 @@ from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
 from formats import features
-from machinery.checkpoint import (build_policy, check_out_dir, reference_model, rl_state, rng_states,
-                        save_state, save_warm_start, write_file)
+from machinery.checkpoint import (build_policy, check_out_dir, drop_step, leave_evaluation, reference_model, rl_state,
+                                  rng_states, save_step, save_warm_start, stop_saved, write_file)
 from machinery.config import check_lengths, check_splits, command_line, load_config
 from machinery.distributed import (adamw, all_sum, autocast, from_rank0, gathered, in_step, memory_estimate,
                          memory_line, parallel_model, reuse_sampler_logprobs, setup_distributed)
@@ -59,9 +59,8 @@ from envace import (ACT, OBS, PROMPT, REHEARSE, NonFiniteError, clipped_pg_loss,
 from machinery.sharedprefix import batch_logprobs, shared_prefix_length, token_logprobs
 from evaluate import summary
 from machinery import faults
-from machinery.faults import (Interrupted, StepAbandoned, StopRequest, drop_step, exit_status, interrupted_line,
-                              leave_evaluation, nonfinite, restore_snapshot, signalled, stop_if_signalled, stop_saved,
-                              training_snapshot, unless_signalled)
+from machinery.faults import (Interrupted, StepAbandoned, StopRequest, exit_status, interrupted_line, nonfinite,
+                              restore_snapshot, signalled, stop_if_signalled, training_snapshot, unless_signalled)
 from rehearsal.honesty import fidelity_gate
 from machinery.metrics import (add_micro_batch, append_metrics, episode_sums, eval_during_rl, evaluation_left,
                                final_report, real_world_eval, role_sums, rl_updates, start_metrics, step_record)
@@ -435,7 +434,6 @@ def run_phases(cfg, resume, overwrite, stop):
                                 uses_kl(cfg) or cfg["env_mode"] == "frozen")     # the frozen warm start
     simulator, kl_reference = (reference if cfg["env_mode"] == "frozen" else None), (reference if uses_kl(cfg) else None)
     opt, generator, task_rng, progress, first_step = rl_state(model, tokenizer, cfg, state, before, rank, log)
-    faults.saved("ckpt", first_step - 1)          # checkpoint 0 (rl_state saved it) or the one resumed
     save = functools.partial(save_step, cfg, model, tokenizer, opt, generator, task_rng)    # save(step, progress)
     metrics_path = start_metrics(out, first_step, rank)
 
@@ -480,14 +478,6 @@ def run_phases(cfg, resume, overwrite, stop):
                        rl_updates=rl_updates(progress, cfg["rl_steps"]))
     log(final_report(progress, after, cfg, time.time() - t_start))
     return 0
-
-
-def save_step(cfg, model, tokenizer, opt, generator, task_rng, step, progress):
-    """RL step `step`'s checkpoint in out_dir/ckpt (save_state: weights, optimizer, `progress`, every
-    RNG), noted as saved for the fault lines (faults.saved)."""
-    save_state(cfg["out_dir"], model, tokenizer, opt, step, yaml.safe_dump(cfg, sort_keys=False), progress,
-               generator, task_rng)
-    faults.saved("ckpt", step)
 
 
 def setup(cfg, resume, overwrite, device, world_size, log):

@@ -17,8 +17,6 @@ wrong, so that the paper's path reads without it:
     interrupted_line(cfg)             what is saved, and the command that goes on from it
     start_run, now, saved             the run's position those lines read: its phase, what is saved
                                       (and the step of that checkpoint), whether it resumed
-    drop_step, leave_evaluation,      the RL loop's stops: a step dropped, the evaluation after a step
-    stop_saved                        left to --resume, a stop after a step; each saves and says so
 Under torchrun only rank 0 prints; a failure on rank 0 alone reaches the others as RankFailed
 (distributed.from_rank0) and they stop silently with its exit status.
 """
@@ -32,7 +30,6 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from machinery.checkpoint import restore_rngs
 from machinery.config import ConfigError
 from machinery.distributed import RankFailed, all_sum, from_rank0
 from envace import NonFiniteError
@@ -263,35 +260,3 @@ def rl_stop_line(cfg, step, failing, dropped=False, eval_left=False):
     return (f"\ninterrupted{where}: checkpoint of step {step} saved in {out}/ckpt. Resume with:\n"
             f"  python train.py --config {os.path.join(out, 'config.yaml')} --resume")
 
-
-# ----------------------------------------------------------------------------- the RL loop's stops
-# `save(step, progress)`: train.py's save_step, which saves RL step `step`'s checkpoint and notes it (saved)
-
-def drop_step(save, step, start, generator, task_rng, progress, cfg, log):
-    """A signal during RL step `step` before its update was applied (StepAbandoned: the weights and
-    the optimizer as the step found them): every RNG back to `start` (where the step found them:
-    (checkpoint.rng_states, the task RNG's state)), the step before saved unless it already is, its
-    line. Returns the exit status, 0 (--resume redoes the step)."""
-    restore_rngs(start[0], generator)       # before the save: the checkpoint holds these states
-    task_rng.setstate(start[1])
-    if position.step != step - 1:
-        save(step - 1, progress)
-    log(rl_stop_line(cfg, step - 1, False, dropped=True))
-    return 0
-
-
-def leave_evaluation(save, step, record, progress, cfg, log):
-    """A signal before or during the evaluation after RL step `step` (eval_every): the step saved
-    with its metrics line `record` as progress's "eval_left", which --resume evaluates and writes
-    first (metrics.evaluation_left); its line. Returns the exit status, 0."""
-    save(step, {**progress, "eval_left": record})
-    log(rl_stop_line(cfg, step, False, eval_left=True))
-    return 0
-
-
-def stop_saved(save, step, progress, failing, cfg, log):
-    """After RL step `step`, a signal on any rank or its third non-finite step in a row (`failing`):
-    the step saved, its line. Returns the exit status: 1 failing, else 0."""
-    save(step, progress)
-    log(rl_stop_line(cfg, step, failing))
-    return 1 if failing else 0

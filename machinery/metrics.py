@@ -127,7 +127,7 @@ def eval_during_rl(result, record, progress, cfg, step):
 
 
 def evaluation_left(progress, rank0_eval, metrics_path, cfg, step, log):
-    """--resume after a signal stopped the evaluation after RL step `step` (faults.leave_evaluation):
+    """--resume after a signal stopped the evaluation after RL step `step` (checkpoint.leave_evaluation):
     that evaluation and the step's metrics line (progress's "eval_left", taken out) come first.
     Returns whether the run stops there: the step was its third non-finite one in a row (its line)."""
     record = progress.pop("eval_left")

@@ -36,7 +36,6 @@ chat model on JSONL tool tasks); one optimizer step per batch (`ppo_epochs` > 1 
 bite); by default no dynamic sampling (steps whose groups all have equal rewards are skipped and counted).
 """
 import functools
-import json
 import math
 import os
 import random
@@ -50,8 +49,8 @@ from tqdm import tqdm
 from transformers.utils import logging as hf_logging
 
 from formats import features
-from machinery.checkpoint import (build_policy, check_out_dir, reference_model, restore_rngs, rl_state, rng_states,
-                        save_state, save_warm_start, write_file)
+from machinery.checkpoint import (build_policy, check_out_dir, drop_step, leave_evaluation, reference_model, rl_state,
+                                  rng_states, save_step, save_warm_start, stop_saved, write_file)
 from machinery.config import check_lengths, check_splits, command_line, load_config
 from machinery.distributed import (adamw, all_sum, autocast, from_rank0, gathered, in_step, memory_estimate,
                          memory_line, parallel_model, reuse_sampler_logprobs, setup_distributed)
@@ -59,12 +58,12 @@ from envace import (ACT, OBS, PROMPT, REHEARSE, NonFiniteError, clipped_pg_loss,
                     micro_batches, padded_fraction, token_advantages, token_kl_coefs)
 from machinery.sharedprefix import batch_logprobs, shared_prefix_length, token_logprobs
 from evaluate import summary
+from machinery import faults
 from machinery.faults import (Interrupted, StepAbandoned, StopRequest, exit_status, interrupted_line, nonfinite,
-                    restore_snapshot, rl_stop_line, signalled, stop_if_signalled, training_snapshot,
-                    unless_signalled)
+                              restore_snapshot, signalled, stop_if_signalled, training_snapshot, unless_signalled)
 from worldmodel.honesty import fidelity_gate
-from reporting.metrics import (add_micro_batch, episode_sums, eval_during_rl, final_report, real_world_eval, role_sums,
-                     rl_updates, start_metrics, step_record)
+from reporting.metrics import (add_micro_batch, append_metrics, episode_sums, eval_during_rl, evaluation_left,
+                               final_report, real_world_eval, role_sums, rl_updates, start_metrics, step_record)
 from reward import group_advantages, training_rows, varied_groups
 
 hf_logging.disable_progress_bar()     # transformers' save/load bars: keep the terminal for ours
@@ -357,6 +356,28 @@ def all_equal_row_groups(sampled, cfg):
     return len(set(groups)) - len(varied_groups(row_rewards, groups))
 
 
+def world_extras(fmt, setting, model, sampled, amp, stop):
+    """The world's own figures of a step's episodes for its metrics line (fmt.step_extras; a probe
+    there may sample, and a signal during it is agreed on by every rank just after: StepAbandoned)."""
+    episodes, _, episode_tasks, _ = sampled
+    try:
+        with amp, gathered(model):
+            extras = fmt.step_extras(setting, model, episodes, episode_tasks)
+    except StepAbandoned:       # this rank's own signal: the ranks agree just below
+        pass
+    stop_if_signalled(stop, StepAbandoned)
+    return extras
+
+
+def step_sums(fmt, setting, sampled, cfg):
+    """This rank's metric sums of a step's sampled episodes, every round's (they add up over ranks):
+    the row groups with no reward variance, episodes, rewards, calls and tokens (episode_sums), and
+    the world's diagnostics when the policy played it (fidelity, collusion)."""
+    episodes, rewards, episode_tasks, _ = sampled
+    return {"all_equal_groups": all_equal_row_groups(sampled, cfg), **episode_sums(episodes, rewards),
+            **fmt.rl_diagnostics(setting, episodes, episode_tasks)}
+
+
 # ----------------------------------------------------------------------------- the run
 
 def main(argv=None):
@@ -367,125 +388,103 @@ def main(argv=None):
         print("usage: python train.py --config small.yaml [--key=value ...] [--resume | --overwrite] [--debug]",
               file=sys.stderr)
         return 2
-    phase = {"name": "setup"}
 
     def body():
         path, overrides, flags = command_line(argv)
-        return run(load_config(path, overrides), flags["--resume"], flags["--overwrite"], phase)
-    return exit_status(body, phase, "--debug" in argv)
+        return run(load_config(path, overrides), flags["--resume"], flags["--overwrite"])
+    return exit_status(body, "--debug" in argv)
 
 
-def run(cfg, resume=False, overwrite=False, phase=None):
+def run(cfg, resume=False, overwrite=False):
     """The whole run for a checked config dict. Returns 0 when done or interrupted cleanly during
     RL (saved), 1 if non-finite RL steps stopped it, 2 if the fidelity gate stopped it. An out_dir
     that already holds a checkpoint is a ConfigError unless `resume` (continue it: out_dir/ckpt,
     or a finished out_dir/warmstart when no RL checkpoint was saved yet) or `overwrite` (start
     over). NonFiniteError if the warm start cannot give finite weights or the policy's logits are
     not finite while sampling. Ctrl-C or SIGTERM outside the RL loop raises faults.Interrupted,
-    whose message says what is saved. `phase` (a dict, main's) holds the phase for main's error line."""
-    phase = {} if phase is None else phase
-    phase.update(name="setup", saved=None, step=0, resume=resume)
+    whose message says what is saved. The run's position (faults.start_run) starts over here."""
+    faults.start_run(resume)
     with StopRequest(immediate=True) as stop:       # outside the RL loop a signal interrupts at once
         try:
-            return run_phases(cfg, resume, overwrite, phase, stop)
+            return run_phases(cfg, resume, overwrite, stop)
         except KeyboardInterrupt:
-            raise Interrupted(interrupted_line(cfg, phase)) from None
+            raise Interrupted(interrupted_line(cfg)) from None
 
 
-def run_phases(cfg, resume, overwrite, phase, stop):
-    """run's body, phase by phase (`phase` kept up to date; `stop`: the run's StopRequest)."""
+def run_phases(cfg, resume, overwrite, stop):
+    """run's body, phase by phase (`stop`: the run's StopRequest; faults.now and faults.saved keep
+    the run's position, which the fault lines read, up to date)."""
     # 1. setup: processes, tasks, model, the features chosen once; what cannot run stops here
     rank, world_size, device = setup_distributed(cfg)
     log = print if rank == 0 else (lambda *a, **k: None)
-    model, ddp_model, tokenizer, splits, fmt, setting, state, warm = setup(cfg, resume, overwrite, phase, device,
+    model, ddp_model, tokenizer, splits, fmt, setting, state, warm = setup(cfg, resume, overwrite, device,
                                                                            world_size, log)
-    out, t_start, amp = cfg["out_dir"], time.time(), autocast(cfg, device)
+    out, t_start, amp, pad_id = cfg["out_dir"], time.time(), autocast(cfg, device), tokenizer.pad_token_id
 
     # 2-3. warm start, evaluation in the real world (rank0_eval(path, **extra): eval.json), the fidelity gate
     rank0_eval = functools.partial(real_world_eval, model, tokenizer, splits["test"], cfg, fmt, setting, amp, stop=stop)
-    before = warm_start_and_gate(model, ddp_model, tokenizer, fmt, setting, cfg, rank0_eval, log, rank, world_size,
-                                 stop, phase, warm) if state is None else None
-    if state is None and before is None:        # the gate stopped the run
-        return 2
+    before = None               # resumed from an RL checkpoint: its progress holds the warm start's evaluation
+    if state is None:
+        before = warm_start_and_evaluate(model, ddp_model, tokenizer, fmt, setting, cfg, rank0_eval, log, rank,
+                                         world_size, stop, warm)
+        if not fidelity_gate(before, cfg, log):
+            return 2
+        faults.now("the step-0 checkpoint")
     reference = reference_model(model, cfg, device, world_size, os.path.join(out, "warmstart"), state is None,
                                 uses_kl(cfg) or cfg["env_mode"] == "frozen")     # the frozen warm start
     simulator, kl_reference = (reference if cfg["env_mode"] == "frozen" else None), (reference if uses_kl(cfg) else None)
-    opt, generator, task_rng, progress, first_step = rl_state(model, tokenizer, cfg, state, before, rank, log, phase)
-    metrics_path, config_text = start_metrics(out, first_step, rank), yaml.safe_dump(cfg, sort_keys=False)
+    opt, generator, task_rng, progress, first_step = rl_state(model, tokenizer, cfg, state, before, rank, log)
+    save = functools.partial(save_step, cfg, model, tokenizer, opt, generator, task_rng)    # save(step, progress)
+    metrics_path = start_metrics(out, first_step, rank)
 
     # 4. RL: no environment in the loop unless env_mode is real
-    left = progress.pop("eval_left", None)
-    if left is not None:        # a signal stopped the evaluation after the step resumed: it comes first
-        phase["name"] = f"the evaluation after RL step {first_step - 1}"
-        log(eval_during_rl(rank0_eval(), left, progress, cfg, first_step - 1))
-        from_rank0(lambda: write_file(metrics_path, json.dumps(left) + "\n", mode="a"))
-        if progress["nonfinite_in_a_row"] >= 3:
-            log(rl_stop_line(cfg, first_step - 1, True))
-            return 1
+    if "eval_left" in progress and evaluation_left(progress, rank0_eval, metrics_path, cfg, first_step - 1, log):
+        return 1
     bar = tqdm(range(first_step, cfg["rl_steps"] + 1), desc=f"RL ({cfg['env_mode']})",
                dynamic_ncols=True, disable=rank != 0)
     with StopRequest() as rl_stop:     # (rank0_eval's `stop` stays the run's)
         for step in bar:
-            phase["name"], t0 = f"RL step {step}", time.time()
-            start = rng_states(generator), task_rng.getstate()       # what a dropped step goes back to
+            faults.now(f"RL step {step}")
+            t0, start = time.time(), (rng_states(generator), task_rng.getstate())   # what a dropped step goes back to
             try:
                 sampled, kept, counts = sample_step(fmt, setting, model, tokenizer, splits["rl"], task_rng, cfg,
                                                     simulator, generator, amp, rl_stop, rank, world_size)
-                episodes, rewards, episode_tasks, _ = sampled
-                try:
-                    with amp, gathered(model):
-                        extras = fmt.step_extras(setting, model, episodes, episode_tasks)
-                except StepAbandoned:   # this rank's own signal: the ranks agree just below
-                    pass
-                stop_if_signalled(rl_stop, StepAbandoned)
+                extras = world_extras(fmt, setting, model, sampled, amp, rl_stop)
                 time_sample = time.time() - t0
-                rows, row_rewards, row_groups = update_rows(sampled, kept, counts["groups_kept"], cfg,
-                                                            tokenizer.pad_token_id)
-                sums, status = rl_step(model, ddp_model, opt, rows, row_rewards, row_groups, cfg,
-                                       tokenizer.pad_token_id, kl_reference, world_size, rl_stop)
-                sums["all_equal_groups"] = all_equal_row_groups(sampled, cfg)     # of every round
+                rows, row_rewards, row_groups = update_rows(sampled, kept, counts["groups_kept"], cfg, pad_id)
+                sums, status = rl_step(model, ddp_model, opt, rows, row_rewards, row_groups, cfg, pad_id,
+                                       kl_reference, world_size, rl_stop)
             except StepAbandoned:       # a signal before the update was applied: the step is dropped
-                restore_rngs(start[0], generator)
-                task_rng.setstate(start[1])
-                if phase["step"] != step - 1:
-                    save_state(out, model, tokenizer, opt, step - 1, config_text, progress, generator, task_rng)
-                    phase["step"] = step - 1
-                log(rl_stop_line(cfg, step - 1, False, dropped=True))
-                return 0
-            sums.update(episode_sums(episodes, rewards), **fmt.rl_diagnostics(setting, episodes, episode_tasks))
+                return drop_step(save, step, start, generator, task_rng, progress, cfg, log)
+            sums.update(step_sums(fmt, setting, sampled, cfg))
             record = {**step_record(step, status, progress, sums, time_sample, time.time() - t0), **counts, **extras}
             if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < cfg["rl_steps"]:
                 result = unless_signalled(rank0_eval, rl_stop)
-                if result is None:      # the step is saved; its evaluation and metrics line left to --resume
-                    save_state(out, model, tokenizer, opt, step, config_text, {**progress, "eval_left": record},
-                               generator, task_rng)
-                    phase["step"] = step
-                    log(rl_stop_line(cfg, step, False, eval_left=True))
-                    return 0
+                if result is None:      # a signal: the step is saved, its evaluation and metrics line left to --resume
+                    return leave_evaluation(save, step, record, progress, cfg, log)
                 bar.write(eval_during_rl(result, record, progress, cfg, step))
-            from_rank0(lambda: write_file(metrics_path, json.dumps(record) + "\n", mode="a"))   # refused: all stop
+            append_metrics(metrics_path, record)       # refused: all stop
             bar.set_postfix(reward=f"{record['reward']:.3f}", eval=f"{progress['real_success']:.3f}",
                             skip=progress["skipped_steps"], tok_s=f"{record['tok_per_s']:.0f}")
             stopping, failing = signalled(rl_stop), progress["nonfinite_in_a_row"] >= 3   # any rank: all stop
-            if stopping or failing or step == cfg["rl_steps"] or (cfg["save_every"] and step % cfg["save_every"] == 0):
-                save_state(out, model, tokenizer, opt, step, config_text, progress, generator, task_rng)
-                phase["step"] = step
             if stopping or failing:
-                log(rl_stop_line(cfg, step, failing))
-                return 1 if failing else 0
+                return stop_saved(save, step, progress, failing, cfg, log)
+            if step == cfg["rl_steps"] or (cfg["save_every"] and step % cfg["save_every"] == 0):
+                save(step, progress)
 
     # 5. evaluate the final policy in the real world
-    phase["name"] = "final evaluation"
+    faults.now("final evaluation")
     after = rank0_eval(os.path.join(out, "eval.json"), before=progress["before"],
                        rl_updates=rl_updates(progress, cfg["rl_steps"]))
     log(final_report(progress, after, cfg, time.time() - t_start))
     return 0
 
 
-def setup(cfg, resume, overwrite, phase, device, world_size, log):
+def setup(cfg, resume, overwrite, device, world_size, log):
     """Step 1: the tasks, the model (new, or the checkpoint to resume), the format chosen once (features.setup:
     its module, format_plain in the demo, and its setting), the parallel wrapper; config.yaml written. What
-    cannot run stops here with one line (a bad data file, a prompt too long, a template that does not fit)."""
+    cannot run stops here with one line (a bad data file, a prompt too long, a template that does not fit).
+    What the model was loaded from is noted as saved (faults.saved)."""
     if not resume and not overwrite:
         check_out_dir(cfg["out_dir"])                 # finished work is never overwritten silently
     splits = features.build_tasks(cfg)                # bad data files stop the run here
@@ -495,9 +494,9 @@ def setup(cfg, resume, overwrite, phase, device, world_size, log):
     torch.manual_seed(cfg["seed"])
     model, tokenizer, state, warm = build_policy(cfg, resume, device, world_size, features.tiny_words)
     if state is not None:
-        phase.update(saved="ckpt", step=state["step"])
+        faults.saved("ckpt", state["step"])
     elif warm is not None:
-        phase["saved"] = "warmstart"
+        faults.saved("warmstart")
     check_lengths(cfg, tokenizer, model.config, splits["rl"] + splits["test"])
     fmt, setting = features.setup(cfg, tokenizer, splits, device)
     n_params = sum(p.numel() for p in model.parameters())
@@ -511,31 +510,29 @@ def setup(cfg, resume, overwrite, phase, device, world_size, log):
     return model, ddp_model, tokenizer, splits, fmt, setting, state, warm
 
 
-def warm_start_and_gate(model, ddp_model, tokenizer, fmt, setting, cfg, rank0_eval, log, rank, world_size, stop,
-                        phase, warm=None):
-    """Steps 2 and 3: the warm start, saved as out_dir/warmstart, its real-world evaluation, and
-    the fidelity gate. Returns the evaluation, or None when the gate stops the run. `stop` (the
-    run's StopRequest): a signal during the warm start stops it before its next micro-batch, one
-    during the evaluation at once. `warm`: a finished warm start already loaded (--resume): not redone, only
-    evaluated and gated. `phase` (run's dict) is kept up to date: the phase, and what is saved."""
+def warm_start_and_evaluate(model, ddp_model, tokenizer, fmt, setting, cfg, rank0_eval, log, rank, world_size, stop,
+                            warm=None):
+    """Step 2 and the evaluation that step 3's gate reads: the warm start, saved as out_dir/warmstart,
+    and its real-world evaluation, returned. `stop` (the run's StopRequest): a signal during the warm
+    start stops it before its next micro-batch, one during the evaluation at once. `warm`: a finished
+    warm start already loaded (--resume): not redone, only evaluated."""
     t0, skipped = time.time(), 0
     if warm is None:
-        phase["name"], stop.immediate = "warm start", False        # every rank stops at one micro-batch
+        faults.now("warm start")
+        stop.immediate = False        # every rank stops at one micro-batch
         skipped = warm_start(model, ddp_model, fmt.warm_start_sequences(setting), cfg, tokenizer.pad_token_id,
                              fmt.warm_start_roles(setting), rank, world_size, stop)
         save_warm_start(model, tokenizer, cfg)
-        phase["saved"], stop.immediate = "warmstart", True
+        faults.saved("warmstart")
+        stop.immediate = True
         if signalled(stop):                # signalled during the last step or the save
             raise KeyboardInterrupt
     else:
         log(f"resumed from {warm}: the finished warm start (not redone), its evaluation, the gate, RL from step 1")
-    phase["name"] = "evaluation"
+    faults.now("evaluation")
     before = rank0_eval(os.path.join(cfg["out_dir"], "warmstart", "eval.json"))
     log(f"warm start ({time.time() - t0:.0f}s{f', {skipped} non-finite steps skipped' if skipped else ''}): "
         f"{summary(before)}")
-    if not fidelity_gate(before, cfg, log):
-        return None
-    phase["name"] = "the step-0 checkpoint"
     return before
 
 

@@ -3,7 +3,7 @@
 train.py and evaluate.py call the algorithm; this file is what surrounds it when something goes
 wrong, so that the paper's path reads without it:
 
-    exit_status(body, phase, debug)   runs train.py's body and turns what it raises into one line
+    exit_status(body, debug)          runs train.py's body and turns what it raises into one line
                                       and an exit status: 0 done (or interrupted during RL: saved),
                                       1 a failure (non-finite training, an unexpected exception or
                                       user code calling sys.exit: the phase named; --debug adds
@@ -14,7 +14,9 @@ wrong, so that the paper's path reads without it:
                                       between tokens (stop_point), or at once (`immediate`) elsewhere
     rank0_interruptible(fn, stop)     rank 0 alone runs fn (an evaluation), every rank learns of a
                                       failure or a signal there and stops with it
-    interrupted_line(cfg, phase)      what is saved, and the command that goes on from it
+    interrupted_line(cfg)             what is saved, and the command that goes on from it
+    start_run, now, saved             the run's position those lines read: its phase, what is saved
+                                      (and the step of that checkpoint), whether it resumed
 Under torchrun only rank 0 prints; a failure on rank 0 alone reaches the others as RankFailed
 (distributed.from_rank0) and they stop silently with its exit status.
 """
@@ -44,6 +46,35 @@ class StepAbandoned(Exception):
 
 
 _installed = []         # the StopRequests whose handlers are installed, innermost last
+
+
+class Position:
+    """Where train.py's run is, for the one line a fault ends it with: the phase it is in, what is
+    saved (None, "warmstart", or "ckpt" of RL step `step`), and whether it resumed."""
+
+    def __init__(self, resume=False):
+        self.phase, self.saved, self.step, self.resume = "setup", None, 0, resume
+
+
+position = Position()       # the run's: start_run makes a new one, now and saved move it
+
+
+def start_run(resume=False):
+    """A run starts (train.run; exit_status before it): in setup, nothing saved, nothing kept of an
+    earlier run in this process."""
+    global position
+    position = Position(resume)
+
+
+def now(phase):
+    """The run enters `phase` ("warm start", "RL step 3", "final evaluation"): a fault line names it."""
+    position.phase = phase
+
+
+def saved(what, step=0):
+    """`what` is saved in out_dir: "warmstart", or "ckpt" holding RL step `step`; an interruption
+    line says so and how to go on from it."""
+    position.saved, position.step = what, step
 
 
 class StopRequest:
@@ -149,11 +180,13 @@ def error_line(e, phase_name, debug=False):
             + ("" if debug else " (--debug shows the traceback)"))
 
 
-def exit_status(body, phase, debug=False):
-    """body() (train.py's run) -> its exit status, every fault one line on rank 0's stderr.
-    `phase` (a dict body keeps up to date) names where an unexpected exception happened."""
+def exit_status(body, debug=False):
+    """body() (train.py's run) -> its exit status, every fault one line on rank 0's stderr. The
+    run's position starts over here (start_run; body's run keeps it up to date): its phase names
+    where an unexpected exception happened."""
     def rank0():                       # asked after body() set up the process group
         return not dist.is_initialized() or dist.get_rank() == 0
+    start_run()
     try:
         return body()
     except (ConfigError, NonFiniteError) as e:
@@ -168,25 +201,26 @@ def exit_status(body, phase, debug=False):
     except RankFailed as e:            # rank 0 failed alone (a save, its evaluation): it says why
         return 2 if e.config else 1
     except (Exception, SystemExit) as e:           # SystemExit: user code (a check, a tool's module) exiting
-        print("\n" + error_line(e, phase["name"], debug), file=sys.stderr)
+        print("\n" + error_line(e, position.phase, debug), file=sys.stderr)
         return 1
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def interrupted_line(cfg, phase):
-    """The one line for an interruption outside the RL loop: what is saved, and how to go on."""
+def interrupted_line(cfg):
+    """The one line for an interruption outside the RL loop (the run's position): what is saved,
+    and how to go on."""
     out = cfg["out_dir"]
     again = f"python train.py --config {os.path.join(out, 'config.yaml')} --resume"
-    where = f"interrupted during {phase['name']}"
-    if phase["saved"] == "ckpt":
-        final = " (it redoes the final evaluation)" if phase["name"] == "final evaluation" else ""
-        return f"{where}: the checkpoint of step {phase['step']} is saved in {out}/ckpt; continue with: {again}{final}"
-    if phase["saved"] == "warmstart":
+    where = f"interrupted during {position.phase}"
+    if position.saved == "ckpt":
+        final = " (it redoes the final evaluation)" if position.phase == "final evaluation" else ""
+        return f"{where}: the checkpoint of step {position.step} is saved in {out}/ckpt; continue with: {again}{final}"
+    if position.saved == "warmstart":
         return (f"{where}: the finished warm start is saved in {out}/warmstart; continue from it "
                 f"(evaluation, gate, RL) with: {again}")
-    if phase["resume"]:
+    if position.resume:
         return f"{where}: nothing changed in {out}; resume again with: {again}"
     earlier = any(os.path.isdir(os.path.join(out, d)) for d in ("ckpt", "ckpt.old", "warmstart", "warmstart.old"))
     return f"{where}: nothing saved; " + (f"{out} holds an earlier run's checkpoint: start over with --overwrite"
@@ -208,8 +242,8 @@ def training_snapshot(model, opt):
 
 def restore_snapshot(model, opt, snapshot):
     with torch.no_grad():
-        for p, saved in zip(model.parameters(), snapshot[0]):
-            p.copy_(saved)
+        for p, kept in zip(model.parameters(), snapshot[0]):
+            p.copy_(kept)
     opt.load_state_dict(snapshot[1])
 
 
@@ -225,3 +259,4 @@ def rl_stop_line(cfg, step, failing, dropped=False, eval_left=False):
              f" during the evaluation after step {step} (--resume redoes it)" if eval_left else "")
     return (f"\ninterrupted{where}: checkpoint of step {step} saved in {out}/ckpt. Resume with:\n"
             f"  python train.py --config {os.path.join(out, 'config.yaml')} --resume")
+

@@ -16,7 +16,7 @@ from machinery.checkpoint import write_file
 from machinery.distributed import add_up, all_gather, from_rank0, gathered
 from envace import ACT, OBS, REHEARSE, ROLE_NAMES
 from evaluate import evaluate, success_name, summary
-from machinery.faults import rank0_interruptible
+from machinery import faults
 from reward import cause_counts
 
 
@@ -101,6 +101,11 @@ def start_metrics(out, first_step, rank):
     return path
 
 
+def append_metrics(path, record):
+    """A step's line at the end of metrics.jsonl (rank 0 writes it; a refused write stops every rank)."""
+    from_rank0(lambda: write_file(path, json.dumps(record) + "\n", mode="a"))
+
+
 def step_record(step, status, progress, sums, time_sample, time_step):
     """The step's metrics.jsonl line from this rank's sums (added up over ranks), and the run's
     counters of skipped and non-finite steps (three non-finite steps in a row stop the run)."""
@@ -119,6 +124,20 @@ def eval_during_rl(result, record, progress, cfg, step):
     record.update({"eval_extras": result["extras"]} if result.get("extras") else {})
     return (f"step {step}: {success_name(result)} {progress['real_success']:.3f} (reward in the "
             f"{cfg['env_mode']} world this step {record['reward']:.3f})")
+
+
+def evaluation_left(progress, rank0_eval, metrics_path, cfg, step, log):
+    """--resume after a signal stopped the evaluation after RL step `step` (checkpoint.leave_evaluation):
+    that evaluation and the step's metrics line (progress's "eval_left", taken out) come first.
+    Returns whether the run stops there: the step was its third non-finite one in a row (its line)."""
+    record = progress.pop("eval_left")
+    faults.now(f"the evaluation after RL step {step}")
+    log(eval_during_rl(rank0_eval(), record, progress, cfg, step))
+    append_metrics(metrics_path, record)
+    if progress["nonfinite_in_a_row"] >= 3:
+        log(faults.rl_stop_line(cfg, step, True))
+        return True
+    return False
 
 
 def rl_updates(progress, steps):
@@ -149,4 +168,4 @@ def real_world_eval(model, tokenizer, tasks, cfg, fmt, setting, amp, path=None, 
             write_file(path, json.dumps({**result, **extra}, indent=1))    # a full disk: one line
         return result
     with gathered(model):
-        return rank0_interruptible(on_rank0, stop)
+        return faults.rank0_interruptible(on_rank0, stop)

@@ -468,3 +468,8 @@ def import_graph(root):
                 names |= {f"{node.module}.{a.name}" for a in node.names}
         graph[m] = names & set(files) - {m}
     return graph
+
+
+def without_seconds(value):
+    """An eval.json (or any value) without its wall times, the one part two runs never share."""
+    return {k: without_seconds(v) for k, v in value.items() if k != "seconds"} if isinstance(value, dict) else value

@@ -21,7 +21,7 @@ from formats import features
 from formats import format_plain
 from machinery import config
 from reward import group_advantages
-from helpers import tiny_cfg
+from helpers import tiny_cfg, without_seconds
 from test_resume import count_rl_passes, metrics, saved_rngs_and_weights
 
 
@@ -308,7 +308,8 @@ def test_resume_and_a_dropped_step_across_several_rounds_are_exact(tmp_path, mon
     for other in (part, dropped):
         assert metrics(other) == whole
         b, b_weights = saved_rngs_and_weights(other)
-        assert b["step"] == 3 and b["progress"] == a["progress"] and b["task_rng"] == a["task_rng"]
+        assert b["step"] == 3 and b["task_rng"] == a["task_rng"]
+        assert without_seconds(b["progress"]) == without_seconds(a["progress"])
         assert all(torch.equal(a_weights[k], b_weights[k]) for k in a_weights)
         assert all(torch.equal(a["rngs"][0][k], b["rngs"][0][k]) for k in ("torch", "generator"))
         assert a["rngs"][0]["python"] == b["rngs"][0]["python"]

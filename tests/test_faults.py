@@ -671,11 +671,10 @@ def test_write_file_interrupted_keeps_the_earlier_file_and_leaves_no_temporary(t
 def test_user_code_exiting_in_a_run_is_one_line_exit_1(capsys):
     """A SystemExit escaping train.py's body (user code calling sys.exit during the run) is one
     line naming the phase, exit 1: before, the process exited with its code and printed nothing."""
-    phase = {"name": "RL step 2"}
-
     def body():
+        faults.now("RL step 2")
         raise SystemExit(0)
-    assert faults.exit_status(body, phase) == 1
+    assert faults.exit_status(body) == 1
     assert capsys.readouterr().err.strip() == "error in RL step 2: SystemExit: 0 (--debug shows the traceback)"
 
 

@@ -15,7 +15,7 @@ import yaml
 
 import train
 from machinery.checkpoint import find_checkpoint, save_checkpoint
-from helpers import fork_process, read_log, run_ranks, tiny_cfg, tiny_llama, toy_tokenizer, wait_process
+from helpers import fork_process, read_log, run_ranks, tiny_cfg, tiny_llama, toy_tokenizer, wait_process, without_seconds
 
 TIMING = ("time_sample", "time_logprobs", "time_update", "time_step", "tok_per_s")
 
@@ -136,7 +136,7 @@ def test_resume_restores_every_rng_of_its_own_rank(tmp_path):
     state["rngs"] = [theirs[0], state["rngs"][0], theirs[1]]   # this process is rank 1 of 3
     random.seed(1), np.random.seed(1), torch.manual_seed(1)
     _, generator, task_rng, progress, first_step = checkpoint.rl_state(
-        model, tok, cfg, state, None, 1, lambda *a: None, {})
+        model, tok, cfg, state, None, 1, lambda *a: None)
     assert (first_step, progress["skipped_steps"]) == (8, 2)
     assert draws(generator, task_rng) == expected
 
@@ -151,7 +151,7 @@ def test_each_rank_draws_its_own_sampler_stream_and_the_same_tasks(tmp_path):
     def streams(seed, rank):
         cfg = tiny_cfg(tmp_path / f"s{seed}r{rank}", seed=seed)
         _, generator, task_rng, _, _ = checkpoint.rl_state(model, tok, cfg, None, {"success": 0.0}, rank,
-                                                           lambda *a: None, {})
+                                                           lambda *a: None)
         return torch.rand(4, generator=generator).tolist(), task_rng.random()
     (g0, t0), (g1, t1), (g0_again, _), (g0_seed2, t0_seed2) = (streams(1, 0), streams(1, 1), streams(1, 0),
                                                                  streams(2, 0))
@@ -336,8 +336,3 @@ def test_a_signal_inside_an_rl_step_stops_it_at_once_and_resume_is_exact(tmp_pat
     assert a["rngs"][0]["python"] == b["rngs"][0]["python"] and a["task_rng"] == b["task_rng"]
     results = [json.load(open(os.path.join(d, "eval.json"))) for d in (whole["out_dir"], out)]
     assert without_seconds(results[0]) == without_seconds(results[1])
-
-
-def without_seconds(value):
-    """An eval.json (or any value) without its wall times, the one part two runs never share."""
-    return {k: without_seconds(v) for k, v in value.items() if k != "seconds"} if isinstance(value, dict) else value

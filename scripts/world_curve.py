@@ -3,6 +3,7 @@
     python -m scripts.world_curve --config configs/smollm2-separate.yaml --rows 128,256,512 \
         --out results/smollm2_world_curve/curve.jsonl                      # grounded and ungrounded
     python -m scripts.world_curve --out results/smollm2_world_curve/curve.jsonl --table
+    python -m scripts.world_curve --copy_split RUN/warmstart      # what limits stateful fidelity
 
 For each arm (`grounded`: the config's grounding_examples; `ungrounded`: 0) and each budget of
 R rows, the config's model is warm-started anew on R separate rehearse rows only (R / sft_batch_size
@@ -14,6 +15,12 @@ asks), grounded by the tool cache of training traffic only. Each point is one JS
 per tool kind, split by whether the cache holds the exact call (`fidelity_by_cache`), the
 warm start's seconds and the process's peak resident memory. A point already in --out is kept and
 not redone (a stopped curve goes on where it stopped).
+
+--copy_split asks a checkpoint the same expert calls and splits its stateful ones (a result that
+depends on the dialogue so far, e.g. a wallet's balance) by whether its call is the first of its
+tool in the episode and whether copying the tool cache's example of exactly that call (the first
+example the rehearse prompt shows: toolcache.exact_response) gives the true result: a model that
+copies its examples is right exactly where the copy is.
 
 Simplified: rehearse rows only (the actor's rows train the actor, not the world); one seed; a
 budget is a run of its own, so a point is what a warm start of that size gives, not a snapshot of
@@ -70,6 +77,40 @@ def point(cfg, arm, rows):
             "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
 
 
+def copy_split(path):
+    """{"<first|later> call of its tool, exact example <right|wrong|none>": [matches, calls]} over
+    the stateful expert calls of a checkpoint's test tasks (`path`: a folder train.py saved)."""
+    import json as json_
+    from chat import setup as chat_setup
+    from formats import features
+    from machinery.checkpoint import load_policy
+    from worldmodel import chat_separate, honesty, toolcache
+    cfg = load_config(os.path.join(path, "config.yaml"))
+    model, tokenizer = load_policy(path, "cpu")
+    model.eval()
+    splits = features.build_tasks(cfg)
+    fmt, setting = features.setup(cfg, tokenizer, splits, "cpu")
+    rows, buckets = [], []
+    for task, episode in zip(*chat_setup.expert_episodes(tokenizer, setting["tags"], splits["test"])):
+        calls = [json_.loads(c) for c in episode["calls"]]
+        earlier = set()
+        for row, call, response in zip(chat_separate.rehearse_rows(tokenizer, setting["tags"], task, calls,
+                                                                   episode["responses"], setting["k"], setting["cache"]),
+                                       calls, episode["responses"]):
+            if task["world"].TOOL_KINDS.get(call["name"]) == "stateful":
+                copy = toolcache.exact_response(setting["cache"], call)
+                rows.append(row)
+                buckets.append(f"{'later' if call['name'] in earlier else 'first'} call of its tool, exact example "
+                               f"{'none' if copy is None else 'right' if copy == response else 'wrong'}")
+            earlier.add(call["name"])
+    split = {}
+    for bucket, (_, matched) in zip(buckets, honesty.would_rehearse_rows(model, rows, tokenizer.pad_token_id)):
+        split.setdefault(bucket, [0, 0])
+        split[bucket][0] += matched
+        split[bucket][1] += 1
+    return dict(sorted(split.items()))
+
+
 def table(lines):
     """The curve as a markdown table: matches / calls per tool kind, covered by the cache and not."""
     kinds = sorted({k for p in lines for part in p["fidelity_by_cache"].values() for k in part})
@@ -104,6 +145,12 @@ def read_points(path):
 
 def check_options(args, overrides):
     """One line for each bad option, before any model loads."""
+    if args.copy_split:
+        if not os.path.isfile(os.path.join(args.copy_split, "config.yaml")):
+            raise ConfigError(f"--copy_split {args.copy_split}: not a checkpoint train.py saved (no config.yaml)")
+        return None, [], []
+    if args.out is None:
+        raise ConfigError("--out: give the curve's file (e.g. results/smollm2_world_curve/curve.jsonl)")
     if args.table:
         if not os.path.isfile(args.out):
             raise ConfigError(f"--out {args.out}: no such file")
@@ -133,8 +180,10 @@ def main(argv=None):
     parser.add_argument("--config", help="a chat config with rehearsal_context separate")
     parser.add_argument("--rows", default="128,256,512", help="warm-start budgets in rehearse rows")
     parser.add_argument("--arms", default="grounded,ungrounded", help="grounded, ungrounded or both")
-    parser.add_argument("--out", required=True, help="the curve's JSON lines (points already there are kept)")
+    parser.add_argument("--out", help="the curve's JSON lines (points already there are kept)")
     parser.add_argument("--table", action="store_true", help="print --out as a markdown table")
+    parser.add_argument("--copy_split", metavar="CKPT", help="a checkpoint's stateful fidelity by whether copying "
+                                                            "the cache's exact example is right")
     try:
         args, overrides = parser.parse_known_args(argv)
         cfg, rows, arms = check_options(args, overrides)
@@ -143,6 +192,10 @@ def main(argv=None):
         return 2
     if args.table:
         print(table(read_points(args.out)), end="")
+        return 0
+    if args.copy_split:
+        for bucket, (m, n) in copy_split(args.copy_split).items():
+            print(f"{bucket}: {m}/{n}")
         return 0
     from machinery.faults import StopRequest
     from machinery.savefiles import write_file

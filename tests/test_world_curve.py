@@ -76,3 +76,26 @@ def test_out_that_is_not_a_curve_is_refused_and_kept(tmp_path, monkeypatch, caps
                              "--out", str(other)]) == 2
     assert f"{other}, line 1: not a point of this curve" in capsys.readouterr().err
     assert other.read_text() == '{"step": 1}\n'
+
+
+def test_copy_split_buckets_the_stateful_calls_by_whether_the_cache_copy_is_right(tmp_path, monkeypatch):
+    """The example files' six test tasks make six pay calls. By hand: the tool cache holds the
+    logged pays (pay 4 -> 5, pay 5 -> 0) then the tasks' examples (pay 6 -> 3, pay 2 -> 7, pay 6 -> 1):
+    exact_response gives pay 6 -> 3 (first seen), pay 4 -> 5, pay 5 -> 0, pay 2 -> 7. The expert's
+    pays: pay 6 (3), pay 4 (5) then pay 5 (0), pay 2 (7) then pay 6 (1: the copy says 3), pay 6 (3)."""
+    import yaml
+    from machinery import config
+    from worldmodel import toolcache
+    monkeypatch.chdir(ROOT)
+    path = tmp_path / "ckpt"
+    tiny_qwen(TOK, path)
+    cfg = config.load_config("configs/chat_tiny.yaml", [f"--model={path}", "--rehearsal_context=separate",
+                                                         "--grounding_examples=1"])
+    (path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    split = world_curve.copy_split(str(path))
+    assert {k: n for k, (_, n) in split.items()} == {"first call of its tool, exact example right": 4,
+                                                      "later call of its tool, exact example right": 1,
+                                                      "later call of its tool, exact example wrong": 1}
+    assert all(0 <= m <= n for m, n in split.values())
+    cache = toolcache.build([("pay 6", "3"), ("pay 6", "1"), ("price jam", "8")], toolcache.plain_call)
+    assert [toolcache.exact_response(cache, c) for c in ("pay 6", "pay 2", "price jam")] == ["3", None, "8"]

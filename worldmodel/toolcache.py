@@ -97,6 +97,14 @@ def examples(cache, call, k, first=()):
     return chosen[:k]
 
 
+def exact_response(cache, call):
+    """The response of the cache's first-seen pair of exactly `call` (the first example a rehearse
+    prompt shows for it: distance 0, first seen), or None when the traffic never held the call."""
+    tool, args = cache["parse"](call)
+    key = _key(tool, args)
+    return next((e["response"] for e in cache["tools"].get(tool, []) if e["key"] == key), None)
+
+
 def times_seen(cache, call):
     """How often the exact call is in the cache's traffic (0: unseen)."""
     return cache["counts"].get(_key(*cache["parse"](call)), 0)

@@ -58,12 +58,16 @@ NOT_RUN = [
     # scripts/compare.py --uncertain on results_uncertain2's 20 runs took 131 s here (2 CPU cores)
     (r"^python -m scripts\.compare --uncertain ", "reads the runs of run_uncertain.sh (131 s on 20 runs)"),
     (r"^python -m scripts\.uncertain_report ", "loads the checkpoints of run_uncertain.sh's runs (not in the repo)"),
+    # the world model's learning curve: a SmolLM2 warm start a point (hours here; tests/test_world_curve.py
+    # runs it on a tiny Qwen2), and the copy split of a warm start whose weights the repo does not keep
+    (r"^(OMP_NUM_THREADS=\d+ )?python -m scripts\.world_curve --config ", "a SmolLM2 warm start a point (hours)"),
+    (r"^python -m scripts\.world_curve --copy_split RUN", "loads a warm start's checkpoint (not in the repo)"),
 ]
 
 TINY = ["--sft_steps=2", "--sft_batch_size=4", "--rl_steps=1", "--tasks_per_step=2", "--group_size=2",
         "--n_logged=40", "--n_new_logged=2", "--snippet_repeats=1", "--n_rl_tasks=40", "--n_test=4",
         "--n_collusion=2", "--n_layer=1", "--n_embd=32", "--n_head=2", "--eval_every=0", "--min_fidelity=0"]
-OVERRIDES = {"train.py", "evaluate.py"}   # scripts that pass --key=value on to config.load_config
+OVERRIDES = {"train.py", "evaluate.py", "scripts.world_curve"}   # commands that pass --key=value on to config.load_config
 FENCE = re.compile(r"^```(?:bash|sh|shell)[ \t]*\n(.*?)^```", re.M | re.S)
 
 

@@ -80,7 +80,6 @@ def point(cfg, arm, rows):
 def copy_split(path):
     """{"<first|later> call of its tool, exact example <right|wrong|none>": [matches, calls]} over
     the stateful expert calls of a checkpoint's test tasks (`path`: a folder train.py saved)."""
-    import json as json_
     from chat import setup as chat_setup
     from formats import features
     from machinery.checkpoint import load_policy
@@ -92,7 +91,7 @@ def copy_split(path):
     fmt, setting = features.setup(cfg, tokenizer, splits, "cpu")
     rows, buckets = [], []
     for task, episode in zip(*chat_setup.expert_episodes(tokenizer, setting["tags"], splits["test"])):
-        calls = [json_.loads(c) for c in episode["calls"]]
+        calls = [json.loads(c) for c in episode["calls"]]
         earlier = set()
         for row, call, response in zip(chat_separate.rehearse_rows(tokenizer, setting["tags"], task, calls,
                                                                    episode["responses"], setting["k"], setting["cache"]),

@@ -138,8 +138,8 @@ def micro_batches(lengths, token_budget, groups=None):
     order = sorted(range(len(lengths)), key=lambda i: (groups[i], -lengths[i]))
     batches = [[]]
     for i in order:
-        full = (len(batches[-1]) + 1) * lengths[batches[-1][0]] > token_budget if batches[-1] else False
-        if batches[-1] and (full or groups[i] != groups[batches[-1][0]]):
+        last = batches[-1]
+        if last and (groups[i] != groups[last[0]] or (len(last) + 1) * lengths[last[0]] > token_budget):
             batches.append([])
         batches[-1].append(i)
     return batches

@@ -42,6 +42,9 @@ import torch.nn.functional as F
 
 PROMPT, ACT, REHEARSE, OBS, TAG, PAD = range(6)
 ROLE_NAMES = ["prompt", "act", "rehearse", "obs", "tag", "pad"]
+# who writes an episode's environment segments (config key env_mode): the policy (REHEARSE, trained),
+# the real world (OBS), a frozen copy of the warm start (OBS), or nobody (an empty response, OBS)
+ENV_MODES = ("rehearse", "real", "frozen", "none")
 TAGS = {"bos": "<bos>", "pad": "<pad>", "unk": "<unk>", "act": "<act>", "act_end": "</act>",
         "env": "<env>", "env_end": "</env>"}
 
@@ -50,6 +53,14 @@ class NonFiniteError(Exception):
     """Weights, a loss or logits that are not finite (NaN or inf) where the run cannot go on: the
     warm start's three skipped steps in a row, its weights before they are saved, the policy's
     logits while sampling. train.main and evaluate_cli.main print it as one line and exit 1."""
+
+
+def world_is_sampled(env_mode):
+    """Whether env_mode's responses are sampled token by token (by the policy or the frozen warm
+    start) rather than written whole at the call (the real world's, or none's empty one): the one
+    place env_mode's modes are told apart (the sampler, the layouts, the diagnostics, the gate)."""
+    assert env_mode in ENV_MODES, env_mode
+    return env_mode in ("rehearse", "frozen")
 
 
 def tag_ids(tokenizer):

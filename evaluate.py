@@ -26,6 +26,7 @@ from tqdm import tqdm
 from worldmodel import honesty
 import rehearse
 from reward import outcome_record
+import rollout
 from rollout import sample_episodes
 
 
@@ -42,7 +43,7 @@ def evaluate(model, tokenizer, tasks, cfg, fmt, setting, seed=0, rehearser=None)
     the demo's world)."""
     model.eval()
     generator = torch.Generator().manual_seed(seed)
-    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+    limits = rollout.limits(cfg)
     sampling = {"temperature": cfg["eval_temperature"], "top_p": cfg["top_p"], "generator": generator, **limits}
     executed = [i for i, t in enumerate(tasks) if fmt.executes(setting, t)]
     episodes, imagined, rewards = [None] * len(tasks), [0] * len(tasks), [None] * len(tasks)
@@ -80,7 +81,7 @@ def evaluate(model, tokenizer, tasks, cfg, fmt, setting, seed=0, rehearser=None)
               "imagined_per_task": sum(imagined) / len(tasks),
               "fidelity_by_coverage": fmt.coverage(setting, model, tokenizer, tasks, pairs),
               # grounded by the tool cache of training traffic only: the test calls it holds, fidelity split by it
-              **honesty.fidelity_by_cache(pairs, setting.get("cache"),
+              **honesty.fidelity_by_cache(pairs, setting.cache,
                                           lambda part: fmt.by_kind(setting, part, [tasks[i] for i in executed]))}
     seconds["would_rehearse"], t0 = time.time() - t0, time.time()
     if cfg["n_collusion"]:

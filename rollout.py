@@ -49,8 +49,17 @@ import torch.nn.functional as F
 
 from machinery import kvcache
 import world as toy_world
-from envace import ACT, OBS, PROMPT, REHEARSE, TAG, NonFiniteError, encode, tag_ids
+from envace import ACT, ENV_MODES, OBS, PROMPT, REHEARSE, TAG, NonFiniteError, encode, tag_ids, world_is_sampled
 from machinery.faults import stop_point
+
+
+# the config keys that bound an episode (the sampler's keyword arguments of the same names)
+LIMITS = ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")
+
+
+def limits(cfg):
+    """The sampler's limits from the config: {max_turns, max_act_tokens, max_env_tokens, max_tokens}."""
+    return {k: cfg[k] for k in LIMITS}
 
 
 def sample_token(logits, temperature, top_p, generator=None):
@@ -101,10 +110,9 @@ def _next_turn(row, tags, tokenizer, first=False):
 
 
 @torch.no_grad()
-def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_model=None,
-                    world=toy_world, temperature=1.0, top_p=1.0, max_turns=6, max_act_tokens=8,
-                    max_env_tokens=6, max_tokens=96, generator=None, plans=None, tags=None,
-                    rehearse_check=None, rows=None):
+def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_model=None, world=toy_world,
+                    temperature=1.0, top_p=1.0, max_turns=6, max_act_tokens=8, max_env_tokens=6, max_tokens=96,
+                    generator=None, plans=None, tags=None, rehearse_check=None):
     """Paper, world rehearsal: sample one episode per prompt (repeat a prompt G times for a group),
     the policy acting and, in rehearse mode, writing the environment's responses too. Returns dicts
     with ids, roles, logprobs (0 where the policy did not sample), calls and responses as text,
@@ -114,22 +122,27 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     call is forced while every response so far was the expected one; from the first surprise, it re-plans.
     rehearse_check: None, or check(call, response, world) (rehearse.check_rehearsal): end a row whose
     simulated response has the wrong form for its call (cause "rehearse_check"). Chat format
-    (chat/format.py): prompts are id lists, `world` one world per row, `tags` from the template.
-    rows: rows already started (instead of prompts), continued in place: sample_separate's rounds."""
-    assert env_mode in ("rehearse", "real", "frozen", "none"), env_mode
-    assert (env_model is not None) == (env_mode == "frozen"), "env_model is for frozen mode"
+    (chat/format.py): prompts are id lists, `world` one world per row, `tags` from the template."""
     tags = tags or tag_ids(tokenizer)
-    if rows is None:
-        worlds = world if isinstance(world, list) else [world] * len(prompts)
-        rows = [new_row(p if isinstance(p, list) else tags["bos"] + encode(tokenizer, p), w, plan=plan, tags=tags,
-                        tokenizer=tokenizer) for p, plan, w in zip(prompts, plans or [None] * len(prompts), worlds)]
-    for row in rows:
-        row.setdefault("world", world)                # rows continued in rounds may come without
-        if row.get("state") is None:                  # the real world's state, used in real mode only
-            row["state"] = row["world"].new_state()
+    worlds = world if isinstance(world, list) else [world] * len(prompts)
+    rows = [new_row(p if isinstance(p, list) else tags["bos"] + encode(tokenizer, p), w, plan=plan, tags=tags,
+                    tokenizer=tokenizer) for p, plan, w in zip(prompts, plans or [None] * len(prompts), worlds)]
     limits = {"max_turns": max_turns, "max_act_tokens": max_act_tokens, "max_env_tokens": max_env_tokens,
               "max_tokens": max_tokens, "rehearse_check": rehearse_check}
-    max_new = max_tokens - min(len(r["ids"]) for r in rows) + 1
+    return sample_rows(policy, tokenizer, rows, env_mode, env_model, tags, limits, temperature, top_p, generator)
+
+
+@torch.no_grad()
+def sample_rows(policy, tokenizer, rows, env_mode, env_model, tags, limits, temperature, top_p, generator):
+    """The lock-step loop: every row (`new_row`: sample_episodes' episodes, or the separate
+    layout's actor and rehearse rows, continued in rounds) gets a token a step, then its forced
+    ids, in one forward of a shared KV cache, until every row is done. Returns the rows."""
+    assert env_mode in ENV_MODES, env_mode
+    assert (env_model is not None) == (env_mode == "frozen"), "env_model is for frozen mode"
+    for row in rows:
+        if row.get("state") is None:                  # the real world's state, used in real mode only
+            row["state"] = row["world"].new_state()
+    max_new = limits["max_tokens"] - min(len(r["ids"]) for r in rows) + 1
     decoders = _start_decoders(policy, env_model, rows, tags["pad"])
     live = list(range(len(rows)))      # the rows still in the caches, in cache order
     for _ in range(max_new):
@@ -238,7 +251,7 @@ def _advance(row, tok, role, tags, tokenizer, world, env_mode,
         return
     # env phase
     if tok == tags["env_end"]:
-        if env_mode in ("rehearse", "frozen"):  # real (and empty) responses were recorded at the call
+        if world_is_sampled(env_mode):        # real (and empty) responses were recorded at the call
             text = _decoded(tokenizer, tuple(row["segment"]))
             response = world.parse_response(text)
             if response is None:

@@ -372,10 +372,10 @@ def world_extras(fmt, setting, model, sampled, amp, stop):
 def step_sums(fmt, setting, sampled, cfg):
     """This rank's metric sums of a step's sampled episodes, every round's (they add up over ranks):
     the row groups with no reward variance, episodes, rewards, calls and tokens (episode_sums), and
-    the world's diagnostics when the policy played it (fidelity, collusion)."""
+    the world's diagnostics when the policy (or the frozen warm start) played it: fidelity, collusion."""
     episodes, rewards, episode_tasks, _ = sampled
-    return {"all_equal_groups": all_equal_row_groups(sampled, cfg), **episode_sums(episodes, rewards),
-            **fmt.rl_diagnostics(setting, episodes, episode_tasks)}
+    diagnostics = fmt.diagnostics(setting, episodes, episode_tasks) if setting.rehearsed else {}
+    return {"all_equal_groups": all_equal_row_groups(sampled, cfg), **episode_sums(episodes, rewards), **diagnostics}
 
 
 # ----------------------------------------------------------------------------- the run

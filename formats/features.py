@@ -1,14 +1,19 @@
 """Features chosen once at setup: the task format and the rehearsal layout, as one module of plain functions.
 
-    format: plain               the toy's tags and world (world.py, the demo): formats/format_plain.py
-            chat                the model's chat template, JSON tool calls, JSONL tasks: formats/format_chat.py
-    world: uncertain, choice    the toy's experiment worlds: formats/format_uncertain.py, formats/format_choice.py
+    format: plain               the toy's tags and world (world.py, the demo)
+            chat                the model's chat template, JSON tool calls, JSONL tasks
     rehearsal_context: inline   the response written in the actor's own row (rollout.py, the demo)
-                       separate every rehearsal a row of its own (worldmodel/separate.py), chosen in the
-                                format's setup (its sampler and rows)
+                       separate every rehearsal a row of its own (worldmodel/separate.py)
+    world: uncertain, choice    the toy's experiment worlds (inline only)
+
+                        inline                          separate
+    format: plain       formats/format_plain.py         formats/format_plain_separate.py
+    format: chat        formats/format_chat.py          formats/format_chat_separate.py
+    world: uncertain    formats/format_uncertain.py
+    world: choice       formats/format_choice.py
 
 `setup(cfg, tokenizer, splits, device)` looks at these keys once and returns (fmt, setting): the
-format module and its setting (a dict). Every format module defines the same functions with the
+format module and its setting (formats/setting.py, a dataclass). Every format module defines the same functions with the
 same signatures (INTERFACE; tests/test_layout.py checks it), each but setup taking the setting first;
 train.py and evaluate.py call them (`fmt.rl_sample(setting, ...)`) and never branch on the format
 or the layout. What each function does: formats/format_plain.py's docstring.
@@ -16,8 +21,10 @@ Here too: the splits (`build_tasks`) and the tiny model's vocabulary (`tiny_word
 """
 from chat import setup as chat_setup
 from formats import format_chat
+from formats import format_chat_separate
 from formats import format_choice
 from formats import format_plain
+from formats import format_plain_separate
 from formats import format_uncertain
 from worldmodel import separate
 from machinery import taskfiles
@@ -26,9 +33,9 @@ from worlds import choice as world_choice
 from worlds import uncertain as world_uncertain
 from machinery.config import ConfigError
 
-FORMATS = (format_plain, format_uncertain, format_choice, format_chat)
+FORMATS = (format_plain, format_plain_separate, format_uncertain, format_choice, format_chat, format_chat_separate)
 INTERFACE = ("setup", "inputs", "sample", "rl_sample", "reward", "warm_start_sequences", "warm_start_roles",
-             "diagnostics", "rl_diagnostics", "executes", "would_rehearse", "by_kind", "coverage", "imagined_world",
+             "diagnostics", "executes", "would_rehearse", "by_kind", "coverage", "imagined_world",
              "step_extras", "eval_extras")
 
 
@@ -65,11 +72,13 @@ def tiny_words(cfg):
 
 
 def choose(cfg):
-    """The format module for this cfg, chosen once: format_chat (format: chat), format_uncertain
-    (world: uncertain), format_choice (world: choice), else format_plain (the toy, the demo)."""
-    if cfg["format"] == "chat":
-        return format_chat
-    return {"uncertain": format_uncertain, "choice": format_choice}.get(cfg["world"], format_plain)
+    """The format module for this cfg, chosen once (the table above): by format and
+    rehearsal_context, or by world (uncertain, choice: the toy, inline)."""
+    if cfg["world"] in ("uncertain", "choice"):
+        return {"uncertain": format_uncertain, "choice": format_choice}[cfg["world"]]
+    return {("plain", "inline"): format_plain, ("plain", "separate"): format_plain_separate,
+            ("chat", "inline"): format_chat, ("chat", "separate"): format_chat_separate}[
+        cfg["format"], cfg["rehearsal_context"]]
 
 
 def setup(cfg, tokenizer, splits, device="cpu"):

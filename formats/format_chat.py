@@ -1,23 +1,20 @@
-"""`format: chat`: a chat model on chat JSONL tool tasks (chat/format.py), rehearsals inline or in
-separate rows (worldmodel/chat_separate.py). The prompts are the model's own chat template (chat/setup.py),
-the worlds each task's executor (or none: the policy rehearses it at evaluation), the reward
-chat_reward.chat_reward (with the judge of cfg judge_model), the measures worldmodel/chat_honesty.py's.
-Same functions as every format module; the rest are the plain format's (formats/format_plain.py).
+"""`format: chat`: a chat model on chat JSONL tool tasks (chat/format.py), each rehearsal inline in
+the actor's row (separate rows: formats/format_chat_separate.py). The prompts are the model's own
+chat template (chat/setup.py), the worlds each task's executor (or none: the policy rehearses it at
+evaluation), the reward chat_reward.chat_reward (with the judge of cfg judge_model), the measures
+worldmodel/chat_honesty.py's. Same functions as every format module; the rest are the plain format's (formats/format_plain.py).
 """
-import functools
-
 from chat import format as chat
 from worldmodel import chat_honesty
 from chat import chat_reward
-from worldmodel import chat_separate
 from chat import setup as chat_setup
-from formats import format_plain
 from worldmodel import honesty, toolcache
 from chat import multiturn
-from worldmodel import separate
 from machinery.config import ConfigError
 from formats.format_plain import (eval_extras, rl_sample, sample, step_extras,  # the rest: the plain format's
                                   warm_start_roles)
+from formats.setting import ChatSetting, loop_fields
+import rollout
 from rollout import sample_episodes
 
 
@@ -25,66 +22,42 @@ def setup(cfg, tokenizer, splits, device="cpu"):
     """The setting: the template's tags (a template that does not fit: one line, here), the logged
     trajectories and RL tasks the warm start reads, grounding_examples k, the tool cache of the
     training traffic (the logged calls and results, then the RL tasks' reference examples; never
-    the test split: worldmodel/toolcache.py), the judge, and the layout's sampler (separate:
-    separate.sample_separate with the chat rehearse prompt, chat_separate.separate_prompt: in
-    evaluation, "sampler_args", grounded by the cache only; in RL, "rl_sampler_args", by the
-    task's own examples first, then the cache). Multi-turn tasks (`turns`) refuse the separate
-    layout and private rehearsal."""
+    the test split: worldmodel/toolcache.py), the judge, and the inline sampler. Multi-turn tasks
+    (`turns`) refuse private rehearsal."""
     multi_turn = multiturn.multiturn(splits["rl"] + splits["test"] + splits["logged"])
     tags = chat_setup.chat_tags(tokenizer, cfg["think"], multi_turn)
-    if multi_turn and cfg["rehearsal_context"] == "separate":
-        raise ConfigError("rehearsal_context: separate does not support multi-turn tasks ('turns', or logged "
-                          "trajectories with several user turns): use rehearsal_context: inline")
     if multi_turn and cfg["rehearsal_budget"]:
         raise ConfigError("rehearsal_budget > 0 (private rehearsal) does not support multi-turn tasks ('turns'): "
                           "its plans do not follow user turns; set rehearsal_budget: 0")
     chat_setup.check_chat_prompts(cfg, tokenizer, splits["rl"] + splits["test"])
-    k = cfg["grounding_examples"]
     traffic = [pair for t in splits["logged"] for pair in zip(t["call_dicts"], t["responses"])]
     traffic += [pair for t in splits["rl"] for pair in t.get("examples", [])]
-    cache = toolcache.build(traffic, toolcache.chat_call)
-    setting = {**format_plain.loop_keys(cfg), "tokenizer": tokenizer, "tags": tags, "logged": splits["logged"],
-               "tasks": splits["rl"], "k": k, "cache": cache, "tool_timeout": cfg["tool_timeout"],
-               "judge": chat_setup.load_judge(cfg, device), "sampler": sample_episodes, "sampler_args": {},
-               "rl_sampler_args": {}}
-    if setting["separate"]:
-        prompt = functools.partial(chat_separate.separate_prompt, tokenizer, k, cache=cache)   # built per rehearsal
-        setting.update(sampler=separate.sample_separate, sampler_args={"rehearse_prompt": prompt},
-                       rl_sampler_args={"rehearse_prompt": functools.partial(prompt, own_examples=True)})
-    return setting
+    return ChatSetting(**loop_fields(cfg), tokenizer=tokenizer, tags=tags, logged=splits["logged"], tasks=splits["rl"],
+                       k=cfg["grounding_examples"], cache=toolcache.build(traffic, toolcache.chat_call),
+                       tool_timeout=cfg["tool_timeout"], judge=chat_setup.load_judge(cfg, device),
+                       sampler=sample_episodes, sampler_args={}, rl_sampler=sample_episodes, rl_sampler_args={})
 
 
 def inputs(setting, tasks, repeat=1):
     """(prompts, worlds, tags): each task's prompt ids and its world (chat_setup.episode_inputs),
     `repeat` times each; the template's tags."""
-    prompts, worlds = chat_setup.episode_inputs(setting["tokenizer"], setting["tags"], tasks, setting["tool_timeout"])
-    return [p for p in prompts for _ in range(repeat)], [w for w in worlds for _ in range(repeat)], setting["tags"]
+    prompts, worlds = chat_setup.episode_inputs(setting.tokenizer, setting.tags, tasks, setting.tool_timeout)
+    return [p for p in prompts for _ in range(repeat)], [w for w in worlds for _ in range(repeat)], setting.tags
 
 
 def reward(setting, episode, task):
     """chat_reward.chat_reward, with the judge if cfg judge_model names one."""
-    return chat_reward.chat_reward(episode, task, judge=setting["judge"])
+    return chat_reward.chat_reward(episode, task, judge=setting.judge)
 
 
 def warm_start_sequences(setting):
-    """The logged trajectories and the RL tasks' reference examples as rows: inline
-    (chat_setup.warm_start_sequences), or a group of actor and rehearse rows each
-    (chat_separate.separate_warm_start_sequences, k grounding examples: a row's own first, then the cache's)."""
-    tokenizer, tags, logged, tasks = setting["tokenizer"], setting["tags"], setting["logged"], setting["tasks"]
-    if setting["separate"]:
-        return chat_separate.separate_warm_start_sequences(tokenizer, tags, logged, tasks, setting["k"],
-                                                           setting["cache"])
-    return chat_setup.warm_start_sequences(tokenizer, tags, logged, tasks)
+    """The logged trajectories and the RL tasks' reference examples as episodes (chat_setup.warm_start_sequences)."""
+    return chat_setup.warm_start_sequences(setting.tokenizer, setting.tags, setting.logged, setting.tasks)
 
 
 def diagnostics(setting, episodes, tasks):
     """Rehearsal fidelity and collusion against a replay on each task's executor (chat_honesty.diagnostics)."""
-    return chat_honesty.diagnostics(episodes, tasks, setting["judge"])
-
-
-def rl_diagnostics(setting, episodes, tasks):
-    """An RL step's `diagnostics` when the policy (or the frozen warm start) played the world; {} for real / none."""
-    return diagnostics(setting, episodes, tasks) if setting["rehearsed"] else {}
+    return chat_honesty.diagnostics(episodes, tasks, setting.judge)
 
 
 def executes(setting, task):
@@ -94,12 +67,8 @@ def executes(setting, task):
 
 def would_rehearse(setting, model, tokenizer, tasks, episodes):
     """[(call, matched)]: would the model, greedy, have written each real response (normalised
-    JSON)? Asked inline (chat_honesty.would_rehearse_inline) or in separate rehearse rows
-    (chat_separate.would_rehearse_separate, k grounding examples from the tool cache only)."""
-    if setting["separate"]:
-        return chat_separate.would_rehearse_separate(model, tokenizer, tasks, episodes, tags=setting["tags"],
-                                                     k=setting["k"], cache=setting["cache"])
-    return chat_honesty.would_rehearse_inline(model, tokenizer, tasks, episodes, tags=setting["tags"])
+    JSON) in the actor's row (chat_honesty.would_rehearse_inline)?"""
+    return chat_honesty.would_rehearse_inline(model, tokenizer, tasks, episodes, tags=setting.tags)
 
 
 def by_kind(setting, pairs, tasks):
@@ -108,13 +77,19 @@ def by_kind(setting, pairs, tasks):
 
 
 def coverage(setting, model, tokenizer, tasks, pairs=None):
-    """Fidelity by warm-start coverage (the times each call is in the tool cache's training traffic)
-    on `pairs` (an evaluation's), or, when None, on the gold calls of the tasks with an executor
-    (chat_setup.expert_episodes), asked as would_rehearse asks (grounded by the cache only)."""
+    """Fidelity by warm-start coverage on `pairs` (an evaluation's), or, when None, on the gold
+    calls of the tasks with an executor (`gold_coverage`)."""
+    return gold_coverage(setting, model, tokenizer, tasks, pairs, would_rehearse)
+
+
+def gold_coverage(setting, model, tokenizer, tasks, pairs, would_rehearse):
+    """Fidelity by the times each call is in the tool cache's training traffic, on `pairs`, or,
+    when None, on the gold calls of the tasks with an executor (chat_setup.expert_episodes), asked
+    as `would_rehearse` (the layout's) asks (grounded by the cache only)."""
     if pairs is None:
-        gold_tasks, episodes = chat_setup.expert_episodes(tokenizer, setting["tags"], tasks)
+        gold_tasks, episodes = chat_setup.expert_episodes(tokenizer, setting.tags, tasks)
         pairs = would_rehearse(setting, model, tokenizer, gold_tasks, episodes)
-    return honesty.fidelity_by_coverage(pairs, toolcache.counts_of(setting["cache"], [c for c, _ in pairs]))
+    return honesty.fidelity_by_coverage(pairs, toolcache.counts_of(setting.cache, [c for c, _ in pairs]))
 
 
 def imagined_world(setting, model, tokenizer, tasks, cfg, generator):
@@ -126,7 +101,7 @@ def imagined_world(setting, model, tokenizer, tasks, cfg, generator):
     if not tasks:
         return {}
     model.eval()
-    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+    limits = rollout.limits(cfg)
     episodes = []
     for i in range(0, len(tasks), batch_size):
         prompts, worlds, tags = inputs(setting, tasks[i:i + batch_size])
@@ -136,4 +111,4 @@ def imagined_world(setting, model, tokenizer, tasks, cfg, generator):
     fidelity = chat_honesty.replay_fidelity(pairs)
     return {"imagined_success": sum(reward(setting, e, t) for e, t in pairs) / len(tasks), "imagined_tasks": len(tasks),
             "imagined_fidelity": honesty.rates(fidelity), "imagined_fidelity_counts": fidelity,
-            "collusion": honesty.collusion_rate(chat_honesty.collusion_counts(pairs, setting["judge"]))}
+            "collusion": honesty.collusion_rate(chat_honesty.collusion_counts(pairs, setting.judge))}

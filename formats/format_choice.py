@@ -13,18 +13,23 @@ from collections import Counter
 from formats import format_plain
 from worldmodel import honesty
 from worlds import choice as world_choice
-from formats.format_plain import (by_kind, diagnostics, eval_extras, executes, rl_diagnostics,  # the rest: the
-                                  rl_sample, sample, step_extras, warm_start_roles)               # plain format's
+from formats.format_plain import (by_kind, diagnostics, eval_extras, executes, rl_sample,  # the rest: the
+                                  sample, step_extras, warm_start_roles)                   # plain format's
+from formats.setting import ChoiceSetting, loop_fields, rl_sampler_for
 
 
 def setup(cfg, tokenizer, splits, device="cpu"):
-    """The setting: this world, the splits and config the warm start reads, the warm-start counts
-    of each call (logged tasks and lookup snippets), and the sampler with its memory."""
+    """The setting: this world, the warm-start counts of each call (logged tasks and lookup
+    snippets), the warm-start rows (world_choice.warm_start_sequences, built here from the config),
+    and the sampler with its memory (in RL when the world is sampled; else the inline one)."""
     counts = Counter([c for t in splits["logged"] for c in t["calls"]]
                      + [c for s in world_choice.tool_snippets(cfg) for c in s["calls"]])
-    return {**format_plain.loop_keys(cfg), "separate": False, "world": world_choice, "tokenizer": tokenizer,
-            "splits": splits, "cfg": cfg, "counts": counts, "sampler": world_choice.sample_with_memory,
-            "sampler_args": {"memory_max": cfg["memory_max"], "imagine_temperature": cfg["imagine_temperature"]}}
+    sampler = world_choice.sample_with_memory
+    args = {"memory_max": cfg["memory_max"], "imagine_temperature": cfg["imagine_temperature"]}
+    rl_sampler, rl_args = rl_sampler_for(cfg, sampler, args)
+    return ChoiceSetting(**loop_fields(cfg), world=world_choice, tokenizer=tokenizer, tags=None, counts=counts,
+                         warm_start_rows=world_choice.warm_start_sequences(tokenizer, splits, cfg),
+                         sampler=sampler, sampler_args=args, rl_sampler=rl_sampler, rl_sampler_args=rl_args)
 
 
 def inputs(setting, tasks, repeat=1):
@@ -38,8 +43,9 @@ def reward(setting, episode, task):
 
 
 def warm_start_sequences(setting):
-    """world_choice.warm_start_sequences: explore and commit episodes of the logged tasks, lookups."""
-    return world_choice.warm_start_sequences(setting["tokenizer"], setting["splits"], setting["cfg"])
+    """world_choice.warm_start_sequences (built at setup): explore and commit episodes of the
+    logged tasks, lookups."""
+    return setting.warm_start_rows
 
 
 def would_rehearse(setting, model, tokenizer, tasks, episodes):
@@ -51,7 +57,7 @@ def would_rehearse(setting, model, tokenizer, tasks, episodes):
 def coverage(setting, model, tokenizer, tasks, pairs=None):
     """Fidelity by warm-start coverage on `pairs`, or when there are none on the expert's lookups."""
     return honesty.fidelity_by_coverage(pairs or would_rehearse(setting, model, tokenizer, tasks, None),
-                                        setting["counts"])
+                                        setting.counts)
 
 
 def imagined_world(setting, model, tokenizer, tasks, cfg, generator):

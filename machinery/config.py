@@ -29,6 +29,8 @@ import os
 
 import yaml
 
+from envace import ENV_MODES
+
 
 # Every config key, its default, and therefore its type. First the keys of the paper's path (the
 # toy world, warm start, RL with rehearsal, evaluation), then each extension's keys under a heading.
@@ -108,7 +110,7 @@ DEFAULTS = {
 }
 
 
-CHOICES = {"env_mode": ("rehearse", "real", "frozen", "none"), "device": ("auto", "cpu", "cuda"),
+CHOICES = {"env_mode": ENV_MODES, "device": ("auto", "cpu", "cuda"),
            "format": ("plain", "chat"), "model_init": ("pretrained", "random"),
            "rehearsal_mode": ("parallel", "sequential"), "rehearsal_context": ("inline", "separate"),
            "advantage_groups": ("task_role", "task"), "think": ("keep", "disable"),

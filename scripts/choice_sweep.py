@@ -25,6 +25,7 @@ from scripts.evaluate_cli import load_run
 from scripts.compare import cell, paired_bootstrap
 from worldmodel import memory as rehearsal_memory
 import world
+import rollout
 from rollout import sample_episodes
 from worlds.choice import BUDGETS, TOOL_KINDS, choice_reward, commit_prompt, counting_world, imagine, parse_call, replay
 
@@ -38,7 +39,7 @@ def committed_success(model, tokenizer, tasks, cfg, budget, mode="parallel", reh
     real call a task is allowed). Returns the figures and per-task `task_rewards`."""
     model.eval()
     generator = torch.Generator().manual_seed(seed)
-    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+    limits = rollout.limits(cfg)
     counted = counting_world()
     imagined = []
     with torch.no_grad():
@@ -128,7 +129,7 @@ def diagnose(model, tokenizer, tasks, cfg):
     calls other than the expert's; wrong with the expert's calls but a wrong response; wrong with
     the expert's calls and true responses: a wrong purchase), and the wrong purchases of greedy
     imagination and of N = 0 per cost bucket (`cost_bucket`). Returns a dict of counts."""
-    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+    limits = rollout.limits(cfg)
     generator = torch.Generator().manual_seed(cfg["seed"])
     out = {}
     for temperature in (cfg["imagine_temperature"], 0.0):

@@ -56,6 +56,7 @@ from machinery.realmodel import ModelFileError, gguf_file
 from machinery.distributed import memory_estimate
 from envace import ACT, PROMPT, TAG, encode, first_target, tag_ids
 from machinery.sharedprefix import batch_logprobs, token_logprobs
+import rollout
 from rollout import append_token, new_row, sample_episodes
 from worldmodel.separate import SEPARATE_WORDS, sample_separate
 from train import accumulate_gradients, make_batch, rl_step
@@ -139,7 +140,7 @@ def generate_episodes(model, tokenizer, prompts, env_mode, cfg, seed, world=worl
     rows = [new_row(p if isinstance(p, list) else tags["bos"] + encode(tokenizer, p), w, plan=plan, tags=tags,
                     tokenizer=tokenizer)
             for p, plan, w in zip(prompts, plans or [None] * len(prompts), worlds)]
-    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+    limits = rollout.limits(cfg)
     limits["rehearse_check"] = None
     for r in rows:
         r["state"] = r["world"].new_state()

@@ -24,6 +24,7 @@ def failures(folder, split="test", n=500):
     import torch
     from formats import features
     from machinery.checkpoint import find_checkpoint, load_policy
+    import rollout
     from rollout import sample_episodes
     from worlds.uncertain import copy_counts, failure_table, uncertain_set
     path = find_checkpoint(os.path.join(folder, "ckpt")) or find_checkpoint(folder)
@@ -36,7 +37,7 @@ def failures(folder, split="test", n=500):
     fmt, setting = features.setup(cfg, tokenizer, splits, "cpu")
     tasks = splits[split][:n]
     prompts, worlds, tags = fmt.inputs(setting, tasks)
-    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+    limits = rollout.limits(cfg)
     episodes = sample_episodes(model, tokenizer, prompts, "real", world=worlds, tags=tags, temperature=0.0,
                                top_p=1.0, generator=torch.Generator().manual_seed(0), **limits)
     table = failure_table(tasks, episodes)
@@ -62,6 +63,7 @@ def write_lookups(results):
     from formats import features
     from machinery.checkpoint import find_checkpoint, load_policy, write_file
     from reward import task_reward
+    import rollout
     from rollout import sample_episodes
     from worlds.uncertain import looked_up
     written = []
@@ -78,7 +80,7 @@ def write_lookups(results):
         splits = features.build_tasks(cfg)
         tasks, (fmt, setting) = splits["test"], features.setup(cfg, tokenizer, splits, "cpu")
         prompts, worlds, tags = fmt.inputs(setting, tasks)
-        limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+        limits = rollout.limits(cfg)
         episodes = sample_episodes(model, tokenizer, prompts, "real", world=worlds, tags=tags, temperature=0.0,
                                    top_p=1.0, generator=torch.Generator().manual_seed(cfg["seed"]), **limits)
         seen = [looked_up(e, t) for e, t in zip(episodes, tasks)]

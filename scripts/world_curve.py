@@ -66,13 +66,13 @@ def point(cfg, arm, rows):
     t0 = time.time()
     train.warm_start(model, model, sequences, cfg, tokenizer.pad_token_id, roles=(REHEARSE,))
     seconds = time.time() - t0
-    tasks, episodes = chat_setup.expert_episodes(tokenizer, setting["tags"], splits["test"])
+    tasks, episodes = chat_setup.expert_episodes(tokenizer, setting.tags, splits["test"])
     pairs = fmt.would_rehearse(setting, model, tokenizer, tasks, episodes)
     by_kind = lambda part: fmt.by_kind(setting, part, tasks)         # noqa: E731
     return {"arm": arm, "rows": rows, "grounding_examples": cfg["grounding_examples"],
             "sft_steps": cfg["sft_steps"], "rehearse_rows_available": len(sequences),
             "fidelity": honesty.rates(by_kind(pairs)), "counts": by_kind(pairs),
-            **honesty.fidelity_by_cache(pairs, setting["cache"], by_kind),
+            **honesty.fidelity_by_cache(pairs, setting.cache, by_kind),
             "warm_start_seconds": round(seconds, 1),
             "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
 
@@ -90,14 +90,14 @@ def copy_split(path):
     splits = features.build_tasks(cfg)
     fmt, setting = features.setup(cfg, tokenizer, splits, "cpu")
     rows, buckets = [], []
-    for task, episode in zip(*chat_setup.expert_episodes(tokenizer, setting["tags"], splits["test"])):
+    for task, episode in zip(*chat_setup.expert_episodes(tokenizer, setting.tags, splits["test"])):
         calls = [json.loads(c) for c in episode["calls"]]
         earlier = set()
-        for row, call, response in zip(chat_separate.rehearse_rows(tokenizer, setting["tags"], task, calls,
-                                                                   episode["responses"], setting["k"], setting["cache"]),
+        for row, call, response in zip(chat_separate.rehearse_rows(tokenizer, setting.tags, task, calls,
+                                                                   episode["responses"], setting.k, setting.cache),
                                        calls, episode["responses"]):
             if task["world"].TOOL_KINDS.get(call["name"]) == "stateful":
-                copy = toolcache.exact_response(setting["cache"], call)
+                copy = toolcache.exact_response(setting.cache, call)
                 rows.append(row)
                 buckets.append(f"{'later' if call['name'] in earlier else 'first'} call of its tool, exact example "
                                f"{'none' if copy is None else 'right' if copy == response else 'wrong'}")

@@ -30,7 +30,7 @@ import train
 from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask
 from helpers import (POSITION_INIT, assert_ratio_one, assert_rehearse_logprobs_match_a_forward, assert_same_gradients,
                      chat_tokenizer, scripted_rows, tiny_qwen)
-from rollout import sample_episodes
+from rollout import sample_episodes, sample_rows
 from worldmodel.separate import _chat_rehearse_row, sample_separate
 
 chat_separate_warm_start = chat_separate.separate_warm_start_sequences
@@ -295,8 +295,9 @@ def test_chat_rehearse_rows_logprobs_equal_a_teacher_forced_forward():
     actors = [{"calls": [json.dumps(c) for c in CALLS[:n + 1]], "responses": ["6"][:n], "episode": n} for n in (0, 1)]
     rows = [_chat_rehearse_row(a, world, env_tags, prompt) for a in actors for _ in range(3)]
     assert len({len(r["ids"]) for r in rows}) == 2
-    sample_episodes(model, TOK, None, rows=rows, tags=env_tags, max_tokens=max(len(r["ids"]) for r in rows) + 8,
-                    max_env_tokens=6, generator=torch.Generator().manual_seed(0))
+    limits = {"max_turns": 6, "max_act_tokens": 8, "max_env_tokens": 6, "max_tokens": max(len(r["ids"]) for r in rows) + 8,
+              "rehearse_check": None}
+    sample_rows(model, TOK, rows, "rehearse", None, env_tags, limits, 1.0, 1.0, torch.Generator().manual_seed(0))
     assert_rehearse_logprobs_match_a_forward(model, rows, TOK.pad_token_id)
 
 
@@ -352,8 +353,8 @@ def test_chat_evaluation_asks_would_rehearse_in_separate_rows(monkeypatch):
     assert list(result["seconds"]) == ["episodes", "would_rehearse", "imagined_world", "extras"]
     assert all(v >= 0 for v in result["seconds"].values())
     # the tool cache: the RL task's examples, pay 1 -> 8, pay 5 -> 4 (this test task is that RL task)
-    assert toolcache.examples(setting["cache"], CALLS[0], 2) == task["examples"]
-    want = chat_separate.rehearse_rows(TOK, TAGS, task, CALLS, ["6", "4"], 2, cache=setting["cache"])
+    assert toolcache.examples(setting.cache, CALLS[0], 2) == task["examples"]
+    want = chat_separate.rehearse_rows(TOK, TAGS, task, CALLS, ["6", "4"], 2, cache=setting.cache)
     # asked in those rows once: the answers give fidelity per kind and fidelity by warm-start
     # coverage (the task's examples are other calls: both calls seen 0 times), and by the cache
     assert [r["ids"] for r in asked] == [r["ids"] for r in want]
@@ -371,15 +372,15 @@ def test_config_accepts_separate_chat(tmp_path, monkeypatch):
     monkeypatch.setattr(separate, "check_vocabulary", lambda *a: asked.append(a))
     fmt, setting = features.setup(cfg, TOK, {"logged": [], "rl": [pay_task()], "test": [pay_task()]})
     assert asked == []
-    assert setting["sampler"] is separate.sample_separate
-    prompt, rl = setting["sampler_args"]["rehearse_prompt"], setting["rl_sampler_args"]["rehearse_prompt"]
+    assert setting.sampler is separate.sample_separate
+    prompt, rl = setting.sampler_args["rehearse_prompt"], setting.rl_sampler_args["rehearse_prompt"]
     assert prompt.func is chat_separate.separate_prompt and prompt.args == (TOK, 1)
     # evaluation's prompt: the tool cache only; RL's: the task's own examples first
-    assert prompt.keywords == {"cache": setting["cache"]} and rl.keywords == {**prompt.keywords, "own_examples": True}
+    assert prompt.keywords == {"cache": setting.cache} and rl.keywords == {**prompt.keywords, "own_examples": True}
     plain = {**config.DEFAULTS, "rehearsal_context": "separate", "grounding_examples": 1}
     fmt, setting = features.setup(plain, TOK, {"logged": []})   # the toy's plain rehearse prompt: no chat builder
     assert asked == [(plain, TOK)]
-    assert setting["sampler"] is separate.sample_separate and "rehearse_prompt" not in setting["sampler_args"]
+    assert setting.sampler is separate.sample_separate and "rehearse_prompt" not in setting.sampler_args
 
 
 def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):

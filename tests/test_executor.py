@@ -520,12 +520,12 @@ def test_the_imagined_world_of_chat_tasks_samples_eval_batch_size_at_a_time(bank
     cfg = {**config.DEFAULTS, "format": "chat", "max_act_tokens": 40, "max_env_tokens": 40, "max_tokens": 400,
            "eval_batch_size": 1}
     fmt, setting = features.setup(cfg, TOK, {"logged": [], "rl": [task], "test": [task]})
-    batches, sampler = [], setting["sampler"]
+    batches, sampler = [], setting.sampler
 
     def counted(model, tokenizer, prompts, *args, **kwargs):
         batches.append(len(prompts))
         return sampler(model, tokenizer, prompts, *args, **kwargs)
 
-    setting["sampler"] = counted
+    setting.sampler = counted
     got = fmt.imagined_world(setting, model, TOK, [task, task], cfg, None)
     assert batches == [1, 1] and got["imagined_tasks"] == 2

@@ -3,6 +3,7 @@
 (`kl_rehearse_coef`), and their plumbing through a few-step run."""
 from formats import features
 from formats import format_plain
+from formats import setting as formats_setting
 import envace
 from machinery import distributed
 from machinery import config
@@ -172,7 +173,8 @@ def test_the_rl_sampler_carries_the_config_chosen_once(monkeypatch):
 
     def spy(name):
         return lambda model, tok, prompts, env_mode, **kw: called.append((name, env_mode, kw["max_tokens"])) or []
-    monkeypatch.setattr(format_plain, "sample_episodes", spy("inline"))
+    monkeypatch.setattr(format_plain, "sample_episodes", spy("inline"))         # the inline layout's
+    monkeypatch.setattr(formats_setting, "sample_episodes", spy("inline"))     # RL's when the world is real
     monkeypatch.setattr(separate, "sample_separate", spy("separate"))
 
     def sampler(**kw):                        # a vocabulary with the separate prompt's words

@@ -152,9 +152,10 @@ def interface_drift(modules, names):
 
 def test_every_format_defines_the_interface_with_one_signature():
     from formats import features
-    assert features.INTERFACE[:3] == ("setup", "inputs", "sample") and len(features.INTERFACE) == 16
-    assert [m.__name__ for m in features.FORMATS] == ["formats.format_plain", "formats.format_uncertain",
-                                                      "formats.format_choice", "formats.format_chat"]
+    assert features.INTERFACE[:3] == ("setup", "inputs", "sample") and len(features.INTERFACE) == 15
+    assert [m.__name__ for m in features.FORMATS] == [
+        "formats.format_plain", "formats.format_plain_separate", "formats.format_uncertain", "formats.format_choice",
+        "formats.format_chat", "formats.format_chat_separate"]
     assert interface_drift(features.FORMATS, features.INTERFACE) == []
     # the check sees a default that drifted, a lambda and a missing name
     plain = types.SimpleNamespace(__name__="plain", coverage=lambda setting, pairs=None: 0)
@@ -168,7 +169,8 @@ def test_every_format_defines_the_interface_with_one_signature():
 
 def test_the_format_is_chosen_once_from_the_config():
     from formats import features
-    chosen = {(fmt, w): features.choose({"format": fmt, "world": w}).__name__
-              for fmt, w in (("plain", "toy"), ("plain", "uncertain"), ("plain", "choice"), ("chat", "toy"))}
-    assert chosen == {("plain", "toy"): "formats.format_plain", ("plain", "uncertain"): "formats.format_uncertain",
-                      ("plain", "choice"): "formats.format_choice", ("chat", "toy"): "formats.format_chat"}
+    keys = [("plain", "toy", "inline"), ("plain", "toy", "separate"), ("plain", "uncertain", "inline"),
+            ("plain", "choice", "inline"), ("chat", "toy", "inline"), ("chat", "toy", "separate")]
+    chosen = [features.choose({"format": f, "world": w, "rehearsal_context": r}).__name__ for f, w, r in keys]
+    assert chosen == ["formats.format_plain", "formats.format_plain_separate", "formats.format_uncertain",
+                      "formats.format_choice", "formats.format_chat", "formats.format_chat_separate"]

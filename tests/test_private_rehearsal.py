@@ -1,5 +1,6 @@
 """Test-time private rehearsal: imagination never touches the real world, the committed episode
 makes no more real calls than an unrehearsed one, the vote and the re-planning rule."""
+import dataclasses
 from types import SimpleNamespace
 
 from formats import format_plain
@@ -45,7 +46,7 @@ def test_rehearsed_evaluation_makes_the_same_real_calls_as_plain():
     for budget in (0, 2, 4):
         counted, calls = counting_world()
         cfg = {**DEFAULTS, "rehearsal_budget": budget}
-        setting = {**format_plain.setup(cfg, TOK, {"logged": []}), "world": counted}
+        setting = dataclasses.replace(format_plain.setup(cfg, TOK, {"logged": []}), world=counted)
         result = evaluate(ScriptedModel(TOK, SCRIPTS), TOK, tasks, cfg, format_plain, setting)
         real_calls[budget] = list(calls)
         assert result["success"] == 0.5 and result["imagined_per_task"] == budget

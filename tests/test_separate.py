@@ -13,6 +13,7 @@ import torch
 from machinery import config
 import envace
 from scripts import evaluate_cli
+from formats import features
 from formats import format_plain
 from worldmodel import honesty
 import rehearse
@@ -25,7 +26,7 @@ from helpers import (POSITION_INIT, assert_ratio_one, assert_rehearse_logprobs_m
                      assert_sampled_logprobs_match_a_forward,
                      Bigram, ScriptedModel, tiny_cfg, tiny_llama)
 from reward import group_advantages, training_rows
-from rollout import sample_episodes
+from rollout import sample_episodes, sample_rows
 from worldmodel.separate import _rehearse_row, sample_separate
 
 P, A, R, O, T = PROMPT, ACT, REHEARSE, OBS, TAG
@@ -154,8 +155,9 @@ def test_rehearse_rows_logprobs_equal_a_teacher_forced_forward():
     tags = tag_ids(TOK)
     rows = [_rehearse_row(a, tags, TOK, EXAMPLES, world) for a in actors for _ in range(3)]
     assert len({len(r["ids"]) for r in rows}) == 3
-    sample_episodes(model, TOK, None, rows=rows, max_tokens=max(len(r["ids"]) for r in rows) + 8,
-                    generator=torch.Generator().manual_seed(0))
+    limits = {"max_turns": 6, "max_act_tokens": 8, "max_env_tokens": 6, "max_tokens": max(len(r["ids"]) for r in rows) + 8,
+              "rehearse_check": None}
+    sample_rows(model, TOK, rows, "rehearse", None, tags, limits, 1.0, 1.0, torch.Generator().manual_seed(0))
     assert_rehearse_logprobs_match_a_forward(model, rows, TOK.pad_token_id)
 
 
@@ -281,8 +283,9 @@ def test_warm_start_rows_are_the_rows_rl_samples():
     assert actor["ids"] == e["ids"] and actor["roles"] == e["roles"]
     assert r1["ids"] == e["rehearsals"][0]["ids"] and r1["roles"] == e["rehearsals"][0]["roles"]
     assert r2["ids"] == e["rehearsals"][1]["ids"] and r2["roles"] == e["rehearsals"][1]["roles"]
-    assert format_plain.warm_start_roles(format_plain.setup(cfg, TOK, splits)) == (ACT, REHEARSE)   # actor OBS: context
-    assert format_plain.warm_start_roles(format_plain.setup(config.DEFAULTS, TOK, splits)) == (ACT, REHEARSE, OBS)
+    for layout_cfg, roles in ((cfg, (ACT, REHEARSE)), (config.DEFAULTS, (ACT, REHEARSE, OBS))):   # separate: actor OBS is context
+        fmt, setting = features.setup(layout_cfg, TOK, splits)
+        assert fmt.warm_start_roles(setting) == roles
     # tool traffic: a group of rehearse rows per snippet, one per call
     cfg["snippet_repeats"] = 1
     groups = separate.warm_start_sequences(TOK, logged, snippets_of(cfg), EXAMPLES)[1:]
@@ -374,7 +377,7 @@ def test_train_run_with_separate_rows(tmp_path, monkeypatch):
     def would_rehearse_separate(model, tokenizer, episodes, examples, world=world):
         asked.append((len(episodes), examples("price apple")))
         return []
-    monkeypatch.setattr(separate, "would_rehearse_separate", would_rehearse_separate)   # format_plain calls it
+    monkeypatch.setattr(separate, "would_rehearse_separate", would_rehearse_separate)   # format_plain_separate calls it
     assert train.run(cfg) == 0
     # the grounding examples, from the tool cache of the logged data then the snippets: price apple
     # itself (an exact match: the snippets cover every item), then the first other price call

@@ -13,13 +13,16 @@ from chat import format as chat
 from worldmodel import chat_separate
 from formats import features
 from formats import format_plain
+from formats import format_plain_separate
+from formats.setting import ChatSetting, ChoiceSetting, PlainSetting, Setting, UncertainSetting
 from machinery import config
 from scripts import evaluate_cli
 from machinery.checkpoint import build_tokenizer
 from worldmodel import honesty, separate, toolcache
 import evaluate
 import world
-from envace import encode, tag_ids
+from envace import ACT, OBS, REHEARSE, encode, tag_ids
+from rollout import sample_episodes
 from helpers import chat_tokenizer, scripted_rows
 
 # ----------------------------------------------------------------------------- retrieval
@@ -233,8 +236,8 @@ def test_training_puts_a_tasks_own_examples_first_evaluation_the_cache_only():
     fmt, setting = features.setup(cfg, tok, chat_splits())
     task = chat_splits()["rl"][0]
     actor, world_ = {"calls": [json.dumps(PAY3)], "responses": []}, chat.task_world(task, tags)
-    rl = examples_shown(tok.decode(setting["rl_sampler_args"]["rehearse_prompt"](actor, world_)))
-    shown = examples_shown(tok.decode(setting["sampler_args"]["rehearse_prompt"](actor, world_)))
+    rl = examples_shown(tok.decode(setting.rl_sampler_args["rehearse_prompt"](actor, world_)))
+    shown = examples_shown(tok.decode(setting.sampler_args["rehearse_prompt"](actor, world_)))
     assert [(e["arguments"]["amount"], e["result"]) for e in rl] == [(1, "8"), (4, "5"), (3, "6")]
     assert [(e["arguments"]["amount"], e["result"]) for e in shown] == [(3, "6"), (2, "4"), (1, "8")]
     *logged_rows, example_rows = fmt.warm_start_sequences(setting)
@@ -249,17 +252,22 @@ def test_rl_samples_with_the_training_arguments_evaluation_with_its_own():
     def sampler(model, tokenizer, prompts, mode, **kw):
         calls.append((mode, kw["source"]))
         return []
-    setting = {"rehearsed": True, "env_mode": "rehearse", "sampling": {}, "sampler": sampler,
-               "sampler_args": {"source": "cache"}, "rl_sampler_args": {"source": "own first"}}
+    setting = Setting(env_mode="rehearse", rehearsed=True, sampling={}, tokenizer=None, tags=None, sampler=sampler,
+                      sampler_args={"source": "cache"}, rl_sampler=sampler, rl_sampler_args={"source": "own first"})
     format_plain.rl_sample(setting, None, None, [], None, None, None, None)
     format_plain.sample(setting, None, None, [], "rehearse")
     assert calls == [("rehearse", "own first"), ("rehearse", "cache")]
     # the plain format has no task examples: its RL arguments are evaluation's
-    plain = format_plain.setup({**config.DEFAULTS, "rehearsal_context": "separate", "grounding_examples": 1,
-                                "snippet_repeats": 0}, build_tokenizer(world.WORDS + separate.SEPARATE_WORDS),
-                               {"logged": []})
-    assert plain["rl_sampler_args"] is plain["sampler_args"]
-    assert plain["sampler_args"]["examples"].func is toolcache.examples
+    cfg = {**config.DEFAULTS, "rehearsal_context": "separate", "grounding_examples": 1, "snippet_repeats": 0}
+    tok = build_tokenizer(world.WORDS + separate.SEPARATE_WORDS)
+    plain = format_plain_separate.setup(cfg, tok, {"logged": []})
+    assert plain.sampler is plain.rl_sampler is separate.sample_separate
+    assert plain.rl_sampler_args is plain.sampler_args
+    assert plain.sampler_args["examples"].func is toolcache.examples
+    # the real world (or none) answers RL's calls in the inline sampler, whatever the layout
+    for mode in ("real", "none"):
+        real = format_plain_separate.setup({**cfg, "env_mode": mode}, tok, {"logged": []})
+        assert (real.sampler, real.rl_sampler, real.rl_sampler_args) == (separate.sample_separate, sample_episodes, {})
 
 
 def test_no_grounding_no_examples():
@@ -271,9 +279,34 @@ def test_no_grounding_no_examples():
     task = chat_splits()["rl"][0]
     actor, world_ = {"calls": [json.dumps(PAY3)], "responses": []}, chat.task_world(task, tags)
     bare = chat_separate.rehearse_prompt_ids(tok, task, [], PAY3)
-    for args in (setting["sampler_args"], setting["rl_sampler_args"]):
+    for args in (setting.sampler_args, setting.rl_sampler_args):
         assert args["rehearse_prompt"](actor, world_) == bare
-    plain = format_plain.setup({**config.DEFAULTS, "rehearsal_context": "separate", "snippet_repeats": 0},
-                               build_tokenizer(world.WORDS + separate.SEPARATE_WORDS),
-                               {"logged": [{"prompt": "buy apple", "calls": ["price apple"], "answer": "3"}]})
-    assert plain["examples"]("price apple") == []
+    plain = format_plain_separate.setup({**config.DEFAULTS, "rehearsal_context": "separate", "snippet_repeats": 0},
+                                        build_tokenizer(world.WORDS + separate.SEPARATE_WORDS),
+                                        {"logged": [{"prompt": "buy apple", "calls": ["price apple"], "answer": "3"}]})
+    assert plain.examples("price apple") == []
+
+
+def test_every_format_sets_up_a_typed_setting_with_no_config_inside():
+    """features.setup returns each format's own Setting dataclass; every config key a function
+    needs was read at setup into a field (no field holds the config); the layout is chosen once,
+    as a module: its sampler and warm-start roles, with nothing left to branch on."""
+    from worlds import choice as world_choice
+    toy = build_tokenizer(world.WORDS + separate.SEPARATE_WORDS + world_choice.NEW_WORDS)
+    toy_splits = world.make_splits(0, 4, 0, 4, 2)
+    cases = [({}, toy, toy_splits, "format_plain", PlainSetting, sample_episodes),
+             ({"rehearsal_context": "separate", "grounding_examples": 1}, toy, toy_splits, "format_plain_separate",
+              PlainSetting, separate.sample_separate),
+             ({"world": "uncertain"}, toy, toy_splits, "format_uncertain", UncertainSetting, sample_episodes),
+             ({"world": "choice", "n_test": 2, "n_logged": 4, "n_rl_tasks": 4}, toy, None, "format_choice",
+              ChoiceSetting, world_choice.sample_with_memory),
+             ({"format": "chat"}, chat_tokenizer(), chat_splits(), "format_chat", ChatSetting, sample_episodes),
+             ({"format": "chat", "rehearsal_context": "separate"}, chat_tokenizer(), chat_splits(),
+              "format_chat_separate", ChatSetting, separate.sample_separate)]
+    for keys, tok, splits, module, kind, sampler in cases:
+        cfg = {**config.DEFAULTS, "snippet_repeats": 1, **keys}
+        fmt, setting = features.setup(cfg, tok, splits or features.build_tasks(cfg))
+        assert fmt.__name__ == "formats." + module and type(setting) is kind and setting.sampler is sampler
+        assert not any(value is cfg or (isinstance(value, dict) and value.keys() >= cfg.keys())
+                       for value in vars(setting).values()) and "cfg" not in vars(setting)
+        assert fmt.warm_start_roles(setting) == ((ACT, REHEARSE) if "separate" in module else (ACT, REHEARSE, OBS))

@@ -28,7 +28,7 @@ import rollout
 import world as toy_world
 from machinery import kvcache
 from worldmodel import toolcache
-from envace import OBS, REHEARSE, collate, encode_episode, micro_batches, tag_ids
+from envace import OBS, REHEARSE, collate, encode_episode, micro_batches, tag_ids, world_is_sampled
 from machinery.distributed import can_share_prefix
 from machinery.sharedprefix import final_hidden, lean_head, shared_prefix_length
 from reward import task_reward
@@ -355,7 +355,7 @@ def imagined_world(model, tokenizer, tasks, cfg, generator=None, world=toy_world
     world), imagined_fidelity (per tool kind) and collusion ({calls, wrong, colluding, rate},
     collusion_counts). Tasks are sampled eval_batch_size at a time, as in evaluation."""
     model.eval()
-    limits = {k: cfg[k] for k in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}
+    limits = rollout.limits(cfg)
     episodes, batch_size = [], cfg["eval_batch_size"]
     for i in range(0, len(tasks), batch_size):
         episodes += sample(model, tokenizer, [t["prompt"] for t in tasks[i:i + batch_size]], "rehearse",
@@ -374,7 +374,7 @@ def fidelity_gate(before, cfg, log):
     low = {k: v for k, v in before["fidelity"].items() if v < cfg["min_fidelity"]}
     if not before["executed_tasks"]:
         log("fidelity gate skipped: these tasks have no real environment to compare rehearsals with")
-    elif cfg["env_mode"] in ("rehearse", "frozen") and cfg["min_fidelity"] > 0 and (low or not before["fidelity"]):
+    elif world_is_sampled(cfg["env_mode"]) and cfg["min_fidelity"] > 0 and (low or not before["fidelity"]):
         log(f"fidelity gate FAILED: {low or 'no calls made'} below min_fidelity "
             f"{cfg['min_fidelity']}: rehearsed rewards would be noise for these tools. Raise "
             f"snippet_repeats/sft_steps/coverage, or set --min_fidelity=0 to run anyway.")

@@ -21,8 +21,8 @@ from worldmodel import chat_separate
 from worldmodel import honesty
 import world as toy_world
 from machinery.config import ConfigError
-from envace import OBS, PROMPT, REHEARSE, TAG, encode, encode_episode, tag_ids
-from rollout import _next_turn, new_row, sample_episodes
+from envace import OBS, PROMPT, REHEARSE, TAG, encode, encode_episode, tag_ids, world_is_sampled
+from rollout import _next_turn, new_row, sample_rows
 
 # the separate rehearse prompt's words, and each tool's signature (the toy's one-line stand-in
 # for a JSON schema). In the vocabulary only with rehearsal_context separate, so that the inline
@@ -40,7 +40,7 @@ def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     own row with its own prompt (toy format: separate.rehearse_prompt, the tool's signature,
     `examples(call)` grounding examples if given (toolcache.examples), the dialogue so far and
     the call), which the actor never sees.
-    Sampled in rounds with sample_episodes: the actor rows run until they end or finish a call;
+    Sampled in rounds with rollout.sample_rows: the actor rows run until they end or finish a call;
     then the pending rehearse rows are sampled together (role REHEARSE, stopping at </env>); each
     response is copied into its actor row as `<env>` (TAG) + response + `</env>` (OBS: context
     with no loss; its training is in the rehearse row) and the actor rows go on. Each round
@@ -56,15 +56,14 @@ def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     is `rehearse_prompt(actor row, its world)` (chat_separate.separate_prompt), the rehearser writes the
     result as an assistant turn ending at the template's end-of-turn stop (chat_separate.rehearse_tags), and
     the result is copied into the actor row as the template's tool response (`_copy_response`)."""
-    assert env_mode in ("rehearse", "frozen") and (env_model is not None) == (env_mode == "frozen")
+    assert world_is_sampled(env_mode) and (env_model is not None) == (env_mode == "frozen")
     chat_rows = any(isinstance(p, list) for p in prompts)     # chat prompts come as ids, the toy's as text
     if chat_rows and rehearse_prompt is None:
         rehearse_prompt = functools.partial(chat_separate.separate_prompt, tokenizer, 0)
     tags = tags or tag_ids(tokenizer)
     env_tags = chat_separate.rehearse_tags(tags) if chat_rows else tags
-    limits = {"temperature": temperature, "top_p": top_p, "max_turns": max_turns,
-              "max_act_tokens": max_act_tokens, "max_env_tokens": max_env_tokens, "generator": generator,
-              "rehearse_check": rehearse_check}
+    limits = {"max_turns": max_turns, "max_act_tokens": max_act_tokens, "max_env_tokens": max_env_tokens,
+              "max_tokens": max_tokens, "rehearse_check": rehearse_check}
     worlds = world if isinstance(world, list) else [world] * len(prompts)
     episodes = [new_row(p if chat_rows else tags["bos"] + encode(tokenizer, p), w, plan=plan, tags=tags,
                         tokenizer=tokenizer)
@@ -73,17 +72,17 @@ def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
         e.update(episode=i, rehearsals=[], stop_at="call")
     active = episodes
     while active:
-        for e in active:                          # sample_episodes drops a row's world when it returns
+        for e in active:                          # sample_rows drops a row's world when it returns
             e["world"] = worlds[e["episode"]]
-        sample_episodes(policy, tokenizer, None, rows=active, max_tokens=max_tokens, tags=tags, **limits)
+        sample_rows(policy, tokenizer, active, "rehearse", None, tags, limits, temperature, top_p, generator)
         pending = [e for e in active if e["cause"] == "call"]
         if not pending:
             break
         rehearsals = [_chat_rehearse_row(e, worlds[e["episode"]], env_tags, rehearse_prompt) if chat_rows
                       else _rehearse_row(e, tags, tokenizer, examples, world) for e in pending]
         room = max(len(r["ids"]) for r in rehearsals) + max_env_tokens + 2   # env_limit comes first
-        sample_episodes(env_model or policy, tokenizer, None, rows=rehearsals, max_tokens=room, tags=env_tags,
-                        **limits)
+        sample_rows(env_model or policy, tokenizer, rehearsals, "rehearse", None, env_tags,
+                    {**limits, "max_tokens": room}, temperature, top_p, generator)
         active = [e for e, r in zip(pending, rehearsals)
                   if _copy_response(e, r, tags, tokenizer, max_tokens, frozen=env_model is not None)]
     for e in episodes:

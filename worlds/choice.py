@@ -322,13 +322,13 @@ def agreed(episodes):
 
 def sample_with_memory(policy, tokenizer, prompts, env_mode="rehearse", *, memory_max=4, imagine_temperature=1.0,
                        env_model=None, world=None, generator=None, temperature=1.0, **kw):
-    """The RL sampler of this world (format_choice's setting["sampler"]; train.py uses it in
+    """The RL sampler of this world (format_choice's setting.sampler; train.py uses it in
     rehearse and frozen modes): for each commit prompt N is drawn uniformly from 0..memory_max,
     the current policy imagines N parallel episodes of the task (the simulator plays the world
     there too in frozen mode), and the committed episode, the one returned and trained, reads
     their memory. Imagined episodes are context: not returned, not trained."""
     world = world or sys.modules[__name__]
-    limits = {k: v for k, v in kw.items() if k not in ("plans", "rows")}
+    limits = {k: v for k, v in kw.items() if k != "plans"}
     budgets = torch.randint(0, memory_max + 1, (len(prompts),), generator=generator).tolist()
     tasks = [task_prompt_of(p) for p in prompts]
     memories = [[] for _ in prompts]

@@ -5,6 +5,8 @@
     python -m scripts.compare --uncertain results/uncertain_rehearse-real-frozen-act_only_seeds1-5
                               # FOLDER/results.md, uncertain.png (world: uncertain, docs/uncertain.md)
     python evaluate.py --ckpt out/small --sweep      # the private-rehearsal sweep of one run
+    python -m scripts.compare --before_after RUN [RUN ...]      # each run's success before and after RL
+    python -m scripts.compare --difference RUN_A RUN_B [RUN_A RUN_B ...]   # A - B after RL, a pair a seed
 
 `compare` reads FOLDER/<arm>/<seed>/{eval.json, metrics.jsonl} (written by train.py; see
 configs/run_all.sh) and writes a markdown table of real-world success per arm (mean and
@@ -680,6 +682,33 @@ def before_after(runs):
     return "\n".join(lines)
 
 
+def difference(runs):
+    """After RL, run A minus run B for each pair (A, B) of `runs` (two arms of one seed on one test
+    set, e.g. real and rehearse continued from one warm start): the paired bootstrap over the test
+    tasks; for several pairs (seeds), a last line pooling them: the bootstrap resamples pairs, then
+    test tasks within each (paired_bootstrap)."""
+    results = []
+    for run in runs:
+        with open(os.path.join(run, "eval.json")) as f:
+            results.append(json.load(f))
+    pairs = list(zip(zip(runs[0::2], results[0::2]), zip(runs[1::2], results[1::2])))
+    for first, second in pairs:         # one seed's arms: the same test tasks, evaluated alike
+        check_test_set([first, second], why=" (a difference is taken task by task)")
+    check_seeds([first for first, _ in pairs])
+    check_seeds([second for _, second in pairs])
+    lines, a, b = [], {}, {}
+    for k, ((run_a, result_a), (run_b, result_b)) in enumerate(pairs):
+        a[k], b[k] = result_a["task_rewards"], result_b["task_rewards"]
+        diff, low, high, called = paired_bootstrap({1: a[k]}, {1: b[k]})
+        lines.append(f"{run_a} - {run_b}: real-world success {result_a['success']:.3f} - {result_b['success']:.3f} "
+                     f"on {len(a[k])} test tasks = {diff:+.3f} [{low:+.3f}, {high:+.3f}]{' (called)' if called else ''}")
+    if len(pairs) > 1:
+        diff, low, high, called = paired_bootstrap(a, b)
+        lines.append(f"{len(pairs)} pairs pooled: {diff:+.3f} [{low:+.3f}, {high:+.3f}]{' (called)' if called else ''} "
+                     "(resampling pairs, then test tasks)")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     from machinery.config import ArgumentParser, ConfigError
     parser = ArgumentParser(description=__doc__.split("\n")[0])
@@ -688,25 +717,30 @@ def main(argv=None):
     group.add_argument("--uncertain", metavar="RESULTS", help="the world: uncertain runs under RESULTS")
     group.add_argument("--before_after", metavar="RUN", nargs="+",
                        help="each run's success before and after RL, paired; several runs (seeds) pooled too")
+    group.add_argument("--difference", metavar="RUN", nargs="+",
+                       help="pairs RUN_A RUN_B: A - B after RL, paired over test tasks; several pairs (seeds) pooled")
     try:
         args = parser.parse_args(argv)            # (--help prints and exits 0 here)
         for option, results in (("--compare", args.compare), ("--uncertain", args.uncertain)):
             if results is not None and not os.path.isdir(results):
                 raise ConfigError(f"{option} {results}: no such folder (a results folder holds <arm>/<seed>/ runs)")
-        for run in args.before_after or []:
-            if not os.path.isfile(os.path.join(run, "eval.json")):
-                raise ConfigError(f"--before_after {run}: " + ("no eval.json in it (a finished run of train.py has one)"
-                                                               if os.path.isdir(run) else "no such folder"))
+        if args.difference and len(args.difference) % 2:
+            raise ConfigError(f"--difference takes pairs of runs (RUN_A RUN_B ...), got {len(args.difference)} runs")
+        for option, runs in (("--before_after", args.before_after), ("--difference", args.difference)):
+            for run in runs or []:
+                if not os.path.isfile(os.path.join(run, "eval.json")):
+                    raise ConfigError(f"{option} {run}: " + ("no eval.json in it (a finished run of train.py has one)"
+                                                             if os.path.isdir(run) else "no such folder"))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        if args.before_after:
-            print(before_after(args.before_after))
+        if args.before_after or args.difference:
+            print(before_after(args.before_after) if args.before_after else difference(args.difference))
         else:
             print(compare(args.compare) if args.compare else uncertain(args.uncertain))
     except (OSError, KeyError, json.JSONDecodeError, PoolError) as e:
-        where = args.compare or args.uncertain or " ".join(args.before_after)
+        where = args.compare or args.uncertain or " ".join(args.before_after or args.difference)
         print(f"error: cannot compare the runs in {where}: {e}",
               file=sys.stderr)
         return 2

@@ -29,6 +29,7 @@ def nothing_loaded(monkeypatch):
     monkeypatch.setattr(compare, "compare", loaded)
     monkeypatch.setattr(compare, "uncertain", loaded)
     monkeypatch.setattr(compare, "before_after", loaded)
+    monkeypatch.setattr(compare, "difference", loaded)
 
 
 def test_compare_refuses_missing_folders_and_runs_without_eval_json(tmp_path, capsys, nothing_loaded):
@@ -36,7 +37,7 @@ def test_compare_refuses_missing_folders_and_runs_without_eval_json(tmp_path, ca
     the loading had started."""
     (tmp_path / "run").mkdir()
     cases = [
-        ([], "one of the arguments --compare --uncertain --before_after is required (--help lists the options)"),
+        ([], "one of the arguments --compare --uncertain --before_after --difference is required (--help lists the options)"),
         (["--compare", "a", "--uncertain", "b"], "argument --uncertain: not allowed with argument --compare "
                                                  "(--help lists the options)"),
         (["--compare", str(tmp_path / "nope")], f"--compare {tmp_path / 'nope'}: no such folder (a results folder "
@@ -47,6 +48,7 @@ def test_compare_refuses_missing_folders_and_runs_without_eval_json(tmp_path, ca
                                                     "finished run of train.py has one)"),
         (["--before_after", str(tmp_path / "run"), str(tmp_path / "gone")],
          f"--before_after {tmp_path / 'run'}: no eval.json in it (a finished run of train.py has one)"),
+        (["--difference", str(tmp_path / "gone"), str(tmp_path / "run")], f"--difference {tmp_path / 'gone'}: no such folder"),
     ]
     for argv, line in cases:
         assert compare.main(argv) == 2, argv

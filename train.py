@@ -63,7 +63,8 @@ from machinery.faults import (Interrupted, StepAbandoned, StopRequest, exit_stat
                               restore_snapshot, signalled, stop_if_signalled, training_snapshot, unless_signalled)
 from worldmodel.honesty import fidelity_gate
 from reporting.metrics import (add_micro_batch, append_metrics, episode_sums, eval_during_rl, evaluation_left,
-                               final_report, real_world_eval, role_sums, rl_updates, start_metrics, step_record)
+                               final_report, real_world_eval, role_sums, rl_updates, start_metrics, step_record,
+                               warm_start_result)
 from reward import group_advantages, training_rows, varied_groups
 
 hf_logging.disable_progress_bar()     # transformers' save/load bars: keep the terminal for ours
@@ -472,10 +473,11 @@ def run_phases(cfg, resume, overwrite, stop):
             if step == cfg["rl_steps"] or (cfg["save_every"] and step % cfg["save_every"] == 0):
                 save(step, progress)
 
-    # 5. evaluate the final policy in the real world
+    # 5. evaluate the final policy in the real world (rl_steps 0: it is the warm start, evaluated above)
     faults.now("final evaluation")
-    after = rank0_eval(os.path.join(out, "eval.json"), before=progress["before"],
-                       rl_updates=rl_updates(progress, cfg["rl_steps"]))
+    record = {"before": progress["before"], "rl_updates": rl_updates(progress, cfg["rl_steps"])}
+    after = (rank0_eval(os.path.join(out, "eval.json"), **record) if cfg["rl_steps"]
+             else warm_start_result(os.path.join(out, "eval.json"), rank, **record))
     log(final_report(progress, after, cfg, time.time() - t_start))
     return 0
 

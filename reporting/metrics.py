@@ -157,6 +157,15 @@ def final_report(progress, after, cfg, seconds):
             f"{rl['nonfinite']} non-finite, {seconds:.0f}s); saved to {cfg['out_dir']}/ckpt")
 
 
+def warm_start_result(path, rank, **extra):
+    """The final evaluation of a run with no RL step (rl_steps 0, a warm start only): the policy is
+    the warm start, whose evaluation (extra["before"]) is the result; written to `path` with
+    `extra` on rank 0 as real_world_eval writes it, not run again on the same weights."""
+    if rank == 0:
+        write_file(path, json.dumps({**extra["before"], **extra}, indent=1))
+    return extra["before"]
+
+
 def real_world_eval(model, tokenizer, tasks, cfg, fmt, setting, amp, path=None, stop=None, **extra):
     """evaluate.evaluate on rank 0 (FSDP: every rank gathers the weights first), written to
     `path` with `extra`; the result on every rank. A failure or a signal there stops every rank

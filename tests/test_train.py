@@ -345,3 +345,27 @@ def test_adamw_is_fused_with_the_configs_lr_and_weight_decay():
         model.p.grad = torch.tensor([0.5, 0.25])
         opt.step()
         assert model.p.detach().tolist() == pytest.approx(want, abs=1e-6)
+
+
+def test_a_warm_start_only_run_evaluates_once(tmp_path, monkeypatch):
+    """rl_steps 0: the policy after RL is the warm start, so eval.json is the warm start's evaluation
+    (with `before` and rl_updates as a run with RL writes them), not a second evaluation of the
+    same weights; a run with one RL step evaluates twice (before and after)."""
+    from reporting import metrics
+    evaluated = []
+
+    def counted(*args, **kwargs):
+        evaluated.append(len(args[2]))
+        return evaluate(*args, **kwargs)
+    evaluate = metrics.evaluate
+    monkeypatch.setattr(metrics, "evaluate", counted)
+    cfg = tiny_cfg(tmp_path, rl_steps=0, n_test=4, sft_steps=1)
+    assert train.run(cfg) == 0 and evaluated == [4]
+    with open(os.path.join(cfg["out_dir"], "warmstart", "eval.json")) as f:
+        warm = json.load(f)
+    with open(os.path.join(cfg["out_dir"], "eval.json")) as f:
+        final = json.load(f)
+    assert final == {**warm, "before": warm, "rl_updates": {"steps": 0, "updated": 0, "skipped": 0, "nonfinite": 0,
+                                                             "updated_share": None}}
+    evaluated.clear()
+    assert train.run(tiny_cfg(tmp_path / "rl", rl_steps=1, n_test=4, sft_steps=1)) == 0 and evaluated == [4, 4]

@@ -10,7 +10,6 @@ makes none; the imagined world is sampled on the explore prompts. Same functions
 module; the rest are the plain format's (formats/format_plain.py)."""
 from collections import Counter
 
-from formats import format_plain
 from worldmodel import honesty
 from worlds import choice as world_choice
 from formats.format_plain import (by_kind, diagnostics, eval_extras, executes, rl_sample,  # the rest: the

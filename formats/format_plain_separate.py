@@ -10,7 +10,6 @@ import dataclasses
 import functools
 
 from worldmodel import separate, toolcache
-import world
 from envace import ACT, REHEARSE
 from formats import format_plain
 from formats.setting import rl_sampler_for
@@ -23,8 +22,7 @@ def setup(cfg, tokenizer, splits, device="cpu"):
     (toolcache.examples over the cache, k = grounding_examples). The rehearse prompt's words must
     be in the vocabulary (separate.check_vocabulary)."""
     separate.check_vocabulary(cfg, tokenizer)
-    snippets = world.tool_snippets(cfg["data_seed"], cfg["snippet_repeats"], cfg["coverage"])
-    setting = format_plain.plain_setting(cfg, tokenizer, splits, snippets)
+    setting = format_plain.setup(cfg, tokenizer, splits)
     examples = functools.partial(toolcache.examples, setting.cache, k=cfg["grounding_examples"])
     sampler, args = separate.sample_separate, {"examples": examples}
     rl_sampler, rl_args = rl_sampler_for(cfg, sampler, args)        # a toy task has no examples of its own

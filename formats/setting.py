@@ -30,7 +30,6 @@ from rollout import sample_episodes
 @dataclasses.dataclass(kw_only=True)
 class Setting:
     env_mode: str                      # config env_mode: who answers the policy's calls in RL
-    rehearsed: bool                    # the policy or the frozen warm start plays the world in RL
     sampling: dict                     # RL's sampler keywords: temperature, top_p, the limits, rehearse_check
     tokenizer: Any
     tags: dict | None                  # the hand-off ids (world: choice: None, the sampler's own)
@@ -39,6 +38,11 @@ class Setting:
     rl_sampler: Callable               # RL's sampler (rl_sampler_for)
     rl_sampler_args: dict
     cache: dict | None = None          # the tool cache of training traffic (worldmodel/toolcache.py)
+
+    @property
+    def rehearsed(self):
+        """Whether the policy or the frozen warm start plays the world in RL (envace.world_is_sampled)."""
+        return world_is_sampled(self.env_mode)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -75,10 +79,9 @@ class ChatSetting(Setting):
 
 
 def loop_fields(cfg):
-    """The fields every setting takes from the config: env_mode, whether its world is sampled
-    (envace.world_is_sampled: decided here, once), and RL's sampler keywords."""
-    return {"env_mode": cfg["env_mode"], "rehearsed": world_is_sampled(cfg["env_mode"]),
-            "sampling": sampling_args(cfg)}
+    """The fields every setting takes from the config: env_mode (whether its world is sampled,
+    `Setting.rehearsed`, is derived from it) and RL's sampler keywords."""
+    return {"env_mode": cfg["env_mode"], "sampling": sampling_args(cfg)}
 
 
 def sampling_args(cfg):

@@ -133,6 +133,7 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
             if it % 10 == 0:
                 bar.set_postfix(loss=f"{all_sum([total])[0]:.3f}", lr=f"{lr:.1e}")
     finally:
+        opt.zero_grad(set_to_none=True)     # the gradients (4 bytes a parameter) are not held into evaluation
         bar.close()
         model.eval()
     return skipped
@@ -251,18 +252,17 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
             totals = accumulate_gradients(ddp_model, batch, old, ref, cfg, world_size, stop)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or float("inf"))
             if nonfinite(grad_norm, totals["loss"]):          # every rank takes this branch alike
-                opt.zero_grad(set_to_none=True)
                 if epoch > 0:
                     restore_snapshot(model, opt, snapshot)
                 status = "nonfinite"
                 break
             opt.step()
     except StepAbandoned:             # a signal: the whole step undone, as a non-finite one
-        opt.zero_grad(set_to_none=True)
         if epoch > 0:
             restore_snapshot(model, opt, snapshot)
         raise
     finally:
+        opt.zero_grad(set_to_none=True)     # applied or undone: sampling and evaluation need no gradients
         model.eval()
     sums.update(totals)
     sums["grad_norm"] = float(grad_norm) / world_size    # the same on every rank: sums to it once
@@ -473,7 +473,9 @@ def run_phases(cfg, resume, overwrite, stop):
             if step == cfg["rl_steps"] or (cfg["save_every"] and step % cfg["save_every"] == 0):
                 save(step, progress)
 
-    # 5. evaluate the final policy in the real world (rl_steps 0: it is the warm start, evaluated above)
+    # 5. evaluate the final policy in the real world (rl_steps 0: it is the warm start, evaluated above);
+    # AdamW's moments (8 bytes a parameter) and a reference copy are saved or no longer needed: freed first
+    del opt, save, reference, simulator, kl_reference
     faults.now("final evaluation")
     record = {"before": progress["before"], "rl_updates": rl_updates(progress, cfg["rl_steps"])}
     after = (rank0_eval(os.path.join(out, "eval.json"), **record) if cfg["rl_steps"]

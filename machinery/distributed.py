@@ -145,6 +145,8 @@ ACTIVATION_BYTES = 34  # per token x layer x hidden unit kept for backward in bf
                        # (Korthikanti et al. 2022, 34sbh per layer; flash attention drops the s^2 term)
 LOGIT_BYTES = 20       # per token x vocab entry in token_logprobs: bf16 logits + 4 fp32 copies
                        # (.float(), / temperature, log_softmax, exp for the entropy)
+LOGIT_CHUNK = 2 ** 24  # vocabulary entries of logits per chunk (64 MiB fp32) in sharedprefix.head_logprobs,
+                       # which holds one chunk's logits at a time
 
 
 def memory_estimate(n_params, cfg, model_config, world_size=1, first_target=0):
@@ -155,7 +157,8 @@ def memory_estimate(n_params, cfg, model_config, world_size=1, first_target=0):
     checkpointing each layer keeps its input only, and one layer at a time is recomputed), and the
     logits of that micro-batch: the LM head runs only from the first trained target on
     (envace.token_logprobs(start=)), so of rows of max_tokens a share (max_tokens - first_target)
-    / max_tokens of its positions; first_target 0 (not known: train.py at start) counts them all.
+    / max_tokens of its positions; first_target 0 (not known: train.py at start) counts them all;
+    and in chunks of LOGIT_CHUNK logits (sharedprefix.head_logprobs), so at most one chunk's.
     Sampling holds the KV cache of this rank's rows at max_tokens and, under FSDP, the gathered
     (bf16) weights. `train` and `sample` are the two phases' totals."""
     gib = 2 ** 30
@@ -171,8 +174,8 @@ def memory_estimate(n_params, cfg, model_config, world_size=1, first_target=0):
          "reference": 4 * n_params / shard if cfg["kl_coef"] > 0 or cfg["env_mode"] == "frozen" else 0,
          "activations_full": tokens * layers * hidden * ACTIVATION_BYTES * half / 2,
          "activations_checkpointed": tokens * hidden * (layers * half + ACTIVATION_BYTES * half / 2),
-         "logits": (tokens * max(cfg["max_tokens"] - first_target, 0) / cfg["max_tokens"]
-                    * model_config.vocab_size * LOGIT_BYTES),
+         "logits": min(tokens * max(cfg["max_tokens"] - first_target, 0) / cfg["max_tokens"]
+                       * model_config.vocab_size, LOGIT_CHUNK) * LOGIT_BYTES,
          # FSDP2 keeps the root (embeddings, lm_head) gathered from forward to backward, plus
          # the layer computing and the one prefetched
          "fsdp_unsharded": (embed + 2 * per_layer) * half if shard > 1 else 0,

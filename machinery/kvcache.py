@@ -13,7 +13,10 @@ one (a forced real response, ~25 ids) while the others feed one id, that forward
 for every other row at each of its positions: in real-mode evaluation of the separate layout's
 SmolLM2 warm start (40 test tasks, 1 thread) 28 such steps took 131.5 of 218 s. `step` runs them
 as two forwards (every row's first id, then the longer runs on a copy of their rows' cache,
-`_step_rows`): 46.7 s, the same episodes.
+`_step_rows`): 46.7 s, the same episodes. Only where the holes cost more than a second forward
+(SPLIT_COST): on the demo's 1M-parameter model they never do, and splitting there saved nothing
+(the whole demo side by side, one thread each: 184.15 s CPU split, 183.31 s not) while the other
+matmul shapes moved its sampled tokens' logprobs by up to 2.6e-6, and so its figures.
 
 save_row / restore_rows keep the cache of a separate-layout actor row paused at its call
 (rollout._save_paused) for the next round of separate.sample_separate, which then feeds it only
@@ -92,9 +95,14 @@ def restore_rows(config, saved, device):
 
 
 MIN_SHARED = 16     # ids; a shorter common start of the prefixes is prefilled with the rest
-# hole positions above which a step runs the longer runs apart (Decoder.step): a forward costs
-# about what 60 positions cost on top of what its positions cost (SmolLM2-135M on one CPU thread)
-SPLIT_HOLES = 64
+# a forward's fixed cost in hole positions x parameters, above which a step runs the longer runs
+# apart (Decoder.step): a forward costs about what 60 positions cost on top of what its positions
+# cost on SmolLM2-135M (134.5M parameters, one CPU thread), taken as 64 such positions
+SPLIT_COST = 64 * 134_500_000
+
+
+def n_parameters(model):
+    return sum(p.numel() for p in model.parameters())
 
 
 class Decoder:
@@ -172,12 +180,14 @@ class Decoder:
     def step(self, runs):
         """Append each row's run of ids (a list per row, at least one row non-empty); returns the
         logits after each row's last id [B, V] (a row with an empty run: after a hole, unused).
-        Where one forward would compute more than SPLIT_HOLES holes (a few rows run a real
-        response while the others feed one id), every row feeds its first id, then only the
-        rows with more feed the rest, on a copy of their cache (`_step_rows`)."""
+        Where one forward's holes would cost more than SPLIT_COST (a few rows run a real
+        response while the others feed one id, on a model the size of SmolLM2), every row feeds
+        its first id, then only the rows with more feed the rest, on a copy of their cache
+        (`_step_rows`)."""
         width = max(map(len, runs))
         longer = [j for j, r in enumerate(runs) if len(r) > 1]
-        if (len(runs) - len(longer)) * (width - 1) <= SPLIT_HOLES or not self._can_split():
+        holes = (len(runs) - len(longer)) * (width - 1)
+        if holes == 0 or holes * n_parameters(self.model) <= SPLIT_COST or not self._can_split():
             return self._step(runs)
         self._step([r[:1] for r in runs])
         return self._step_rows(longer, [runs[j][1:] for j in longer])

@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache, PreTrainedModel
 
 import envace
-from machinery.distributed import can_share_prefix
+from machinery.distributed import LOGIT_CHUNK, can_share_prefix
 
 
 def token_logprobs(model, ids, temperature=1.0, with_entropy=False, start=0, prefix=0):
@@ -148,8 +148,6 @@ def final_hidden(model, ids, **kw):
     other layer's is kept); the LM head runs on one position only (logits_to_keep=1), unused."""
     return model(input_ids=ids, output_hidden_states=[-1], logits_to_keep=1, **kw).hidden_states[-1]
 
-
-LOGIT_CHUNK = 2 ** 24      # vocabulary entries of fp32 logits per chunk (64 MiB) in head_logprobs
 
 
 def head_logprobs(hidden, head, targets, temperature=1.0, with_entropy=False):

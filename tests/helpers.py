@@ -146,6 +146,24 @@ def assert_same_gradients(a, b, rel=GRAD_TOLERANCE):
     return worst
 
 
+def recording(optimizer_class):
+    """optimizer_class whose step first keeps every parameter's gradient (`grads`: {parameter:
+    gradient} of the last step; an FSDP gradient made whole, a collective every rank calls alike):
+    train.warm_start and rl_step free the gradients once the update is applied, so a test reads
+    the step's gradient here (`step_grads`)."""
+    class Recording(optimizer_class):
+        def step(self, closure=None):
+            self.grads = {p: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad.clone()
+                          for group in self.param_groups for p in group["params"]}
+            return super().step(closure)
+    return Recording
+
+
+def step_grads(model, opt):
+    """{name: gradient} of the last step of a `recording` optimizer over model's parameters."""
+    return {name: opt.grads[p] for name, p in model.named_parameters()}
+
+
 def assert_ratio_one(lines, kl_coef=0.0, kl_rehearse_coef=0.0):
     """metrics.jsonl lines of a run with one PPO epoch, whose old logprobs are the sampler's (or
     recomputed from the same weights): every updated step is at ratio 1, so approx_kl (the mean

@@ -20,8 +20,8 @@ import train
 import world
 from envace import REHEARSE, encode_episode
 import rank_faults
-from helpers import (GRAD_TOLERANCE, assert_same_gradients, fork_ranks, read_log, run_command, run_ranks, tiny_cfg,
-                     tiny_llama, toy_tokenizer)
+from helpers import (GRAD_TOLERANCE, assert_same_gradients, fork_ranks, read_log, recording, run_command, run_ranks,
+                     step_grads, tiny_cfg, tiny_llama, toy_tokenizer)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,29 +49,25 @@ def one_update(rank, world_size):
     """One rl_step from the fixed inputs on this rank's share of the groups, with plain SGD (the
     weights move by lr x the gradient, so a float difference in the gradient stays that small in
     the weights; AdamW's first step is g / |g| elementwise, which turns a last-bit difference of a
-    near-zero entry into a whole learning rate); returns the model."""
+    near-zero entry into a whole learning rate); returns the model and the step's gradients."""
     tok, episodes, rewards, groups = fixed_step_inputs()
     model = tiny_llama(tok, seed=0)
     ddp_model = DDP(model) if world_size > 1 else model
-    opt = torch.optim.SGD(model.parameters(), lr=SGD_LR)
+    opt = recording(torch.optim.SGD)(model.parameters(), lr=SGD_LR)
     share = slice(rank * 12 // world_size, (rank + 1) * 12 // world_size)    # whole groups per rank
     cfg = {**config.DEFAULTS, "micro_batch_tokens": BUDGET, "kl_coef": 0.0}
     _, status = train.rl_step(model, ddp_model, opt, episodes[share], rewards[share], groups[share],
                               cfg, tok.pad_token_id, world_size=world_size)
     assert status == "updated"
-    return model
-
-
-def grads(model):
-    return {name: p.grad.clone() for name, p in model.named_parameters()}
+    return model, step_grads(model, opt)
 
 
 def _worker(rank, world_size, init_file, result_file):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-    model = one_update(rank, world_size)
+    model, grads = one_update(rank, world_size)
     if rank == 0:
-        torch.save((model.state_dict(), grads(model)), result_file)
+        torch.save((model.state_dict(), grads), result_file)
     dist.destroy_process_group()
 
 
@@ -82,8 +78,8 @@ def test_two_ranks_make_the_one_rank_update(tmp_path):
     result = str(tmp_path / "two_ranks.pt")
     run_ranks(_worker, (2, str(tmp_path / "init"), result), tmp_path)
     two, two_grads = torch.load(result)
-    model = one_update(0, 1)
-    one, one_grads = model.state_dict(), grads(model)
+    model, one_grads = one_update(0, 1)
+    one = model.state_dict()
     # the first step's gradient, before any optimizer step (GRAD_TOLERANCE: why 1e-4 of the largest
     # entry): a wrong normaliser (local instead of global token count, no x world_size) moves it by half
     assert_same_gradients(one_grads, two_grads)
@@ -103,8 +99,8 @@ def test_two_ranks_make_the_one_rank_update(tmp_path):
 def _zero_token_worker(rank, world_size, init_file, result_file):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-    model, sums, batch = zero_token_update(rank, world_size)
-    torch.save((sums, batch["n_tokens"], grads(model)), f"{result_file}.{rank}")
+    sums, batch, grads = zero_token_update(rank, world_size)
+    torch.save((sums, batch["n_tokens"], grads), f"{result_file}.{rank}")
     dist.destroy_process_group()
 
 
@@ -121,10 +117,11 @@ def zero_token_update(rank, world_size):
     ddp_model = DDP(model) if world_size > 1 else model
     cfg = {**config.DEFAULTS, "act_coef": 0.0, "kl_coef": 0.0, "reuse_sampler_logprobs": False}
     batch = train.make_batch(episodes, [1.0, 0.0, 0.0], [rank] * 3, cfg, tok.pad_token_id)
-    sums, status = train.rl_step(model, ddp_model, torch.optim.SGD(model.parameters(), lr=0.0), episodes,
-                                 [1.0, 0.0, 0.0], [rank] * 3, cfg, tok.pad_token_id, world_size=world_size)
+    opt = recording(torch.optim.SGD)(model.parameters(), lr=0.0)
+    sums, status = train.rl_step(model, ddp_model, opt, episodes, [1.0, 0.0, 0.0], [rank] * 3, cfg,
+                                 tok.pad_token_id, world_size=world_size)
     assert status == "updated"
-    return model, sums, batch
+    return sums, batch, step_grads(model, opt)
 
 
 def test_a_rank_without_trained_tokens_adds_nothing_to_the_token_count(tmp_path):
@@ -141,9 +138,9 @@ def test_a_rank_without_trained_tokens_adds_nothing_to_the_token_count(tmp_path)
     # ratio 1 within float32 rounding of two forwards (1e-6 of each token's term, 12 terms)
     assert sums0["loss"] + sums1["loss"] == pytest.approx(1 / 6, abs=1e-5)
     assert sums1["loss"] == 0.0 and sums1["rows_updated"] == 0
-    alone, alone_sums, _ = zero_token_update(0, 1)
+    alone_sums, _, alone_grads = zero_token_update(0, 1)
     assert alone_sums["loss"] == pytest.approx(1 / 6, abs=1e-5)
-    assert_same_gradients(grads(alone), grads0)
+    assert_same_gradients(alone_grads, grads0)
     assert_same_gradients(grads0, grads1)                  # DDP: every rank holds the summed gradient
 
 
@@ -299,10 +296,11 @@ def dynamic_sampling_update(rank, world_size, only=None):
         rows, rewards, groups = only
     model = tiny_llama(tok, seed=0)
     ddp_model = DDP(model) if world_size > 1 else model
-    sums, status = train.rl_step(model, ddp_model, torch.optim.SGD(model.parameters(), lr=0.1), rows, rewards,
-                                 groups, cfg, tok.pad_token_id, world_size=world_size)
+    opt = recording(torch.optim.SGD)(model.parameters(), lr=0.1)
+    sums, status = train.rl_step(model, ddp_model, opt, rows, rewards, groups, cfg, tok.pad_token_id,
+                                 world_size=world_size)
     return {"names": names, "kept": kept, "counts": counts, "rows": (rows, rewards, groups), "status": status,
-            "grads": grads(model)}
+            "grads": step_grads(model, opt)}
 
 
 def test_two_ranks_draw_as_many_rounds_and_update_on_the_groups_kept(tmp_path):

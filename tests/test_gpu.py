@@ -22,7 +22,8 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import train
 from machinery.checkpoint import save_checkpoint
-from helpers import assert_ratio_one, assert_same_gradients, run_ranks, tiny_cfg, tiny_llama, toy_tokenizer
+from helpers import (assert_ratio_one, assert_same_gradients, recording, run_ranks, step_grads, tiny_cfg, tiny_llama,
+                     toy_tokenizer)
 from rollout import sample_episodes
 from test_distributed import BUDGET, fixed_step_inputs, one_update
 
@@ -80,6 +81,19 @@ def test_memory_estimate_counts_the_logits_from_the_first_trained_target_only():
     assert (whole["train"] - tail["train"]) * GIB == pytest.approx(60 * 10 * 20)
     assert tail["sample"] == whole["sample"]
     assert distributed.memory_estimate(1000, cfg, toy_shapes(), first_target=50)["logits"] == 0
+
+
+def test_memory_estimate_counts_one_chunk_of_logits_at_most():
+    """The LM head runs in chunks of LOGIT_CHUNK (2^24) logits: SmolLM2's micro-batch of 4096 tokens
+    over its vocabulary of 49,152 (2.0e8 logits) counts one chunk, 2^24 x 20 bytes = 320 MiB, where
+    a micro-batch of 100 tokens over 10 entries (1000 logits) counts them all."""
+    cfg = {**config.DEFAULTS, "micro_batch_tokens": 4096, "bf16": False, "fsdp": False, "max_tokens": 768}
+    smollm2 = SimpleNamespace(num_hidden_layers=30, hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
+                              head_dim=64, vocab_size=49152, tie_word_embeddings=True)
+    assert distributed.LOGIT_CHUNK == 2 ** 24
+    assert distributed.memory_estimate(134_515_008, cfg, smollm2)["logits"] * GIB == pytest.approx(2 ** 24 * 20)
+    small = {**cfg, "micro_batch_tokens": 100, "max_tokens": 50}
+    assert distributed.memory_estimate(1000, small, toy_shapes())["logits"] * GIB == pytest.approx(100 * 10 * 20)
 
 
 def test_memory_estimate_of_qwen3_8b_under_fsdp_8():
@@ -180,12 +194,12 @@ def _fsdp_worker(rank, world_size, init_file, out_dir):
     cfg = {**config.DEFAULTS, "micro_batch_tokens": BUDGET, "kl_coef": 0.0, "fsdp": True}
     distributed.parallel_model(model, cfg, "cpu", world_size)
     assert isinstance(model.model.layers[0], distributed.FSDPModule) and isinstance(model, distributed.FSDPModule)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = recording(torch.optim.AdamW)(model.parameters(), lr=1e-3)
     share = slice(rank * 6, (rank + 1) * 6)
     _, status = train.rl_step(model, model, opt, episodes[share], rewards[share], groups[share], cfg,
                               tok.pad_token_id, world_size=world_size)
     assert status == "updated"
-    grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+    grads = step_grads(model, opt)
     with distributed.gathered(model):           # the ranks sample different numbers of steps: no collectives
         eps = sample_episodes(model, tok, PROMPTS if rank == 0 else PROMPTS[:1], max_tokens=40 if rank == 0 else 12,
                               generator=torch.Generator().manual_seed(3))
@@ -220,8 +234,7 @@ def test_fsdp_two_ranks_make_the_one_rank_update_and_save_a_normal_folder(tmp_pa
     # forked: the ranks start with the modules already imported (spawn would import torch anew)
     run_ranks(_fsdp_worker, (2, str(tmp_path / "init"), str(tmp_path)), tmp_path, timeout=180)
     fsdp_grads, fsdp_ids, fsdp_opt = torch.load(tmp_path / "rank0.pt", weights_only=False)
-    model = one_update(0, 1)
-    one_grads = {n: p.grad for n, p in model.named_parameters()}
+    _, one_grads = one_update(0, 1)
     assert_same_gradients(one_grads, fsdp_grads)        # the first step's gradient (helpers.GRAD_TOLERANCE)
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt")
     assert saved.config.architectures == ["LlamaForCausalLM"]

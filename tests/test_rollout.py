@@ -209,13 +209,13 @@ def test_growing_cache_keeps_every_step_across_its_growth():
     assert torch.equal(got_v, torch.cat([torch.cat(values, -2)[index], v], -2))
 
 
-@pytest.mark.parametrize("split_holes", [10 ** 9, 0])
-def test_decoder_rows_fed_runs_of_different_lengths_match_a_plain_forward(split_holes, monkeypatch):
+@pytest.mark.parametrize("split_cost", [float("inf"), 0])
+def test_decoder_rows_fed_runs_of_different_lengths_match_a_plain_forward(split_cost, monkeypatch):
     """kvcache.Decoder on a RoPE model (tiny Llama), rows fed runs of different lengths per step
     (0 to 9 ids: holes in the shorter ones), two rows copied from one shared prefix, a row dropped
     midway, the cache grown past its first buffer: each row's next position is its own count of
     ids, and its logits after every step equal a plain unpadded forward over its ids. Each step
-    in one forward, and (SPLIT_HOLES 0) every step with a run longer than one id in two: every
+    in one forward, and (SPLIT_COST 0) every step with a run longer than one id in two: every
     row's first id, then the longer runs on a copy of their rows' cache (Decoder._step_rows).
     Mutations of the split: the hole columns of the other rows left out, the rows' positions or
     logits not taken from the second forward.
@@ -227,7 +227,7 @@ def test_decoder_rows_fed_runs_of_different_lengths_match_a_plain_forward(split_
     wrong position (RoPE) moves the logits by about 1e-2, far above tol."""
     from machinery import kvcache
     from machinery.kvcache import Decoder
-    monkeypatch.setattr(kvcache, "SPLIT_HOLES", split_holes)
+    monkeypatch.setattr(kvcache, "SPLIT_COST", split_cost)
     model = tiny_llama(TOK, seed=2)
     with torch.no_grad():
         for layer in model.model.layers:
@@ -254,13 +254,45 @@ def test_decoder_rows_fed_runs_of_different_lengths_match_a_plain_forward(split_
                 cached.append((r, len(rows[r]), logits[j]))
     assert dec.cache.layers[0].buffers[0].shape[-2] > 64           # the cache grew past its first buffer
     split = sum(any(n > 1 for n in lengths) for lengths in runs_per_step)   # every step here
-    assert len(forwards) == 1 + len(runs_per_step) + (split if split_holes == 0 else 0)
+    assert len(forwards) == 1 + len(runs_per_step) + (split if split_cost == 0 else 0)
     with torch.no_grad():                                          # position t's logits: after t + 1 ids
         plain = [model(input_ids=torch.tensor([row])).logits[0] for row in rows]
     n_terms = model.config.num_hidden_layers * (model.config.hidden_size + max(map(len, rows)))
     tol = n_terms * 2 ** -24 * max(1.0, max(p.abs().max().item() for p in plain))
     worst = max((logits - plain[r][n - 1]).abs().max().item() for r, n, logits in cached)
     assert len(cached) == 56 - 10 and worst <= tol, (worst, tol)     # row 1 left 10 runs out
+
+
+def test_decoder_splits_a_step_only_where_its_holes_cost_more_than_a_forward(monkeypatch):
+    """Decoder.step with runs of 1, 1 and 4 ids: one forward of width 4 leaves 2 rows x 3 positions
+    = 6 holes, costing 6 x N (N: the model's parameters). At SPLIT_COST = 6 N the step runs as
+    one forward; at 6 N - 1 as two (every row's first id, then the long run alone); a step whose
+    runs are all one id has no holes and never splits (SPLIT_COST 0). Both ways give every row's
+    logits within fp32 roundoff of the other: the same products summed in another order, at most
+    one unit roundoff u = 6e-8 per accumulated term, n = layers x (hidden + longest row) terms of
+    size up to max|logit|."""
+    from machinery import kvcache
+    from machinery.kvcache import Decoder
+    model = tiny_llama(TOK, seed=3)
+    n = sum(p.numel() for p in model.parameters())
+    forwards = []
+    model.register_forward_hook(lambda m, args, out: forwards.append(1))
+    prefixes, runs = [[5, 6, 7], [8, 9], [10, 11, 12, 13]], [[14], [15], [16, 17, 18, 19]]
+    got = {}
+    for cost, step_forwards in ((6 * n, 1), (6 * n - 1, 2)):
+        monkeypatch.setattr(kvcache, "SPLIT_COST", cost)
+        dec = Decoder(model, prefixes, TOK.pad_token_id)
+        forwards.clear()
+        got[cost] = dec.step(runs)
+        assert len(forwards) == step_forwards, cost
+    terms = model.config.num_hidden_layers * (model.config.hidden_size + 7)
+    tol = terms * 2 ** -24 * max(1.0, got[6 * n].abs().max().item())
+    assert (got[6 * n] - got[6 * n - 1]).abs().max().item() <= tol
+    monkeypatch.setattr(kvcache, "SPLIT_COST", 0)
+    dec = Decoder(model, prefixes, TOK.pad_token_id)
+    forwards.clear()
+    dec.step([[14], [15], [16]])
+    assert len(forwards) == 1
 
 
 def test_segments_exactly_at_their_token_limit_pass_one_more_is_cut():

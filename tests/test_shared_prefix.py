@@ -13,8 +13,8 @@ import torch
 import envace
 import train
 from envace import REHEARSE, encode_episode
-from helpers import (GRAD_TOLERANCE, LOGPROB_TOLERANCE, POSITION_INIT, assert_same_gradients, tiny_llama,
-                     toy_tokenizer)
+from helpers import (GRAD_TOLERANCE, LOGPROB_TOLERANCE, POSITION_INIT, assert_same_gradients, recording, step_grads,
+                     tiny_llama, toy_tokenizer)
 from machinery import config, distributed, sharedprefix
 from machinery.sharedprefix import shared_prefix_length, token_logprobs
 
@@ -249,11 +249,11 @@ def test_warm_start_and_rl_step_give_the_same_gradients_with_and_without_sharing
         start = copy.deepcopy(model.state_dict())
         warm = warm_start_grads(model, cfg, logged, monkeypatch)
         model.load_state_dict(start)
-        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        opt = recording(torch.optim.SGD)(model.parameters(), lr=0.0)
         _, status = train.rl_step(model, model, opt, episodes, [1.0, 0.0, 0.0, 1.0], [0, 0, 0, 0], cfg,
                                   TOK.pad_token_id, reference=reference)
         assert status == "updated"
-        grads[share] = warm, {n: p.grad.clone() for n, p in model.named_parameters()}
+        grads[share] = warm, step_grads(model, opt)
         assert any(b == 1 for b, _ in shapes) == share
     assert_same_gradients(grads[False][0], grads[True][0])
     assert_same_gradients(grads[False][1], grads[True][1])
@@ -311,10 +311,11 @@ def test_identical_rows_share_all_but_their_last_id_and_equal_the_plain_forward(
         start = copy.deepcopy(model.state_dict())
         warm = warm_start_grads(model, cfg, [episode] * 3, monkeypatch)
         model.load_state_dict(start)
-        _, status = train.rl_step(model, model, torch.optim.SGD(model.parameters(), lr=0.0), [episode] * 4,
-                                  [1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1], cfg, TOK.pad_token_id, reference=reference)
+        opt = recording(torch.optim.SGD)(model.parameters(), lr=0.0)
+        _, status = train.rl_step(model, model, opt, [episode] * 4, [1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1], cfg,
+                                  TOK.pad_token_id, reference=reference)
         assert status == "updated"
-        steps[share] = warm, {n: q.grad.clone() for n, q in model.named_parameters()}
+        steps[share] = warm, step_grads(model, opt)
         assert ((1, L - 1) in shapes) == share
     assert_same_gradients(steps[False][0], steps[True][0])
     assert_same_gradients(steps[False][1], steps[True][1])

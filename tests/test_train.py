@@ -369,3 +369,29 @@ def test_a_warm_start_only_run_evaluates_once(tmp_path, monkeypatch):
                                                              "updated_share": None}}
     evaluated.clear()
     assert train.run(tiny_cfg(tmp_path / "rl", rl_steps=1, n_test=4, sft_steps=1)) == 0 and evaluated == [4, 4]
+
+
+def test_evaluations_hold_no_gradients_and_the_final_one_no_optimizer_moments(tmp_path, monkeypatch):
+    """What sits beside the model while it is evaluated: at every evaluation of a run (the warm
+    start's, one during RL at eval_every 1, the final one) no parameter holds a gradient (4 bytes a
+    parameter), and at the final one no optimizer holds AdamW moments (8 bytes a parameter: freed
+    once the last checkpoint is saved), where during RL every parameter still has them (RL goes on).
+    Episode-length parity as the reward, so that both RL steps update (their moments exist)."""
+    import gc
+    import warnings
+    from reporting import metrics
+    seen = []
+
+    def spy(model, *args, **kwargs):
+        with warnings.catch_warnings():         # isinstance on every live object touches deprecated ones
+            warnings.simplefilter("ignore")
+            moments = sum(len(o.state) for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer))
+        seen.append((sum(p.grad is not None for p in model.parameters()), moments))
+        return evaluate(model, *args, **kwargs)
+    evaluate = metrics.evaluate
+    monkeypatch.setattr(metrics, "evaluate", spy)
+    monkeypatch.setattr(format_plain, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    cfg = tiny_cfg(tmp_path, rl_steps=2, eval_every=1, n_test=4, sft_steps=1)
+    assert train.run(cfg) == 0
+    n = len(list(checkpoint.load_policy(os.path.join(cfg["out_dir"], "ckpt"))[0].parameters()))
+    assert seen == [(0, 0), (0, n), (0, 0)]

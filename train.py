@@ -53,7 +53,8 @@ from machinery.checkpoint import (build_policy, check_out_dir, drop_step, leave_
                                   rng_states, save_step, save_warm_start, stop_saved, write_file)
 from machinery.config import check_lengths, check_splits, command_line, load_config
 from machinery.distributed import (adamw, all_sum, autocast, from_rank0, gathered, in_step, memory_estimate,
-                         memory_line, parallel_model, reuse_sampler_logprobs, setup_distributed)
+                         memory_line, parallel_model, release_freed_memory, reuse_sampler_logprobs,
+                         setup_distributed)
 from envace import (ACT, OBS, PROMPT, REHEARSE, NonFiniteError, clipped_pg_loss, collate, first_target, loss_mask,
                     micro_batches, padded_fraction, token_advantages, token_kl_coefs)
 from machinery.sharedprefix import batch_logprobs, shared_prefix_length, token_logprobs
@@ -119,6 +120,7 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
                                               prefix=prefix)
                 loss = -(logprobs * mask[index, :n - 1]).sum() / n_tokens * weight
                 (loss * world_size).backward()  # DDP averages over ranks; x world_size makes it the sum
+                release_freed_memory()
                 total += loss.item()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or float("inf"))
             if nonfinite(grad_norm, total):     # every rank skips alike
@@ -204,6 +206,7 @@ def accumulate_gradients(model, batch, old, ref, cfg, world_size=1, stop=None):
                                       cfg["eps_low"], cfg["eps_high"], cfg["dual_clip"],
                                       kl_coefs[index, :n - 1])
         (loss * weight * world_size).backward()   # DDP averages ranks; x world_size makes it the sum
+        release_freed_memory()
         totals["loss"] += loss.item() * weight
         add_micro_batch(totals, stats, entropy.detach(), new.detach(), None if ref is None else ref[index, :n - 1],
                         target_roles[index, :n - 1], mask[index, :n - 1], weight)
@@ -263,6 +266,7 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
         raise
     finally:
         opt.zero_grad(set_to_none=True)     # applied or undone: sampling and evaluation need no gradients
+        release_freed_memory()
         model.eval()
     sums.update(totals)
     sums["grad_norm"] = float(grad_norm) / world_size    # the same on every rank: sums to it once

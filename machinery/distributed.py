@@ -14,6 +14,8 @@ run once under the wrapping chosen here (not under FSDP; under gradient checkpoi
 layers keep its cache) is asked here too: `can_share_prefix`, `keep_cache_when_checkpointing`.
 """
 import contextlib
+import ctypes
+import ctypes.util
 import os
 
 import torch
@@ -34,6 +36,30 @@ def pick_device(cfg):
     if cfg["device"] == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return cfg["device"]
+
+
+def _libc():
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+
+
+LIBC = _libc()       # glibc (Linux), else None
+
+
+def release_freed_memory():
+    """Hand the CPU heap's free pages back to the system (glibc's malloc_trim; elsewhere nothing).
+    The tensors a micro-batch's forward and backward free (activations and logits of a few MB each)
+    leave holes in the heap that later tensors of other sizes do not fit, so without it the
+    resident size grows by what the holes hold. Called after each backward and after each RL
+    update; it changes no number. SmolLM2's warm start, 2 steps side by side on one thread each:
+    peak 4,700,664 KiB against 5,137,288, 90.89 s a step against 86.47 (a fixed mmap threshold
+    instead, MALLOC_MMAP_THRESHOLD_=131072: 3,537,812 KiB, but 109.08 s a step)."""
+    if LIBC is not None:
+        LIBC.malloc_trim(0)
 
 
 def autocast(cfg, device):

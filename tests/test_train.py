@@ -395,3 +395,32 @@ def test_evaluations_hold_no_gradients_and_the_final_one_no_optimizer_moments(tm
     assert train.run(cfg) == 0
     n = len(list(checkpoint.load_policy(os.path.join(cfg["out_dir"], "ckpt"))[0].parameters()))
     assert seen == [(0, 0), (0, n), (0, 0)]
+
+
+def test_freed_memory_is_released_after_each_backward_and_after_the_update(monkeypatch):
+    """distributed.release_freed_memory calls glibc's malloc_trim(0) (nothing where there is no
+    glibc); rl_step calls it after every micro-batch's backward and once more after the update
+    (its gradients freed), and the warm start after every backward: a recorded order of the
+    events. 4 episodes of 6-18 tokens in micro-batches of at most 60 (rows x padded length): 2
+    micro-batches, so 2 backward passes in the update."""
+    trims = []
+    monkeypatch.setattr(distributed, "LIBC", type("Libc", (), {"malloc_trim": lambda self, pad: trims.append(pad)})())
+    distributed.release_freed_memory()
+    monkeypatch.setattr(distributed, "LIBC", None)
+    distributed.release_freed_memory()
+    assert trims == [0]
+    events = []
+    backward = torch.Tensor.backward
+    monkeypatch.setattr(torch.Tensor, "backward", lambda self, *a, **k: events.append("backward") or backward(self, *a, **k))
+    monkeypatch.setattr(train, "release_freed_memory", lambda: events.append("release"))
+    model = tiny_llama(TOK)
+    eps = sample_episodes(model, TOK, PROMPTS, "rehearse", max_tokens=40, generator=torch.Generator().manual_seed(3))
+    cfg = {**config.DEFAULTS, "micro_batch_tokens": 60}
+    n = len(envace.micro_batches([len(e["ids"]) for e in eps], 60))
+    sums, status = train.rl_step(model, model, torch.optim.SGD(model.parameters(), lr=0.1), eps, [1.0, 0.0, 1.0, 0.0],
+                                 [0, 0, 1, 1], cfg, TOK.pad_token_id)
+    assert status == "updated" and n >= 2
+    assert events == ["backward", "release"] * n + ["release"]
+    events.clear()
+    train.warm_start(model, model, eps, {**cfg, "sft_steps": 2, "sft_batch_size": 4}, TOK.pad_token_id)
+    assert events and events == ["backward", "release"] * (len(events) // 2)

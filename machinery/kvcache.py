@@ -14,9 +14,10 @@ for every other row at each of its positions: in real-mode evaluation of the sep
 SmolLM2 warm start (40 test tasks, 1 thread) 28 such steps took 131.5 of 218 s. `step` runs them
 as two forwards (every row's first id, then the longer runs on a copy of their rows' cache,
 `_step_rows`): 46.7 s, the same episodes. Only where the holes cost more than a second forward
-(SPLIT_COST): on the demo's 1M-parameter model they never do, and splitting there saved nothing
-(the whole demo side by side, one thread each: 184.15 s CPU split, 183.31 s not) while the other
-matmul shapes moved its sampled tokens' logprobs by up to 2.6e-6, and so its figures.
+(SPLIT_COST): on the demo's 1M-parameter model they do not (its run equals one with the split
+switched off), and splitting there saved nothing (the whole demo side by side, one thread each:
+184.15 s CPU split, 183.31 s not) while the other matmul shapes moved its sampled tokens'
+logprobs by up to 2.6e-6, and so its figures.
 
 save_row / restore_rows keep the cache of a separate-layout actor row paused at its call
 (rollout._save_paused) for the next round of separate.sample_separate, which then feeds it only

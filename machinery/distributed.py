@@ -39,12 +39,11 @@ def pick_device(cfg):
 
 
 def _libc():
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else None
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
     except OSError:
         return None
-    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+    return libc if hasattr(libc, "malloc_trim") else None
 
 
 LIBC = _libc()       # glibc (Linux), else None

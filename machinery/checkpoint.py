@@ -79,7 +79,22 @@ def load_policy(path, device="cpu", init="pretrained"):
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError, RuntimeError) as e:
         raise ConfigError(f"cannot load the checkpoint in {path}: {str(e).splitlines()[0]}") from None
-    return model.to(device), tokenizer
+    return in_fresh_storage(model.to(device)), tokenizer
+
+
+def in_fresh_storage(model):
+    """`model` with each weight copied into storage of its own, as a model built in memory holds
+    it. A loaded weight can lie at any offset inside the file's buffer (safetensors: 56 bytes past a
+    64-byte line for the tests' tiny Llama), and on some CPUs the matrix kernels round differently
+    for such an operand (AVX-512 on an AMD EPYC: the KL reference loaded by a resumed run gave other
+    gradients in the last bits than the copy the uninterrupted run holds). A resumed run must run
+    the same float operations as the run never stopped, so every loaded model starts aligned."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = p.data.clone(memory_format=torch.contiguous_format)
+        for b in model.buffers():
+            b.data = b.data.clone(memory_format=torch.contiguous_format)
+    return model
 
 
 MODEL_SHAPE_KEYS = ("model", "n_layer", "n_embd", "n_head")

@@ -336,3 +336,22 @@ def test_a_signal_inside_an_rl_step_stops_it_at_once_and_resume_is_exact(tmp_pat
     assert a["rngs"][0]["python"] == b["rngs"][0]["python"] and a["task_rng"] == b["task_rng"]
     results = [json.load(open(os.path.join(d, "eval.json"))) for d in (whole["out_dir"], out)]
     assert without_seconds(results[0]) == without_seconds(results[1])
+
+
+def test_a_loaded_policy_holds_its_weights_as_a_model_built_in_memory_does(tmp_path):
+    # a resumed run loads its KL reference and its policy from safetensors files, where a weight lies
+    # wherever the file put it (this tiny Llama's: 56 bytes past a 64-byte line); on an AMD EPYC
+    # (AVX-512) the matrix kernels then round otherwise than for the copy the run never stopped
+    # holds, and the resume stops being exact. load_policy copies every weight into fresh storage:
+    # 64-byte aligned like torch's own allocations, the file no longer behind it, ties kept
+    tok = toy_tokenizer()
+    path = str(tmp_path / "ckpt")
+    built = tiny_llama(tok, seed=0)
+    save_checkpoint(built, tok, path, {"config.yaml": "step: 1\n"}, {"step": 1})
+    model = checkpoint.load_policy(path)[0]
+    weights = dict(model.named_parameters())
+    assert len(weights) == len(dict(built.named_parameters())) == 20      # 2 layers x 9 + norm + embedding
+    assert all(p.data_ptr() % 64 == 0 for p in weights.values())
+    assert all(p.untyped_storage().nbytes() == p.numel() * 4 for p in weights.values())   # nothing else in its buffer
+    assert model.lm_head.weight is model.model.embed_tokens.weight                     # tie_word_embeddings kept
+    assert all(torch.equal(p, built.state_dict()[k]) for k, p in weights.items())

@@ -76,25 +76,25 @@ def load_runs(results):
     a curve being [(step, real-world success)] from the warm start to the end."""
     runs, curves, sweeps = {}, {}, []
     for arm, seed, folder in run_folders(results):
-        result = json.load(open(os.path.join(folder, "eval.json")))
+        result = read_eval(folder)
         extra = os.path.join(folder, "collusion.json")       # evaluate.py --collusion, run later
         if os.path.isfile(extra):                           # measured later: it supersedes
-            result.update(json.load(open(extra)))
+            result.update(read_json(extra))
         extra = os.path.join(folder, "coverage.json")        # evaluate.py --coverage, run later
         if os.path.isfile(extra):
-            coverage = json.load(open(extra))
+            coverage = read_json(extra)
             result = {**result, "fidelity_by_coverage": coverage["after"],
                       "before": {**result.get("before", {}), "fidelity_by_coverage": coverage["before"]}}
         runs.setdefault(arm, []).append({**result, "seed": seed})
         curve = [(0, result["before"]["success"])] if "before" in result else []
         metrics = os.path.join(folder, "metrics.jsonl")
-        lines = [json.loads(line) for line in open(metrics)] if os.path.isfile(metrics) else []
+        lines = read_json_lines(metrics) if os.path.isfile(metrics) else []
         curve += [(m["step"], m["eval_success"]) for m in lines if "eval_success" in m]
         curve.append((lines[-1]["step"] if lines else 0, result["success"]))
         curves.setdefault(arm, []).append(curve)
         sweep = os.path.join(folder, "private_rehearsal.json")
         if os.path.isfile(sweep):
-            sweeps += [{**row, "seed": seed} for row in json.load(open(sweep))]
+            sweeps += [{**row, "seed": seed} for row in read_json(sweep)]
     return runs, curves, sweeps
 
 
@@ -122,8 +122,45 @@ def load_rl_metrics(results):
     rl = {}
     for arm, _, folder in run_folders(results):
         metrics = os.path.join(folder, "metrics.jsonl")
-        rl.setdefault(arm, []).append([json.loads(line) for line in open(metrics)] if os.path.isfile(metrics) else [])
+        rl.setdefault(arm, []).append(read_json_lines(metrics) if os.path.isfile(metrics) else [])
     return rl
+
+
+def read_json(path):
+    """The JSON in the file `path`, or PoolError naming the file and what is wrong with it: of many
+    runs, the one whose file was cut short (a full disk, a copy that stopped) is found by its name."""
+    with open(path) as f:
+        text = f.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        end = len(text.rstrip())
+        if e.pos >= end:                   # the text ran out before the JSON closed: its last line
+            last_line = text[:end].count("\n") + 1
+            raise PoolError(f"{path} is not whole JSON (cut at line {last_line}?)") from None
+        raise PoolError(f"{path} is not JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+
+
+def read_eval(folder):
+    """A run's eval.json (read_json), which every mode reads through here; PoolError naming the file
+    unless it holds the JSON object train.py writes."""
+    path = os.path.join(folder, "eval.json")
+    result = read_json(path)
+    if not isinstance(result, dict):
+        raise PoolError(f"{path} holds a JSON {type(result).__name__}, not the object that train.py writes")
+    return result
+
+
+def read_json_lines(path):
+    """A metrics.jsonl file, one JSON value a line, or PoolError naming the file and its first bad line."""
+    lines = []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            try:
+                lines.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise PoolError(f"{path} line {number} is not whole JSON (cut?)") from None
+    return lines
 
 
 def run_folders(results, partial=False):
@@ -329,13 +366,27 @@ def check_seeds(runs):
                                             f"{', '.join(NOT_MEASURED_KEYS)} may differ)")
 
 
+def check_once(runs):
+    """PoolError naming the first run folder given twice: by its real path, so A, A/, ./A and a link
+    to A are one run. Every mode that pools runs (before_after, difference, check_results) calls it
+    first, before a file is read: a run counted twice would narrow the interval as a second seed."""
+    seen = {}
+    for run in runs:
+        real = os.path.realpath(run)
+        if real in seen:
+            raise PoolError(f"{seen[real]} and {run} are one run ({real}): each run counts once (given twice, "
+                            f"its outcomes would be pooled as two seeds' and the interval drawn too narrow)")
+        seen[real] = run
+
+
 def check_results(results):
     """Every arm's finished runs under RESULTS (<arm>/<seed>/eval.json) seeds of one config on one
-    test set, and every arm on the same test set as the others (check_seeds, check_test_set)."""
+    test set, and every arm on the same test set as the others (check_seeds, check_test_set); no
+    run twice (check_once: a seed folder that links to another)."""
+    check_once([folder for _, _, folder in run_folders(results)])
     arms = {}
     for arm, _, folder in run_folders(results):
-        with open(os.path.join(folder, "eval.json")) as f:
-            arms.setdefault(arm, []).append((folder, json.load(f)))
+        arms.setdefault(arm, []).append((folder, read_eval(folder)))
     for runs in arms.values():
         check_seeds(runs)
     if len(arms) > 1:
@@ -450,14 +501,14 @@ def uncertain_runs(results):
     evals, lines, subsets = {}, {}, None
     for arm, seed, folder in run_folders(results, partial=True):
         if os.path.isfile(os.path.join(folder, "eval.json")):      # a run still going has none yet
-            evals.setdefault(arm, {})[seed] = json.load(open(os.path.join(folder, "eval.json")))
+            evals.setdefault(arm, {})[seed] = read_eval(folder)
             if os.path.isfile(os.path.join(folder, "lookups.json")):     # scripts/uncertain_report.py --lookups
-                evals[arm][seed]["lookups"] = json.load(open(os.path.join(folder, "lookups.json")))
+                evals[arm][seed]["lookups"] = read_json(os.path.join(folder, "lookups.json"))
         path = os.path.join(folder, "metrics.jsonl")
-        lines.setdefault(arm, {})[seed] = [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
+        lines.setdefault(arm, {})[seed] = read_json_lines(path) if os.path.isfile(path) else []
         start = os.path.join(folder, "warmstart", "eval.json")      # the warm start the arm began from: step 0
         if lines[arm][seed] and os.path.isfile(start):
-            before = json.load(open(start))
+            before = read_json(start)
             lines[arm][seed].insert(0, {"step": 0, "eval_success": before["success"],
                                         **({"truth": before["extras"]["truth"]} if "extras" in before else {})})
         if lines[arm][seed] and "success" in evals.get(arm, {}).get(seed, {}):    # the final evaluation, last step
@@ -659,10 +710,8 @@ def before_after(runs):
     the paired bootstrap of after - before over its test tasks; for several runs (seeds of one
     config, the same test tasks), a last line pooling them: the bootstrap resamples seeds, then
     test tasks within each (paired_bootstrap)."""
-    results = []
-    for run in runs:
-        with open(os.path.join(run, "eval.json")) as f:
-            results.append(json.load(f))
+    check_once(runs)
+    results = [read_eval(run) for run in runs]
     check_seeds(list(zip(runs, results)))
     lines, afters, befores = [], {}, {}
     for k, (run, after) in enumerate(zip(runs, results)):
@@ -687,10 +736,8 @@ def difference(runs):
     set, e.g. real and rehearse continued from one warm start): the paired bootstrap over the test
     tasks; for several pairs (seeds), a last line pooling them: the bootstrap resamples pairs, then
     test tasks within each (paired_bootstrap)."""
-    results = []
-    for run in runs:
-        with open(os.path.join(run, "eval.json")) as f:
-            results.append(json.load(f))
+    check_once(runs)
+    results = [read_eval(run) for run in runs]
     pairs = list(zip(zip(runs[0::2], results[0::2]), zip(runs[1::2], results[1::2])))
     for first, second in pairs:         # one seed's arms: the same test tasks, evaluated alike
         check_test_set([first, second], why=" (a difference is taken task by task)")

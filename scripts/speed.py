@@ -61,6 +61,7 @@ from rollout import append_token, new_row, sample_episodes
 from worldmodel.separate import SEPARATE_WORDS, sample_separate
 from train import accumulate_gradients, make_batch, rl_step
 
+RL_TASKS = 200          # the toy shop's RL split that the toy and chat workloads take their tasks from
 QWEN3_1_7B = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
                   num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True)
 
@@ -302,7 +303,7 @@ def toy_workload(args):
         model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=512,
                                              num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
                                              max_position_embeddings=256, tie_word_embeddings=True))
-    tasks = world.make_splits(0, 10, 0, 200, 10)["rl"][:args.tasks or 16]
+    tasks = world.make_splits(0, 10, 0, RL_TASKS, 10)["rl"][:args.tasks or 16]
     G = args.group_size or 8
     w = {"prompts": [t["prompt"] for t in tasks for _ in range(G)], "worlds": world, "tags": None,
          "plans": None, "group_size": G}
@@ -342,7 +343,7 @@ def chat_workload(args):
                                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
         name = "random Qwen2 (2 layers, width 64)"
     tags = chat.chat_format(tokenizer)
-    raw = world.make_splits(0, 10, 0, 200, 10)["rl"][:args.tasks or 16]
+    raw = world.make_splits(0, 10, 0, RL_TASKS, 10)["rl"][:args.tasks or 16]
     tasks = []
     for t in raw:
         line = chat.toy_task_line(t)
@@ -445,6 +446,12 @@ def check_options(args, workloads):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name} must be at least 1, got {value}")
+    if args.group_size == 1:        # the RL step would skip every group: there would be no update to time
+        raise ConfigError("--group_size must be at least 2, got 1: a group of one episode is its own baseline "
+                          "(A = R - mean(group) = 0), so the RL step has nothing to update")
+    if args.tasks is not None and args.tasks > RL_TASKS and {"toy", "chat"} & set(workloads):
+        raise ConfigError(f"--tasks must be at most {RL_TASKS} for the toy and chat workloads (the toy shop's RL "
+                          f"tasks), got {args.tasks}")
     if args.pad_tools < 0:
         raise ConfigError(f"--pad_tools must be at least 0, got {args.pad_tools}")
     if not math.isfinite(args.min_seconds) or args.min_seconds < 0:
@@ -498,7 +505,8 @@ def main(argv=None):
                         help="chat model: tiny Qwen2 (CPU default), Qwen3-1.7B's shape (CUDA default), or "
                              "qwen3-tiny: the CUDA script's Qwen3 path at a tiny shape (tests)")
     parser.add_argument("--tasks", type=int, default=None, help="default: toy and chat 16, smollm2 8")
-    parser.add_argument("--group_size", type=int, default=None, help="default: toy 8, chat 4")
+    parser.add_argument("--group_size", type=int, default=None,
+                        help="default: toy 8, chat 4; at least 2 (a group is its own baseline)")
     parser.add_argument("--pad_tools", type=int, default=6, help="chat: extra tool schemas (6: ~2.1k tokens)")
     parser.add_argument("--max_new", type=int, default=320, help="chat: room for an episode after the prompt")
     parser.add_argument("--repeats", type=int, default=5)

@@ -300,3 +300,93 @@ def test_compare_and_uncertain_refuse_seeds_of_other_configs_and_arms_on_other_t
     (results / "results.md").unlink()
     refused(capsys, ["--compare", str(results)], "different test tasks")
     assert not (results / "results.md").exists()
+
+
+# ----------------------------------------------------------------------------- a run given twice, a cut file
+
+def the_line(capsys):
+    """The one line on stderr of a refused comparison (no traceback, nothing on stdout)."""
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err and len(err.splitlines()) == 1, (out, err)
+    return err.rstrip("\n")
+
+
+TWICE = ("each run counts once (given twice, its outcomes would be pooled as two seeds' and the interval "
+         "drawn too narrow)")
+
+
+@pytest.mark.parametrize("argv, first, second", [
+    (["--before_after", "a", "a"], "a", "a"),
+    (["--before_after", "a", "b", "a/"], "a", "a/"),
+    (["--before_after", "./a", "a"], "./a", "a"),
+    (["--difference", "a", "b", "a", "b"], "a", "a"),
+    (["--difference", "a", "b", "b", "a"], "b", "b"),
+    (["--difference", "a", "a"], "a", "a"),
+    (["--difference", "a", "b", "c", "./b/"], "b", "./b/"),
+])
+def test_a_run_given_twice_is_refused_naming_it(tmp_path, capsys, monkeypatch, argv, first, second):
+    """Before: `--before_after A A` pooled one run as two seeds (after - before +1.000 over 2 runs,
+    "called"), `--difference A B A B` two pairs; A, A/ and ./A are one folder. Now one line naming
+    the run, exit 2, nothing printed."""
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path / "a", [1.0, 1.0], [0.0, 0.0], "seed: 1\n")
+    write_run(tmp_path / "b", [1.0, 0.0], [0.0, 0.0], "seed: 2\n")
+    write_run(tmp_path / "c", [0.0, 1.0], [0.0, 0.0], "seed: 3\n")
+    assert compare.main(argv) == 2
+    real = os.path.realpath(tmp_path / first.strip("./"))
+    assert the_line(capsys) == (f"error: cannot compare the runs in {' '.join(argv[1:])}: {first} and {second} are "
+                                f"one run ({real}): {TWICE}")
+    assert compare.main(["--before_after", "a", "b"]) == 0            # two runs: pooled
+    assert capsys.readouterr().out.splitlines()[-1].startswith("2 runs pooled: real-world success 0.000 -> 0.750")
+
+
+@pytest.mark.parametrize("mode", ["--compare", "--uncertain"])
+def test_a_seed_linked_to_another_is_refused_before_anything_is_written(tmp_path, capsys, mode):
+    """results/rehearse/seed2 a link to seed1: before, --compare pooled the one run as two seeds
+    (and wrote results.md). Now one line naming both folders, exit 2, nothing written."""
+    results = tmp_path / "results"
+    arm_run(results, "rehearse", 1, [1.0, 0.0])
+    os.symlink(results / "rehearse" / "seed1", results / "rehearse" / "seed2")
+    assert compare.main([mode, str(results)]) == 2
+    seed1, seed2 = results / "rehearse" / "seed1", results / "rehearse" / "seed2"
+    assert the_line(capsys) == (f"error: cannot compare the runs in {results}: {seed1} and {seed2} are one run "
+                                f"({os.path.realpath(seed1)}): {TWICE}")
+    assert sorted(os.listdir(results)) == ["rehearse"]
+
+
+CUT = '{\n "success": 0.5,\n "task_rewards": [1.0,'       # a file of 3 lines that stops inside its list
+
+
+@pytest.mark.parametrize("text, problem", [
+    (CUT, "is not whole JSON (cut at line 3?)"),
+    (CUT + "\n\n", "is not whole JSON (cut at line 3?)"),                # the blank lines after it: still line 3
+    ("", "is not whole JSON (cut at line 1?)"),                         # empty
+    ('{"success": 0.5}}', "is not JSON (line 1, column 17: Extra data)"),
+    ("[0.5]", "holds a JSON list, not the object that train.py writes"),
+])
+@pytest.mark.parametrize("mode", ["--before_after", "--difference", "--compare", "--uncertain"])
+def test_a_cut_eval_json_is_one_line_naming_the_file(tmp_path, capsys, mode, text, problem):
+    """Several runs, the second's eval.json cut short (a full disk, a copy that stopped): before,
+    one line with json's "Expecting value: line 3 column 23 (char 41)" and no file named (a list:
+    an AttributeError traceback). Now the file and what is wrong with it, exit 2, nothing printed
+    or written; every mode reads eval.json with the same reader."""
+    results = tmp_path / "results"
+    arm_run(results, "rehearse", 1, [1.0, 0.0])
+    arm_run(results, "rehearse", 2, [1.0, 1.0])
+    cut = results / "rehearse" / "seed2" / "eval.json"
+    cut.write_text(text)
+    runs = [str(results / "rehearse" / "seed1"), str(results / "rehearse" / "seed2")]
+    argv = [mode, str(results)] if mode in ("--compare", "--uncertain") else [mode, *runs]
+    assert compare.main(argv) == 2
+    assert the_line(capsys) == f"error: cannot compare the runs in {' '.join(argv[1:])}: {cut} {problem}"
+    assert sorted(os.listdir(results)) == ["rehearse"] and cut.read_text() == text
+
+
+def test_a_cut_metrics_line_is_one_line_naming_file_and_line(tmp_path, capsys):
+    """A metrics.jsonl whose last line stops short: before, json's message and no file named."""
+    results = tmp_path / "results"
+    arm_run(results, "rehearse", 1, [1.0, 0.0])
+    metrics = results / "rehearse" / "seed1" / "metrics.jsonl"
+    metrics.write_text('{"step": 1}\n{"step": 2, "eval_succ')
+    assert compare.main(["--compare", str(results)]) == 2
+    assert the_line(capsys) == f"error: cannot compare the runs in {results}: {metrics} line 2 is not whole JSON (cut?)"

@@ -157,6 +157,12 @@ def error_lines(capsys):
     (["--repeats", "0"], "--repeats must be at least 1, got 0"),
     (["--tasks", "-1"], "--tasks must be at least 1, got -1"),
     (["--group_size", "0"], "--group_size must be at least 1, got 0"),
+    (["--group_size", "1"], "--group_size must be at least 2, got 1: a group of one episode is its own baseline "
+                            "(A = R - mean(group) = 0), so the RL step has nothing to update"),
+    (["--tasks", "201"], "--tasks must be at most 200 for the toy and chat workloads (the toy shop's RL tasks), "
+                         "got 201"),
+    (["--workload", "chat", "--tasks", "201"], "--tasks must be at most 200 for the toy and chat workloads (the toy "
+                                               "shop's RL tasks), got 201"),
     (["--max_new", "0"], "--max_new must be at least 1, got 0"),
     (["--pad_tools", "-1"], "--pad_tools must be at least 0, got -1"),
     (["--min_seconds", "-0.5"], "--min_seconds must be a finite number >= 0, got -0.5"),
@@ -172,9 +178,21 @@ def error_lines(capsys):
 ])
 def test_a_bad_option_is_one_line_before_any_work(argv, line, no_work, capsys):
     """Before: --repeats 0 timed everything, then ended in a StatisticsError traceback; nan and inf
-    a traceback; a count of 0 or below the same or an empty benchmark."""
+    a traceback; a count of 0 or below the same or an empty benchmark; --group_size 1 sampled and
+    timed, then a KeyError traceback (the RL step skipped every group, each its own baseline);
+    --tasks 201 a benchmark of 200 tasks, the table silently not what was asked."""
     assert speed.main(argv) == 2
     assert error_lines(capsys) == [f"error: {line}"]
+
+
+@pytest.mark.parametrize("argv", [["--group_size", "2"], ["--tasks", "200"], ["--tasks", "1"],
+                                  ["--workload", "chat", "--tasks", "200", "--group_size", "2"]])
+def test_the_edge_values_that_work_pass_the_check(argv, tmp_path, no_work, capsys):
+    """The smallest group that has a baseline (2) and every count of the toy shop's 200 RL tasks
+    reach the workload (here: the fixture's refusal)."""
+    with pytest.raises(AssertionError, match="a workload started"):
+        speed.main(argv + ["--out", str(tmp_path / "b.json")])
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_bad_out_or_ckpt_path_is_one_line_before_any_work_and_keeps_the_users_file(tmp_path, no_work, capsys,

@@ -281,14 +281,31 @@ def build_policy(cfg, resume, device, world_size, tiny_words):
     else:
         model, tokenizer = load_policy(cfg["model"], load_to, cfg["model_init"])
     if cfg["chat_template"]:          # kept by save_pretrained: every checkpoint of the run has it
-        with open(cfg["chat_template"], encoding="utf-8") as f:
-            tokenizer.chat_template = f.read()
+        tokenizer.chat_template = read_chat_template(cfg["chat_template"])
     if warm is not None:
         check_shape(warm, cfg, "warm start")
         warm_model, warm_tokenizer = load_policy(warm, load_to)
         check_warm_start(warm, cfg, tokenizer, warm_tokenizer)        # the same data, steps, seed, vocab
         model.load_state_dict(warm_model.state_dict())
     return model, tokenizer, None, warm
+
+
+def read_chat_template(path):
+    """The text of the Jinja file the config key chat_template names. A file that is not UTF-8
+    text, or holds nothing but whitespace, is a ConfigError naming it (exit 2): unchecked, the one
+    would stop the run with a bare decoding error and the other would be blamed on the template's
+    hand-offs, not on the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"chat_template: {path} is not UTF-8 text ({e.reason}); a Jinja chat template is a "
+                          "UTF-8 text file, e.g. chat/chatml_tools.jinja") from None
+    except OSError as e:
+        raise ConfigError(f"chat_template: cannot read {path}: {e.strerror}") from None
+    if not text.strip():
+        raise ConfigError(f"chat_template: {path} is empty; give a Jinja chat template, e.g. chat/chatml_tools.jinja")
+    return text
 
 
 def save_warm_start(model, tokenizer, cfg):

@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 
 from machinery.config import ArgumentParser, ConfigError
 
@@ -43,6 +44,36 @@ class ModelFileError(Exception):
 def cache_dir():
     """Where converted models live: $ENVACE_CACHE, else ~/.cache/envace."""
     return os.environ.get("ENVACE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "envace")
+
+
+def cache_problem(folder):
+    """Why a conversion cannot be written into the cache folder `folder`, or None: it (or a folder
+    above it) is a file, or it cannot be made or written (tried: a read-only disk refuses even
+    root, whom permission bits do not stop). Asked before the GGUF is read, so that a bad
+    ENVACE_CACHE is one line rather than a conversion that fails only at its save."""
+    from machinery.savefiles import file_in_the_way, why
+    blocker = file_in_the_way(folder)
+    if blocker:
+        return f"{blocker} is a file, not a folder"
+    try:
+        os.makedirs(folder, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(dir=folder))        # a folder made and removed: it can be written
+    except OSError as e:
+        return f"it cannot be written ({why(e)})"
+    return None
+
+
+def check_cache(folder):
+    """ModelFileError, one line naming ENVACE_CACHE (where the folder comes from, or how to choose
+    another) and `folder`, if a conversion cannot be written there (cache_problem)."""
+    problem = cache_problem(folder)
+    if problem is None:
+        return
+    if os.environ.get("ENVACE_CACHE"):
+        raise ModelFileError(f"ENVACE_CACHE={folder}: {problem}; nothing converted: set ENVACE_CACHE to a "
+                             "folder that can be written")
+    raise ModelFileError(f"the cache folder {folder}: {problem}; nothing converted: set ENVACE_CACHE to a "
+                         "folder that can be written")
 
 
 def gguf_file(spec):
@@ -142,7 +173,8 @@ def local_folder(model):
     """A config's `model`: 'gguf:PACKAGE/FILE.gguf' -> its converted folder in cache_dir(),
     converted on first use; anything else as it is. A cached folder that is not whole (a file
     truncated or missing: savefiles.damaged_file) is converted again, with a warning line; one
-    that also holds files a conversion does not write is a ModelFileError naming it."""
+    that also holds files a conversion does not write is a ModelFileError naming it; so is a cache
+    folder that cannot be written (check_cache), before the GGUF is read."""
     from machinery.savefiles import damaged_file
     if not model.startswith(PREFIX):
         return model
@@ -151,6 +183,7 @@ def local_folder(model):
     problem = damaged_file(out) if os.path.isdir(out) else None
     if os.path.isdir(out) and problem is None:
         return out
+    check_cache(cache_dir())
     blocked = in_the_way(out)
     if blocked:
         raise ModelFileError(f"the cached conversion {out} cannot be converted again: {blocked}; move it away")
@@ -204,7 +237,7 @@ def main(argv=None):
     except KeyboardInterrupt:
         kept = (f"{out} is as it was" if earlier else f"{out} was written whole" if os.path.isdir(out)
                 else "nothing written")
-        print(f"\ninterrupted: {kept}, no temporary folder left", file=sys.stderr)
+        print(f"interrupted: {kept}, no temporary folder left", file=sys.stderr)   # one line: no blank one before
         return 130
     print(out)
     return 0

@@ -102,6 +102,51 @@ def test_a_bad_template_stops_train_with_one_line(tmp_path, capsys):
     assert len(err) == 1 and "role 'tool'" in err[0]
 
 
+@pytest.mark.parametrize("text, fault", [
+    ("{# caf\u00e9 #}".encode("latin-1"), "is not UTF-8 text (invalid continuation byte); a Jinja chat template is a "
+                                          "UTF-8 text file, e.g. chat/chatml_tools.jinja"),
+    (b"", "is empty; give a Jinja chat template, e.g. chat/chatml_tools.jinja"),
+    (b"\n  \n", "is empty; give a Jinja chat template, e.g. chat/chatml_tools.jinja"),
+], ids=["latin_1", "empty", "blank"])
+def test_a_chat_template_file_not_utf8_or_empty_stops_train_with_one_line(tmp_path, capsys, text, fault):
+    """The config key chat_template naming a file saved in Latin-1 (its e-acute 0xE9 opens a
+    three-byte UTF-8 sequence that the space after it does not continue), an empty one, or one of
+    whitespace only: one line naming the file, exit 2, the file as it was and no out_dir (before:
+    "error in setup: UnicodeDecodeError", exit 1; the empty file unnamed, blamed on the template
+    ignoring tools)."""
+    tiny_qwen(TOK, tmp_path / "m")
+    jinja = tmp_path / "t.jinja"
+    jinja.write_bytes(text)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"format: chat\nmodel: {tmp_path / 'm'}\ntasks_file: {ROOT}/data/toy_chat_example.jsonl\n"
+                   f"out_dir: {tmp_path / 'run'}\ntasks_per_step: 2\nchat_template: {jinja}\n")
+    assert train.main(["--config", str(cfg)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: chat_template: {jinja} {fault}"]
+    assert jinja.read_bytes() == text and not (tmp_path / "run").exists()
+
+
+def test_evaluate_on_a_chat_checkpoint_missing_its_template_names_the_file(tmp_path, capsys):
+    """A chat checkpoint (a tiny Qwen2 saved with its tokenizer and a format: chat config.yaml, as
+    train.py saves one) whose chat_template.jinja is gone: evaluate.py says the checkpoint is
+    damaged, naming the folder and the file, exit 2, every file as it was (before: one line saying
+    the chat template cannot render a tool conversation, as if the config were at fault). With the
+    file back, the same checkpoint loads."""
+    ckpt = tmp_path / "ckpt"
+    tiny_qwen(TOK, ckpt)
+    (ckpt / "config.yaml").write_text(f"format: chat\nmodel: {ckpt}\ntasks_file: {ROOT}/data/toy_chat_example.jsonl\n"
+                                      f"out_dir: {tmp_path}\ntasks_per_step: 2\nmax_tokens: 640\n")
+    template = (ckpt / "chat_template.jinja").read_bytes()
+    (ckpt / "chat_template.jinja").unlink()
+    files = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    assert evaluate_cli.main(["--ckpt", str(ckpt)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: cannot load the checkpoint in {ckpt}: {ckpt / 'chat_template.jinja'} is missing (the chat template "
+        "a format: chat run saves with its checkpoints)"]
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == files and sorted(os.listdir(tmp_path)) == ["ckpt"]
+    (ckpt / "chat_template.jinja").write_bytes(template)
+    assert evaluate_cli.load_run(str(ckpt), [])[2].chat_template == template.decode()
+
+
 def test_the_chat_template_key_replaces_the_tokenizers_own_template(tmp_path):
     """The config key chat_template names a Jinja file that replaces the template the model's
     tokenizer brings (here helpers' Hermes one): the policy train.py builds (build_policy) renders

@@ -109,6 +109,12 @@ def lines_of(err):
     return [line for line in err.splitlines() if line.strip() and "%|" not in line and "it/s]" not in line]
 
 
+def printed_lines(err):
+    """stderr's lines as a terminal shows them, a blank one included, less transformers' progress
+    bars (each on a line of its own, redrawn after carriage returns)."""
+    return [line for line in err.removesuffix("\n").split("\n") if "%|" not in line]
+
+
 def files_of(folder):
     return {p.name: p.read_bytes() for p in folder.iterdir()}
 
@@ -199,6 +205,29 @@ def test_the_cache_is_in_envace_cache_and_a_damaged_one_is_converted_again(tmp_p
     assert sorted(os.listdir(tmp_path / "cache")) == ["tiny"]
 
 
+@pytest.mark.parametrize("cache", ["a file", "a folder under a file"])
+def test_an_envace_cache_that_cannot_be_written_is_one_line_naming_it(tmp_path, capsys, monkeypatch, cache):
+    """ENVACE_CACHE a file of the user's, or a folder under it (a path no one, root included, can
+    make): the conversion command and train.py with a gguf: model each say so in one line naming
+    ENVACE_CACHE and the file, exit 2, before the GGUF is read; the file as it was, nothing written
+    (before: a "converting" line, then the save's refusal: two lines)."""
+    import train
+    model = tiny_gguf(tmp_path / "tiny.gguf")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    folder = notes if cache == "a file" else notes / "cache"
+    monkeypatch.setenv("ENVACE_CACHE", str(folder))
+    want = (f"error: ENVACE_CACHE={folder}: {notes} is a file, not a folder; nothing converted: set ENVACE_CACHE "
+            "to a folder that can be written")
+    assert realmodel.main(["--gguf", model]) == 2
+    assert printed_lines(capsys.readouterr().err) == [want]
+    config = tmp_path / "c.yaml"
+    config.write_text(f"model: gguf:{model}\nout_dir: {tmp_path / 'run'}\n")
+    assert train.main(["--config", str(config)]) == 2
+    assert printed_lines(capsys.readouterr().err) == [want]
+    assert notes.read_text() == "mine" and sorted(os.listdir(tmp_path)) == ["c.yaml", "notes.txt", "tiny.gguf"]
+
+
 @pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("moment", ["before the swap", "between the renames", "no earlier folder"])
 def test_a_signal_during_the_conversion_leaves_no_temporary_folder_and_the_earlier_one_whole(
@@ -206,7 +235,8 @@ def test_a_signal_during_the_conversion_leaves_no_temporary_folder_and_the_earli
     """Ctrl-C / SIGTERM as the converted folder is put in place (OUT.tmp complete; or the earlier
     folder moved to OUT.old, the new one not yet renamed): one line, exit 130, no OUT.tmp or OUT.old,
     an earlier conversion byte for byte as it was (before: SIGTERM killed it, leaving OUT.tmp, and
-    the earlier folder was already deleted)."""
+    the earlier folder was already deleted). Exactly one line: no blank line before it (before: a
+    blank line, then the line)."""
     import signal
     model = tiny_gguf(tmp_path / "tiny.gguf")
     out = tmp_path / "out"
@@ -231,7 +261,7 @@ def test_a_signal_during_the_conversion_leaves_no_temporary_folder_and_the_earli
     monkeypatch.undo()
     assert sent == [signum]
     kept = f"{out} is as it was" if earlier else "nothing written"
-    assert lines_of(capsys.readouterr().err) == [f"interrupted: {kept}, no temporary folder left"]
+    assert printed_lines(capsys.readouterr().err) == [f"interrupted: {kept}, no temporary folder left"]
     assert sorted(os.listdir(tmp_path)) == (["out", "tiny.gguf"] if earlier else ["tiny.gguf"])
     assert earlier is None or files_of(out) == earlier
 

@@ -85,9 +85,9 @@ def copy_split(path):
     from machinery.checkpoint import load_policy
     from worldmodel import chat_separate, honesty, toolcache
     cfg = load_config(os.path.join(path, "config.yaml"))
+    splits = features.build_tasks(cfg)           # (its data files, checked before the model loads)
     model, tokenizer = load_policy(path, "cpu")
     model.eval()
-    splits = features.build_tasks(cfg)
     fmt, setting = features.setup(cfg, tokenizer, splits, "cpu")
     rows, buckets = [], []
     for task, episode in zip(*chat_setup.expert_episodes(tokenizer, setting.tags, splits["test"])):
@@ -130,27 +130,96 @@ def read_points(path):
     if not os.path.exists(path):
         return []
     points = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:          # bytes: a file that is not UTF-8 text is a line that is not a point
         for n, line in enumerate(f, 1):
             try:
                 p = json.loads(line)
             except ValueError:
                 p = None
+            cut = p is None and n > 1 and not line.endswith(b"\n")      # the last line, after whole points
+            if cut:           # write_file rewrites the curve whole: a stopped curve never leaves a cut line
+                raise ConfigError(f"{path}, line {n}: a line cut short (this command writes whole lines only: a "
+                                  f"copy cut short, an edit?); mend or remove it, or give another --out")
             if not isinstance(p, dict) or not {"arm", "rows", "fidelity_by_cache"} <= set(p):
                 raise ConfigError(f"{path}, line {n}: not a point of this curve (another file?); give another --out")
             points.append(p)
     return points
 
 
+def check_checkpoint(path):
+    """The checkpoint --copy_split names, checked before it loads: a whole model folder (is_checkpoint and
+    damaged_file, what load_policy checks) saved with a config.yaml of format chat and rehearsal_context
+    separate, whose rehearse rows the split asks; else one line naming the path and what is wrong."""
+    from machinery.checkpoint import damaged_file, is_checkpoint
+    if not os.path.isdir(path):
+        raise ConfigError(f"--copy_split {path}: no such folder")
+    if not is_checkpoint(path):          # a train.py run folder holds its checkpoints in warmstart/ and ckpt/
+        inside = [os.path.join(path, name) for name in ("warmstart", "ckpt")
+                  if is_checkpoint(os.path.join(path, name))]
+        hint = f"; a run folder? give its checkpoint: {' or '.join(inside)}" if inside else ""
+        raise ConfigError(f"--copy_split {path}: not a model checkpoint (no config.json){hint}")
+    problem = damaged_file(path)
+    if problem:
+        raise ConfigError(f"--copy_split {path}: cannot load the checkpoint: {problem}")
+    if not os.path.isfile(os.path.join(path, "config.yaml")):
+        raise ConfigError(f"--copy_split {path}: not a checkpoint train.py saved (no config.yaml)")
+    try:
+        cfg = load_config(os.path.join(path, "config.yaml"))
+    except ConfigError as e:
+        raise ConfigError(f"--copy_split {path}: {e}") from None
+    if cfg["format"] != "chat" or cfg["rehearsal_context"] != "separate":
+        raise ConfigError(f"--copy_split {path}: a checkpoint of format {cfg['format']} with rehearsal_context "
+                          f"{cfg['rehearsal_context']}; the split asks a chat model's separate rehearse rows "
+                          f"(format chat, rehearsal_context separate)")
+
+
+def check_out(out):
+    """--out must take the curve before the first point is computed (minutes of warm start on a real
+    model, lost if the write is refused then). Nothing is created or changed here: a file there is
+    opened to append and closed, nothing written; a folder not there yet is made with the first point
+    (write_file), so the nearest folder that is there must be writable."""
+    from machinery.savefiles import file_in_the_way
+    if os.path.isdir(out):
+        raise ConfigError(f"--out {out} is a folder: give a file")
+    if not os.path.basename(out):
+        raise ConfigError(f"--out {out}: a folder's name (it ends in {os.sep}): give a file")
+    blocker = file_in_the_way(os.path.dirname(out) or ".")
+    if blocker:
+        raise ConfigError(f"--out {out}: {blocker} is a file, not a folder")
+    if os.path.exists(out) and not os.path.isfile(out):    # /dev/null, a pipe: the curve is renamed over --out
+        raise ConfigError(f"--out {out}: not a regular file; give a file")
+    folder = os.path.dirname(os.path.abspath(out))
+    while not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    if not os.access(folder, os.W_OK | os.X_OK):            # the temporary file is written there
+        raise ConfigError(f"--out {out}: cannot write in {folder} (no permission)")
+    if os.path.exists(out):
+        try:
+            open(out, "a").close()
+        except OSError as e:
+            raise ConfigError(f"--out {out}: cannot write it ({e.strerror})") from None
+
+
+def ignored(args, overrides, names):
+    """The options among `names` given, and the overrides: what --copy_split or --table would ignore."""
+    return [f"--{name}" for name in names if getattr(args, name)] + overrides
+
+
 def check_options(args, overrides):
     """One line for each bad option, before any model loads."""
-    if args.copy_split:
-        if not os.path.isfile(os.path.join(args.copy_split, "config.yaml")):
-            raise ConfigError(f"--copy_split {args.copy_split}: not a checkpoint train.py saved (no config.yaml)")
+    if args.copy_split is not None:
+        extra = ignored(args, overrides, ("config", "out", "table"))
+        if extra:
+            raise ConfigError(f"--copy_split reads the checkpoint's own config.yaml and prints its split; "
+                              f"it takes no {', '.join(extra)}")
+        check_checkpoint(args.copy_split)
         return None, [], []
-    if args.out is None:
+    if not args.out:
         raise ConfigError("--out: give the curve's file (e.g. results/smollm2_world_curve/curve.jsonl)")
     if args.table:
+        extra = ignored(args, overrides, ("config",))
+        if extra:
+            raise ConfigError(f"--table prints the curve in --out; it takes no {', '.join(extra)}")
         if not os.path.isfile(args.out):
             raise ConfigError(f"--out {args.out}: no such file")
         return None, [], []
@@ -168,8 +237,7 @@ def check_options(args, overrides):
     arms = args.arms.split(",")
     if not set(arms) <= set(ARMS) or not arms:
         raise ConfigError(f"--arms {args.arms!r}: some of {', '.join(ARMS)}")
-    if os.path.isdir(args.out):
-        raise ConfigError(f"--out {args.out} is a folder: give a file")
+    check_out(args.out)
     read_points(args.out)
     return cfg, rows, arms
 
@@ -186,16 +254,20 @@ def main(argv=None):
     try:
         args, overrides = parser.parse_known_args(argv)
         cfg, rows, arms = check_options(args, overrides)
+        if args.table:
+            print(table(read_points(args.out)), end="")
+            return 0
+        if args.copy_split is not None:     # (a data file the checkpoint's config.yaml names, not here: one line too)
+            split = copy_split(args.copy_split)
+            for bucket, (m, n) in split.items():
+                print(f"{bucket}: {m}/{n}")
+            if not split:
+                print(f"no stateful call among the expert calls of the test tasks of {args.copy_split}: "
+                      f"nothing to split")
+            return 0
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.table:
-        print(table(read_points(args.out)), end="")
-        return 0
-    if args.copy_split:
-        for bucket, (m, n) in copy_split(args.copy_split).items():
-            print(f"{bucket}: {m}/{n}")
-        return 0
     from machinery.faults import StopRequest
     from machinery.savefiles import write_file
     try:

@@ -14,11 +14,13 @@ One run, top to bottom (`run`):
      (formats/features.py: the format and the rehearsal layout, as a module of plain functions and its setting).
   2. Warm start (`warm_start`) on logged expert episodes and logged tool traffic, with the RL
      role masks; act AND environment tokens are trained, so the policy starts with a world model.
-  3. The gate: real-world evaluation and rehearsal fidelity per tool kind. Rehearsed rewards are
-     only as good as the rehearsals: rehearse/frozen RL stops unless every kind reaches
-     `min_fidelity`.
+  3. The gate (this repo's addition; the paper has none): real-world evaluation and rehearsal
+     fidelity per tool kind. Rehearsed rewards are only as good as the rehearsals: rehearse/frozen
+     RL stops unless every kind reaches `min_fidelity` (0 turns the gate off).
   4. RL: each step samples `tasks_per_step` tasks x `group_size` episodes (rollout.py) in
-     `env_mode` rehearse (the policy plays the world; nothing is executed), real or frozen;
+     `env_mode` rehearse (the policy plays the world: no real response enters an episode or the
+     loss), real or frozen; as a diagnostic, a rehearsed step's calls are replayed in the real world
+     for its fidelity figures (`replay_fidelity`, off: no environment is called during RL at all);
      rewards task success (reward.py), A = R - mean(group), and makes one hand-written clipped
      policy-gradient update on ACT and REHEARSE tokens (`rl_step`, envace.clipped_pg_loss).
      `max_sample_rounds` > 1 is DAPO's dynamic sampling (`sample_step`): more rounds of tasks until
@@ -377,9 +379,11 @@ def world_extras(fmt, setting, model, sampled, amp, stop):
 def step_sums(fmt, setting, sampled, cfg):
     """This rank's metric sums of a step's sampled episodes, every round's (they add up over ranks):
     the row groups with no reward variance, episodes, rewards, calls and tokens (episode_sums), and
-    the world's diagnostics when the policy (or the frozen warm start) played it: fidelity, collusion."""
+    the world's diagnostics when the policy (or the frozen warm start) played it: fidelity, collusion,
+    from a replay of its calls in the real world (replay_fidelity; only figures, never the loss)."""
     episodes, rewards, episode_tasks, _ = sampled
-    diagnostics = fmt.diagnostics(setting, episodes, episode_tasks) if setting.rehearsed else {}
+    replayed = setting.rehearsed and cfg["replay_fidelity"]        # a diagnostic: nothing of it is trained
+    diagnostics = fmt.diagnostics(setting, episodes, episode_tasks) if replayed else {}
     return {"all_equal_groups": all_equal_row_groups(sampled, cfg), **episode_sums(episodes, rewards), **diagnostics}
 
 

@@ -69,6 +69,9 @@ DEFAULTS = {
     # evaluation; min_fidelity is the gate (rehearse/frozen RL needs every tool kind this faithful);
     # eval_batch_size: test tasks sampled at once (their KV cache is the evaluation's memory)
     "eval_temperature": 0.0, "eval_every": 0, "min_fidelity": 0.95, "eval_batch_size": 512,
+    # replay_fidelity: each RL step's rehearsed calls replayed in the real world for the fidelity and
+    # collusion figures of metrics.jsonl (a diagnostic: no real response enters the loss)
+    "replay_fidelity": True,
     # collusion at evaluation: imagined (rehearse-mode) episodes on the first n_collusion test tasks
     "n_collusion": 200,
     # test-time private rehearsal in evaluation (rehearse.py): imagined episodes per task

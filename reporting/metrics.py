@@ -122,8 +122,10 @@ def eval_during_rl(result, record, progress, cfg, step):
     """An evaluation every eval_every steps: into the step's record and the progress counters; its line."""
     progress["real_success"] = record["eval_success"] = result["success"]
     record.update({"eval_extras": result["extras"]} if result.get("extras") else {})
+    # what the clip did this step: with ppo_epochs 1 the ratio is 1 on every token and it never acts
+    clipped = f", clip_frac {record['clip_frac']:.3f}" if "clip_frac" in record else ""
     return (f"step {step}: {success_name(result)} {progress['real_success']:.3f} (reward in the "
-            f"{cfg['env_mode']} world this step {record['reward']:.3f})")
+            f"{cfg['env_mode']} world this step {record['reward']:.3f}{clipped})")
 
 
 def evaluation_left(progress, rank0_eval, metrics_path, cfg, step, log):

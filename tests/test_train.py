@@ -424,3 +424,37 @@ def test_freed_memory_is_released_after_each_backward_and_after_the_update(monke
     events.clear()
     train.warm_start(model, model, eps, {**cfg, "sft_steps": 2, "sft_batch_size": 4}, TOK.pad_token_id)
     assert events and events == ["backward", "release"] * (len(events) // 2)
+
+
+@pytest.mark.parametrize("replay", [True, False])
+def test_replay_fidelity_is_a_switch_and_nothing_trained_reads_it(tmp_path, monkeypatch, replay):
+    # "no environment in RL" means no real response enters an episode or the loss; the replay of a
+    # rehearsed step's calls in the real world only feeds metrics.jsonl's fidelity and collusion.
+    # Off, it is never asked; on or off, the step trains exactly the same (same loss, same weights)
+    monkeypatch.setattr(format_plain, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    replays = []                      # the step's replay (evaluations replay their own episodes apart)
+    real_replay = format_plain.diagnostics
+    monkeypatch.setattr(format_plain, "diagnostics", lambda *a: replays.append(1) or real_replay(*a))
+    cfg = tiny_cfg(tmp_path, rl_steps=2, replay_fidelity=replay)
+    assert train.run(cfg) == 0
+    lines = [json.loads(text) for text in open(os.path.join(cfg["out_dir"], "metrics.jsonl"))]
+    assert len(replays) == (2 if replay else 0)                  # once a step, or never
+    assert all(("fidelity" in line) == replay and ("collusion" in line) == replay for line in lines)
+    trained = [(line["loss"], line["grad_norm"], line["status"]) for line in lines]
+    weights = checkpoint.load_policy(os.path.join(cfg["out_dir"], "ckpt"))[0].state_dict()
+    other = tiny_cfg(tmp_path / "other", rl_steps=2, replay_fidelity=not replay)
+    assert train.run(other) == 0
+    other_lines = [json.loads(text) for text in open(os.path.join(other["out_dir"], "metrics.jsonl"))]
+    assert trained == [(line["loss"], line["grad_norm"], line["status"]) for line in other_lines]
+    other_weights = checkpoint.load_policy(os.path.join(other["out_dir"], "ckpt"))[0].state_dict()
+    assert all(torch.equal(weights[k], other_weights[k]) for k in weights)
+
+
+def test_the_evaluation_line_during_rl_says_what_the_clip_did():
+    from reporting.metrics import eval_during_rl
+    record, progress = {"reward": 0.8125, "clip_frac": 0.0}, {}
+    line = eval_during_rl({"success": 0.93, "n_tasks": 500}, record, progress, {"env_mode": "rehearse"}, 50)
+    assert line == "step 50: real-world success 0.930 (reward in the rehearse world this step 0.812, clip_frac 0.000)"
+    assert progress["real_success"] == record["eval_success"] == 0.93
+    skipped = eval_during_rl({"success": 0.5, "n_tasks": 500}, {"reward": 0.5}, {}, {"env_mode": "real"}, 100)    # no update: no clip
+    assert skipped == "step 100: real-world success 0.500 (reward in the real world this step 0.500)"

@@ -29,6 +29,13 @@ def needs(package):
         pytest.skip(f"{package} is not installed (CI unset: skipped; under CI this fails)")
 
 
+def skip_left_out(left_out):
+    """Skip a test that ran what it could and left out `left_out` (lines naming what and why): the
+    commands an optional package is missing for, outside CI (`needs` and `needs_gguf` fail under CI
+    before anything is left out)."""
+    pytest.skip(f"{len(left_out)} command(s) not run, the rest ran: " + "; ".join(left_out))
+
+
 def needs_gguf(spec):
     """The path of a GGUF file inside an optional package ('PACKAGE/FILE.gguf', realmodel.gguf_file:
     found without importing the package), skipped or failed under CI as `needs` does."""

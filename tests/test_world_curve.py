@@ -163,28 +163,23 @@ def test_an_out_that_cannot_take_the_curve_is_refused_before_any_point(tmp_path,
 
 def test_an_out_file_that_cannot_be_opened_for_writing_is_refused_before_any_point(tmp_path, monkeypatch, capsys,
                                                                                    no_work):
-    """A curve file its user made read-only: refused with the OS's reason before any point (before:
-    the point computed, then lost, or the file replaced anyway by the rename). Root writes any file
-    whatever its mode, so as root the file is made immutable (chattr +i) instead; skipped where
-    neither makes it read-only."""
-    import subprocess
+    """A curve file that cannot be opened to append (its user made it read-only): refused with the
+    OS's reason before any point (before: the point computed, then lost, or the file replaced anyway
+    by the rename). Root writes any file whatever its mode, so the refusal is the OS's answer to
+    open(out, "a") as a read-only file would give it, on every machine and user alike."""
+    import builtins
     monkeypatch.chdir(ROOT)
     out = tmp_path / "curve.jsonl"
     out.write_text("")
-    if os.geteuid() == 0:
-        if subprocess.run(["chattr", "+i", str(out)], capture_output=True).returncode != 0:
-            pytest.skip("running as root and chattr +i is refused here: no file root cannot write")
-    else:
-        out.chmod(0o444)
-    try:
-        with pytest.raises(OSError) as refused:
-            open(out, "a").close()
-        assert world_curve.main(curve_args(out)) == 2
-        assert the_line(capsys) == f"error: --out {out}: cannot write it ({refused.value.strerror})"
-        assert out.read_bytes() == b""
-    finally:
-        if os.geteuid() == 0:
-            subprocess.run(["chattr", "-i", str(out)], capture_output=True)
+
+    def read_only(path, mode="r", *args, **kwargs):
+        if os.fspath(path) == str(out) and mode != "r":
+            raise PermissionError(13, "Permission denied", str(path))
+        return builtins.open(path, mode, *args, **kwargs)
+    monkeypatch.setattr(world_curve, "open", read_only, raising=False)     # the module's own open only
+    assert world_curve.main(curve_args(out)) == 2
+    assert the_line(capsys) == f"error: --out {out}: cannot write it (Permission denied)"
+    assert out.read_bytes() == b""
 
 
 def test_a_missing_out_folder_is_made_with_the_first_point_not_before(tmp_path, monkeypatch, capsys):

@@ -85,10 +85,10 @@ def load_policy(path, device="cpu", init="pretrained"):
 def in_fresh_storage(model):
     """`model` with each weight copied into storage of its own, as a model built in memory holds
     it. A loaded weight can lie at any offset inside the file's buffer (safetensors: 56 bytes past a
-    64-byte line for the tests' tiny Llama), and on some CPUs the matrix kernels round differently
-    for such an operand (AVX-512 on an AMD EPYC: the KL reference loaded by a resumed run gave other
-    gradients in the last bits than the copy the uninterrupted run holds). A resumed run must run
-    the same float operations as the run never stopped, so every loaded model starts aligned."""
+    64-byte line for the tests' tiny Llama), and on some CPUs the kernels then round otherwise (an
+    AMD EPYC, AVX-512: the KL reference a resumed run loads gave other logprobs in the last bits
+    than the copy the uninterrupted run holds; copied, the same bits). A resumed run must run the
+    same float operations as the run never stopped, so every loaded model starts in fresh storage."""
     with torch.no_grad():
         for p in model.parameters():
             p.data = p.data.clone(memory_format=torch.contiguous_format)

@@ -33,8 +33,10 @@ def traced_functions(argv):
         if event != "call":
             return
         code = frame.f_code
+        if code.co_filename.startswith("<") or code.co_name.startswith("<"):    # <frozen os>, <module>, <lambda>
+            return
         path = os.path.abspath(code.co_filename)
-        if not path.startswith(ROOT + os.sep) or code.co_name.startswith("<"):
+        if not path.startswith(ROOT + os.sep):
             return
         where = os.path.relpath(path, ROOT)
         if where.startswith("tests" + os.sep):

@@ -14,8 +14,10 @@ def test_the_trace_holds_the_repo_functions_a_run_enters_and_not_the_tests(monke
     import train
 
     def short_run(argv):             # stands in for train.main: enters two functions of reward.py twice
+        import os
         for _ in range(2):
             reward.group_advantages([1.0, 0.0], [0, 0], False)
+            os.path.join("a", "b")                       # a frozen module's function (<frozen posixpath>)
         return 0
     monkeypatch.setattr(train, "main", short_run)
     seen, status = reading_load.traced_functions([])
@@ -23,6 +25,7 @@ def test_the_trace_holds_the_repo_functions_a_run_enters_and_not_the_tests(monke
     names = {(where, name) for where, name, _ in seen}
     assert ("reward.py", "group_advantages") in names
     assert not any(where.startswith("tests") for where, _ in names)      # this test file is not the repo's code
+    assert not any(where.startswith("<") for where, _ in names)          # nor Python's frozen modules (<frozen os>)
     lines = {name: n for (where, name, _), n in seen.items() if where == "reward.py"}
     import inspect
     assert lines["group_advantages"] == len(inspect.getsourcelines(reward.group_advantages)[0])

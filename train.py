@@ -56,7 +56,7 @@ from machinery.checkpoint import (build_policy, check_out_dir, drop_step, leave_
 from machinery.config import check_lengths, check_splits, command_line, load_config
 from machinery.distributed import (adamw, all_sum, autocast, from_rank0, gathered, in_step, memory_estimate,
                          memory_line, parallel_model, release_freed_memory, reuse_sampler_logprobs,
-                         setup_distributed)
+                         setup_distributed, world)
 from envace import (ACT, OBS, PROMPT, REHEARSE, NonFiniteError, clipped_pg_loss, collate, first_target, loss_mask,
                     micro_batches, padded_fraction, token_advantages, token_kl_coefs)
 from machinery.sharedprefix import batch_logprobs, shared_prefix_length, token_logprobs
@@ -75,8 +75,7 @@ hf_logging.disable_progress_bar()     # transformers' save/load bars: keep the t
 
 # ----------------------------------------------------------------------------- warm start
 
-def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, OBS), rank=0, world_size=1,
-               stop=None):
+def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, OBS)):
     """Paper, the warm start before RL: teacher-forced cross-entropy on the targets whose role is in
     `roles` (ACT, REHEARSE and the logged responses OBS: the initial world model; separate rows train
     ACT and REHEARSE), token mean over the global batch, AdamW, cosine decay from sft_lr to sft_lr / 10.
@@ -85,10 +84,11 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
     context): drawn as one, so sft_batch_size counts logged episodes in both contexts.
     A step whose loss or gradient norm is not finite is skipped (weights and AdamW state untouched;
     its batch is still drawn, so later steps draw what they would have); three in a row raise
-    NonFiniteError. A signal caught by `stop` (a StopRequest) on any rank stops every rank before
-    its next micro-batch (KeyboardInterrupt, nothing saved). Returns the number of skipped steps."""
+    NonFiniteError. A signal on any rank stops every rank before its next micro-batch
+    (KeyboardInterrupt, nothing saved). Returns the number of skipped steps."""
     if cfg["sft_steps"] == 0 or not sequences:
         return 0
+    rank, world_size = world()
     device = next(model.parameters()).device
     opt = adamw(model, cfg["sft_lr"], cfg)
     rng = random.Random(cfg["seed"])
@@ -113,7 +113,7 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
             opt.zero_grad(set_to_none=True)
             for index, n, weight in in_step(micro_batches(lengths, cfg["micro_batch_tokens"], tools), lengths,
                                             ddp_model):
-                stop_if_signalled(stop)         # any rank signalled: all stop
+                stop_if_signalled()             # any rank signalled: all stop
                 index = index.to(device)
                 rows = [lengths[i] for i in index.tolist()]      # a common prompt runs once (share_prefix)
                 prefix = shared_prefix_length(ids[index, :n], rows) if cfg["share_prefix"] else 0
@@ -171,13 +171,13 @@ def uses_kl(cfg):
     return cfg["kl_coef"] > 0 or cfg["kl_rehearse_coef"] > 0
 
 
-def accumulate_gradients(model, batch, old, ref, cfg, world_size=1, stop=None):
+def accumulate_gradients(model, batch, old, ref, cfg):
     """Forward/backward every length-grouped micro-batch. Each loss is already divided by the
     batch's total trained tokens (all micro-batches, all ranks), so the accumulated .grad equals
     that of one forward over the whole global batch, whatever the micro-batching and the number
-    of ranks. `model` may be DDP-wrapped. A signal caught by `stop` on any rank raises
-    StepAbandoned before the next micro-batch. Returns this rank's stats (sums that add over ranks)."""
-    device = old.device
+    of ranks. `model` may be DDP-wrapped. A signal on any rank raises StepAbandoned before the next
+    micro-batch. Returns this rank's stats (sums that add over ranks)."""
+    device, world_size = old.device, world()[1]
     ids, mask, adv = batch["ids"].to(device), batch["mask"].to(device), batch["advantages"].to(device)
     target_roles = batch["roles"][:, 1:].to(device)
     lengths = batch["lengths"]
@@ -192,7 +192,7 @@ def accumulate_gradients(model, batch, old, ref, cfg, world_size=1, stop=None):
     totals = {"loss": 0.0, "rows_updated": len(keep),
               "pad_frac": padded_fraction(lengths, batches) / world_size if keep else 0.0}
     for index, n, weight in in_step(batches, lengths, model):
-        stop_if_signalled(stop, StepAbandoned)
+        stop_if_signalled(StepAbandoned)
         index = index.to(device)
         # no LM head on the prompt: from the first target that is trained or has an entropy stat
         start = first_target(mask[index, :n - 1] | (target_roles[index, :n - 1] == ACT)
@@ -215,16 +215,16 @@ def accumulate_gradients(model, batch, old, ref, cfg, world_size=1, stop=None):
     return totals
 
 
-def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, reference=None,
-            world_size=1, stop=None):
+def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, reference=None):
     """Paper, the joint update of both roles: one policy update from this rank's episodes.
     Returns (sums, status): metric sums that add
     up over ranks, and "updated", "skipped" (no group on any rank had reward variance: zero
     advantage, zero signal) or "nonfinite" (loss or gradient not finite: weights and optimizer
     left untouched; with ppo_epochs > 1 the epochs before the bad one are rolled back, so the
     whole step is undone). Every rank takes the same branch, so collectives stay in step.
-    A signal caught by `stop` (the RL loop's StopRequest) on any rank before the last epoch's
-    last micro-batch raises StepAbandoned, the step undone as a non-finite one."""
+    A signal on any rank before the last epoch's last micro-batch raises StepAbandoned, the step
+    undone as a non-finite one."""
+    world_size = world()[1]
     batch = make_batch(episodes, rewards, group_ids, cfg, pad_id)
     n_tokens, groups_with_signal = all_sum([batch["n_tokens"], batch["n_groups"] - batch["all_equal_groups"]])
     batch["n_tokens"] = max(int(n_tokens), 1)             # the global normaliser (1 if no rank trains a token)
@@ -241,7 +241,7 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
             with gathered(model):
                 old = batch_logprobs(model, ids, batch["lengths"], batch["mask"].to(device), cfg["temperature"],
                                      cfg["micro_batch_tokens"], share_prefix=cfg["share_prefix"], tools=batch["tools"])
-            stop_if_signalled(stop, StepAbandoned)
+            stop_if_signalled(StepAbandoned)
         with gathered(reference):
             ref = None if reference is None else batch_logprobs(
                 reference, ids, batch["lengths"], batch["mask"].to(device), cfg["temperature"],
@@ -254,7 +254,7 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
     try:
         for epoch in range(cfg["ppo_epochs"]):
             opt.zero_grad(set_to_none=True)
-            totals = accumulate_gradients(ddp_model, batch, old, ref, cfg, world_size, stop)
+            totals = accumulate_gradients(ddp_model, batch, old, ref, cfg)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or float("inf"))
             if nonfinite(grad_norm, totals["loss"]):          # every rank takes this branch alike
                 if epoch > 0:
@@ -278,10 +278,10 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
 
 # ----------------------------------------------------------------------------- a step's episodes
 
-def sample_round(fmt, setting, model, tokenizer, tasks, cfg, simulator, generator, amp, stop):
+def sample_round(fmt, setting, model, tokenizer, tasks, cfg, simulator, generator, amp):
     """This rank's `tasks` x group_size episodes (fmt.rl_sample: env_mode's world) and their rewards:
-    (episodes, rewards, each episode's task). A signal caught by `stop` during the sampling (the
-    sampler's StepAbandoned on this rank) is agreed on by every rank just after: StepAbandoned."""
+    (episodes, rewards, each episode's task). A signal during the sampling (the sampler's
+    StepAbandoned on this rank) is agreed on by every rank just after: StepAbandoned."""
     episode_tasks = [t for t in tasks for _ in range(cfg["group_size"])]
     prompts, worlds, tags = fmt.inputs(setting, tasks, cfg["group_size"])      # one per episode
     try:
@@ -289,7 +289,7 @@ def sample_round(fmt, setting, model, tokenizer, tasks, cfg, simulator, generato
             episodes = fmt.rl_sample(setting, model, tokenizer, prompts, worlds, tags, simulator, generator)
     except StepAbandoned:       # the sampler saw this rank's own signal: the ranks agree just below
         pass
-    stop_if_signalled(stop, StepAbandoned)       # every rank, sampled or stopped, meets here
+    stop_if_signalled(StepAbandoned)             # every rank, sampled or stopped, meets here
     rewards = [fmt.reward(setting, e, t) for e, t in zip(episodes, episode_tasks, strict=True)]
     return episodes, rewards, episode_tasks
 
@@ -303,8 +303,7 @@ def first_needed(varied, need, rank=0, world_size=1):
     return varied[:max(0, min(len(varied), need - before))], min(int(sum(counts)), need)
 
 
-def sample_step(fmt, setting, model, tokenizer, rl_tasks, task_rng, cfg, simulator, generator, amp, stop,
-                rank=0, world_size=1):
+def sample_step(fmt, setting, model, tokenizer, rl_tasks, task_rng, cfg, simulator, generator, amp):
     """A step's episodes, in rounds: a round draws tasks_per_step tasks from task_rng (every rank the
     same draw, then its slice) and samples group_size episodes of each (a group). Paper: one round,
     every group in the update. max_sample_rounds > 1 (DAPO's dynamic sampling): a group whose rewards
@@ -314,12 +313,13 @@ def sample_step(fmt, setting, model, tokenizer, rl_tasks, task_rng, cfg, simulat
     (episodes, rewards, episode_tasks, task ids) of every round, a task id per group drawn; `kept`,
     the task ids the update uses (one round: all); `counts`, the step's over all ranks."""
     G, want = cfg["group_size"], cfg["tasks_per_step"]
+    rank, world_size = world()
     per_rank = want // world_size
     episodes, rewards, episode_tasks, task_ids, kept, n_kept = [], [], [], [], [], 0
     for rounds in range(1, cfg["max_sample_rounds"] + 1):
         tasks = task_rng.sample(rl_tasks, want)[rank * per_rank:(rank + 1) * per_rank]
         got, got_rewards, got_tasks = sample_round(fmt, setting, model, tokenizer, tasks, cfg, simulator, generator,
-                                                   amp, stop)
+                                                   amp)
         ids = [len(episodes) // G + i // G for i in range(len(got))]      # a task's G samples
         episodes, rewards, episode_tasks, task_ids = (episodes + got, rewards + got_rewards,
                                                       episode_tasks + got_tasks, task_ids + ids)
@@ -363,7 +363,7 @@ def all_equal_row_groups(sampled, cfg):
     return len(set(groups)) - len(varied_groups(row_rewards, groups))
 
 
-def world_extras(fmt, setting, model, sampled, amp, stop):
+def world_extras(fmt, setting, model, sampled, amp):
     """The world's own figures of a step's episodes for its metrics line (fmt.step_extras; a probe
     there may sample, and a signal during it is agreed on by every rank just after: StepAbandoned)."""
     episodes, _, episode_tasks, _ = sampled
@@ -372,7 +372,7 @@ def world_extras(fmt, setting, model, sampled, amp, stop):
             extras = fmt.step_extras(setting, model, episodes, episode_tasks)
     except StepAbandoned:       # this rank's own signal: the ranks agree just below
         pass
-    stop_if_signalled(stop, StepAbandoned)
+    stop_if_signalled(StepAbandoned)
     return extras
 
 
@@ -434,8 +434,7 @@ def run_phases(cfg, resume, overwrite, stop):
     rank0_eval = functools.partial(real_world_eval, model, tokenizer, splits["test"], cfg, fmt, setting, amp, stop=stop)
     before = None               # resumed from an RL checkpoint: its progress holds the warm start's evaluation
     if state is None:
-        before = warm_start_and_evaluate(model, ddp_model, tokenizer, fmt, setting, cfg, rank0_eval, log, rank,
-                                         world_size, stop, warm)
+        before = warm_start_and_evaluate(model, ddp_model, tokenizer, fmt, setting, cfg, rank0_eval, log, stop, warm)
         if not fidelity_gate(before, cfg, log):
             return 2
         faults.now("the step-0 checkpoint")
@@ -457,12 +456,12 @@ def run_phases(cfg, resume, overwrite, stop):
             t0, start = time.time(), (rng_states(generator), task_rng.getstate())   # what a dropped step goes back to
             try:
                 sampled, kept, counts = sample_step(fmt, setting, model, tokenizer, splits["rl"], task_rng, cfg,
-                                                    simulator, generator, amp, rl_stop, rank, world_size)
-                extras = world_extras(fmt, setting, model, sampled, amp, rl_stop)
+                                                    simulator, generator, amp)
+                extras = world_extras(fmt, setting, model, sampled, amp)
                 time_sample = time.time() - t0
                 rows, row_rewards, row_groups = update_rows(sampled, kept, counts["groups_kept"], cfg, pad_id)
                 sums, status = rl_step(model, ddp_model, opt, rows, row_rewards, row_groups, cfg, pad_id,
-                                       kl_reference, world_size, rl_stop)
+                                       kl_reference)
             except StepAbandoned:       # a signal before the update was applied: the step is dropped
                 return drop_step(save, step, start, generator, task_rng, progress, cfg, log)
             sums.update(step_sums(fmt, setting, sampled, cfg))
@@ -522,8 +521,7 @@ def setup(cfg, resume, overwrite, device, world_size, log):
     return model, ddp_model, tokenizer, splits, fmt, setting, state, warm
 
 
-def warm_start_and_evaluate(model, ddp_model, tokenizer, fmt, setting, cfg, rank0_eval, log, rank, world_size, stop,
-                            warm=None):
+def warm_start_and_evaluate(model, ddp_model, tokenizer, fmt, setting, cfg, rank0_eval, log, stop, warm=None):
     """Step 2 and the evaluation that step 3's gate reads: the warm start, saved as out_dir/warmstart,
     and its real-world evaluation, returned. `stop` (the run's StopRequest): a signal during the warm
     start stops it before its next micro-batch, one during the evaluation at once. `warm`: a finished
@@ -533,7 +531,7 @@ def warm_start_and_evaluate(model, ddp_model, tokenizer, fmt, setting, cfg, rank
         faults.now("warm start")
         stop.immediate = False        # every rank stops at one micro-batch
         skipped = warm_start(model, ddp_model, fmt.warm_start_sequences(setting), cfg, tokenizer.pad_token_id,
-                             fmt.warm_start_roles(setting), rank, world_size, stop)
+                             fmt.warm_start_roles(setting))
         save_warm_start(model, tokenizer, cfg)
         faults.saved("warmstart")
         stop.immediate = True

@@ -86,6 +86,14 @@ def setup_distributed(cfg):
     return dist.get_rank(), dist.get_world_size(), device
 
 
+def world():
+    """(rank, world_size) of this process, read where a step needs it (as nanoGPT reads its ddp
+    globals): torch.distributed's once torchrun's process group is up, else rank 0 of 1."""
+    if not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
+
+
 def all_sum(values):
     """Sum a list of numbers over ranks (identity in one process)."""
     if not dist.is_initialized():

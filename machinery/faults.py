@@ -110,11 +110,12 @@ def signalled(stop):
     return all_sum([stop.signal is not None])[0] > 0
 
 
-def stop_if_signalled(stop, exception=KeyboardInterrupt):
-    """Between two micro-batches of a step: raise `exception` if any rank's `stop` (None: never)
-    caught a signal. A collective: every rank calls it at the same point (distributed.in_step
-    gives every rank the same number of micro-batches)."""
-    if stop is not None and signalled(stop):
+def stop_if_signalled(exception=KeyboardInterrupt):
+    """Between two micro-batches of a step: raise `exception` if any rank's innermost StopRequest
+    (the RL loop's during RL, the run's in the warm start; none installed: never) caught a signal.
+    A collective: every rank calls it at the same point (distributed.in_step gives every rank the
+    same number of micro-batches)."""
+    if _installed and signalled(_installed[-1]):
         raise exception
 
 

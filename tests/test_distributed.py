@@ -57,7 +57,7 @@ def one_update(rank, world_size):
     share = slice(rank * 12 // world_size, (rank + 1) * 12 // world_size)    # whole groups per rank
     cfg = {**config.DEFAULTS, "micro_batch_tokens": BUDGET, "kl_coef": 0.0}
     _, status = train.rl_step(model, ddp_model, opt, episodes[share], rewards[share], groups[share],
-                              cfg, tok.pad_token_id, world_size=world_size)
+                              cfg, tok.pad_token_id)      # (the world size from the process group)
     assert status == "updated"
     return model, step_grads(model, opt)
 
@@ -119,7 +119,7 @@ def zero_token_update(rank, world_size):
     batch = train.make_batch(episodes, [1.0, 0.0, 0.0], [rank] * 3, cfg, tok.pad_token_id)
     opt = recording(torch.optim.SGD)(model.parameters(), lr=0.0)
     sums, status = train.rl_step(model, ddp_model, opt, episodes, [1.0, 0.0, 0.0], [rank] * 3, cfg,
-                                 tok.pad_token_id, world_size=world_size)
+                                 tok.pad_token_id)
     assert status == "updated"
     return sums, batch, step_grads(model, opt)
 
@@ -287,8 +287,7 @@ def dynamic_sampling_update(rank, world_size, only=None):
     none (an idle row). Then one SGD rl_step; `only`: one process updating on those rows alone."""
     from test_dynamic_sampling import step
     tok = toy_tokenizer()
-    names, sampled, kept, counts, _ = step(["BDAC", "FAEH"], rounds=2, rank=rank, world_size=world_size,
-                                           tasks_per_step=4)
+    names, sampled, kept, counts, _ = step(["BDAC", "FAEH"], rounds=2, tasks_per_step=4)   # ranks: the process group's
     cfg = {**config.DEFAULTS, "tasks_per_step": 4, "group_size": 2, "max_sample_rounds": 2, "kl_coef": 0.0,
            "reuse_sampler_logprobs": False}
     rows, rewards, groups = train.update_rows(sampled, kept, counts["groups_kept"], cfg, tok.pad_token_id)
@@ -297,8 +296,7 @@ def dynamic_sampling_update(rank, world_size, only=None):
     model = tiny_llama(tok, seed=0)
     ddp_model = DDP(model) if world_size > 1 else model
     opt = recording(torch.optim.SGD)(model.parameters(), lr=0.1)
-    sums, status = train.rl_step(model, ddp_model, opt, rows, rewards, groups, cfg, tok.pad_token_id,
-                                 world_size=world_size)
+    sums, status = train.rl_step(model, ddp_model, opt, rows, rewards, groups, cfg, tok.pad_token_id)
     return {"names": names, "kept": kept, "counts": counts, "rows": (rows, rewards, groups), "status": status,
             "grads": step_grads(model, opt)}
 

@@ -65,12 +65,12 @@ class ScriptedDraws:
         return [next(t for t in population if t["name"] == name) for name in names]
 
 
-def step(draws, rounds=3, rank=0, world_size=1, tasks_per_step=2):
+def step(draws, rounds=3, tasks_per_step=2):
     """sample_step with the scripted format: (sampled names per round, sampled, kept, counts, draws left)."""
     fmt, rng = ScriptedFormat(), ScriptedDraws(*draws)
     cfg = {**config.DEFAULTS, "tasks_per_step": tasks_per_step, "group_size": G, "max_sample_rounds": rounds}
     sampled, kept, counts = train.sample_step(fmt, None, None, None, TASKS, rng, cfg, None, None,
-                                              contextlib.nullcontext(), None, rank, world_size)
+                                              contextlib.nullcontext())
     return fmt.sampled, sampled, kept, counts, rng.draws
 
 

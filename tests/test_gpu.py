@@ -197,7 +197,7 @@ def _fsdp_worker(rank, world_size, init_file, out_dir):
     opt = recording(torch.optim.AdamW)(model.parameters(), lr=1e-3)
     share = slice(rank * 6, (rank + 1) * 6)
     _, status = train.rl_step(model, model, opt, episodes[share], rewards[share], groups[share], cfg,
-                              tok.pad_token_id, world_size=world_size)
+                              tok.pad_token_id)      # (the world size from the process group)
     assert status == "updated"
     grads = step_grads(model, opt)
     with distributed.gathered(model):           # the ranks sample different numbers of steps: no collectives

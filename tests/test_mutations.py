@@ -244,8 +244,7 @@ def warm_started(rank, world_size):
     model = tiny_llama(TOK, seed=0)
     ddp_model = DDP(model) if world_size > 1 else model
     RecordingSGD.steps = []
-    train.warm_start(model, ddp_model, seqs, {**cfg, "sft_lr": 0.3}, TOK.pad_token_id, rank=rank,
-                     world_size=world_size)
+    train.warm_start(model, ddp_model, seqs, {**cfg, "sft_lr": 0.3}, TOK.pad_token_id)   # ranks: the process group's
     names = [name for name, _ in model.named_parameters()]
     return model, [dict(zip(names, grads)) for grads in RecordingSGD.steps]
 

@@ -432,11 +432,17 @@ def run_phases(cfg, resume, overwrite, stop):
 
     # 2-3. warm start, evaluation in the real world (rank0_eval(path, **extra): eval.json), the fidelity gate
     rank0_eval = functools.partial(real_world_eval, model, tokenizer, splits["test"], cfg, fmt, setting, amp, stop=stop)
+    # the evaluations during RL (eval_every) run on the validation split where there is one (n_val > 0)
+    eval_in_rl = functools.partial(real_world_eval, model, tokenizer, splits["val"] or splits["test"], cfg, fmt, setting,
+                                   amp, stop=stop)
     before = None               # resumed from an RL checkpoint: its progress holds the warm start's evaluation
     if state is None:
         before = warm_start_and_evaluate(model, ddp_model, tokenizer, fmt, setting, cfg, rank0_eval, log, stop, warm)
         if not fidelity_gate(before, cfg, log):
             return 2
+        if cfg["n_val"]:            # the validation curve's step 0 (eval.json's `before` keeps it)
+            before["val_success"] = eval_in_rl()["success"]
+            log(f"warm start on the validation split ({len(splits['val'])} tasks): success {before['val_success']:.3f}")
         faults.now("the step-0 checkpoint")
     reference = reference_model(model, cfg, device, world_size, os.path.join(out, "warmstart"), state is None,
                                 uses_kl(cfg) or cfg["env_mode"] == "frozen")     # the frozen warm start
@@ -446,7 +452,7 @@ def run_phases(cfg, resume, overwrite, stop):
     metrics_path = start_metrics(out, first_step, rank)
 
     # 4. RL: no environment in the loop unless env_mode is real
-    if "eval_left" in progress and evaluation_left(progress, rank0_eval, metrics_path, cfg, first_step - 1, log):
+    if "eval_left" in progress and evaluation_left(progress, eval_in_rl, metrics_path, cfg, first_step - 1, log):
         return 1
     bar = tqdm(range(first_step, cfg["rl_steps"] + 1), desc=f"RL ({cfg['env_mode']})",
                dynamic_ncols=True, disable=rank != 0)
@@ -467,7 +473,7 @@ def run_phases(cfg, resume, overwrite, stop):
             sums.update(step_sums(fmt, setting, sampled, cfg))
             record = {**step_record(step, status, progress, sums, time_sample, time.time() - t0), **counts, **extras}
             if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < cfg["rl_steps"]:
-                result = unless_signalled(rank0_eval, rl_stop)
+                result = unless_signalled(eval_in_rl, rl_stop)
                 if result is None:      # a signal: the step is saved, its evaluation and metrics line left to --resume
                     return leave_evaluation(save, step, record, progress, cfg, log)
                 bar.write(eval_during_rl(result, record, progress, cfg, step))
@@ -516,8 +522,10 @@ def setup(cfg, resume, overwrite, device, world_size, log):
     ddp_model = parallel_model(model, cfg, device, world_size)
     config_text = yaml.safe_dump(cfg, sort_keys=False)
     from_rank0(lambda: write_file(os.path.join(cfg["out_dir"], "config.yaml"), config_text))  # unwritable: one line
+    validation = f", {len(splits['val'])} validation" if splits["val"] else ""
     log(f"model: {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)} | tasks: {len(splits['logged'])} "
-        f"logged, {len(splits['rl'])} RL, {len(splits['test'])} test | device {device} x {world_size} process(es)")
+        f"logged, {len(splits['rl'])} RL, {len(splits['test'])} test{validation} | device {device} x {world_size} "
+        f"process(es)")
     return model, ddp_model, tokenizer, splits, fmt, setting, state, warm
 
 

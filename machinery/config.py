@@ -74,6 +74,9 @@ DEFAULTS = {
     "replay_fidelity": True,
     # collusion at evaluation: imagined (rehearse-mode) episodes on the first n_collusion test tasks
     "n_collusion": 200,
+    # n_val: validation tasks, the last n_val RL tasks held out of RL; > 0: the evaluations every
+    # eval_every steps run on them (val_success), the test split only before and after RL
+    "n_val": 0,
     # test-time private rehearsal in evaluation (rehearse.py): imagined episodes per task
     "rehearsal_budget": 0, "rehearsal_mode": "parallel", "imagine_temperature": 1.0,
 
@@ -130,7 +133,7 @@ NON_NEGATIVE = {"seed", "data_seed", "n_new_logged", "snippet_repeats", "sft_ste
                 "weight_decay", "grad_clip", "eps_low", "eps_high", "kl_coef", "act_coef",
                 "rehearse_coef", "eval_temperature", "eval_every", "min_fidelity", "rehearsal_budget",
                 "imagine_temperature", "kl_rehearse_coef", "n_collusion", "grounding_examples",
-                "uncertain_items", "memory_max"}
+                "uncertain_items", "memory_max", "n_val"}
 
 
 UNIT = {"coverage", "top_p", "min_fidelity", "stale_rate", "memory_noise"}   # in (0, 1] (min_fidelity, stale_rate,

@@ -117,7 +117,7 @@ def test_micro_batches_never_mix_groups():
 def test_sampler_logprobs_equal_the_recomputed_old_logprobs():
     model = tiny_llama(TOK, init_range=POSITION_INIT)
     prompts = ["price apple", "not pear buy 2 milk and egg", "cost 3 fish", "buy tea"] * 3
-    eps = sample_episodes(model, TOK, prompts, "rehearse", max_tokens=40,
+    eps = sample_episodes(model, TOK, prompts, "rehearse", settings={"max_tokens": 40},
                           generator=torch.Generator().manual_seed(3))
     batch = train.make_batch(eps, [float(i % 2) for i in range(12)], [i // 3 for i in range(12)],
                              config.DEFAULTS, TOK.pad_token_id)
@@ -160,7 +160,7 @@ def test_rl_step_takes_the_old_logprobs_the_decision_names(monkeypatch, device, 
     (the bf16 CUDA decision), old = new and approx_kl is 0 (the same forward twice: within 1e-5)."""
     import warnings
     model = tiny_llama(TOK)
-    eps = sample_episodes(model, TOK, PROMPTS * 2, "rehearse", max_tokens=40,
+    eps = sample_episodes(model, TOK, PROMPTS * 2, "rehearse", settings={"max_tokens": 40},
                           generator=torch.Generator().manual_seed(3))
     for e in eps:
         e["logprobs"] = [lp + 0.5 if lp != 0.0 else 0.0 for lp in e["logprobs"]]
@@ -193,7 +193,7 @@ def test_role_coefficients_shape_mask_and_advantages():
 def test_all_equal_groups_skip_the_step():
     model = tiny_llama(TOK)
     before = [p.clone() for p in model.parameters()]
-    eps = sample_episodes(model, TOK, PROMPTS * 2, "rehearse", max_tokens=40)
+    eps = sample_episodes(model, TOK, PROMPTS * 2, "rehearse", settings={"max_tokens": 40})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sums, status = train.rl_step(model, model, opt, eps, [1.0] * 8, [i // 2 for i in range(8)],
                                  config.DEFAULTS, TOK.pad_token_id)
@@ -414,7 +414,8 @@ def test_freed_memory_is_released_after_each_backward_and_after_the_update(monke
     monkeypatch.setattr(torch.Tensor, "backward", lambda self, *a, **k: events.append("backward") or backward(self, *a, **k))
     monkeypatch.setattr(train, "release_freed_memory", lambda: events.append("release"))
     model = tiny_llama(TOK)
-    eps = sample_episodes(model, TOK, PROMPTS, "rehearse", max_tokens=40, generator=torch.Generator().manual_seed(3))
+    eps = sample_episodes(model, TOK, PROMPTS, "rehearse", settings={"max_tokens": 40},
+                          generator=torch.Generator().manual_seed(3))
     cfg = {**config.DEFAULTS, "micro_batch_tokens": 60}
     n = len(envace.micro_batches([len(e["ids"]) for e in eps], 60))
     sums, status = train.rl_step(model, model, torch.optim.SGD(model.parameters(), lr=0.1), eps, [1.0, 0.0, 1.0, 0.0],
@@ -458,3 +459,38 @@ def test_the_evaluation_line_during_rl_says_what_the_clip_did():
     assert progress["real_success"] == record["eval_success"] == 0.93
     skipped = eval_during_rl({"success": 0.5, "n_tasks": 500}, {"reward": 0.5}, {}, {"env_mode": "real"}, 100)    # no update: no clip
     assert skipped == "step 100: real-world success 0.500 (reward in the real world this step 0.500)"
+
+
+def test_the_validation_split_is_held_out_of_rl_and_evaluated_during_it(tmp_path, monkeypatch, capsys):
+    # n_val 4 of 40 RL tasks: RL samples from the first 36 only; the evaluations every eval_every
+    # steps run on the last 4 (val_success), the test split before and after RL alone
+    from formats import features
+    splits = features.held_out_validation({"rl": list("abcdefgh"), "test": ["t"]}, 3)
+    assert (splits["rl"], splits["val"], splits["test"]) == (list("abcde"), list("fgh"), ["t"])
+    assert features.held_out_validation({"rl": list("ab"), "test": []}, 0)["val"] == []
+    with pytest.raises(config.ConfigError, match=r"n_val \(2\) takes every one of the 2 RL tasks"):
+        features.held_out_validation({"rl": list("ab"), "test": []}, 2)
+    monkeypatch.setattr(format_plain, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
+    sampled, evaluated = [], []
+    real_round, real_eval = train.sample_round, train.real_world_eval
+    monkeypatch.setattr(train, "sample_round", lambda fmt, setting, model, tok, tasks, *a: sampled.extend(tasks) or
+                        real_round(fmt, setting, model, tok, tasks, *a))
+    monkeypatch.setattr(train, "real_world_eval", lambda model, tok, tasks, *a, **k: evaluated.append(len(tasks)) or
+                        real_eval(model, tok, tasks, *a, **k))
+    cfg = tiny_cfg(tmp_path, rl_steps=2, eval_every=1, n_val=4)
+    assert train.run(cfg) == 0
+    every = features.build_tasks(cfg)
+    assert len(every["rl"]) == 36 and len(every["val"]) == 4
+    assert len(sampled) == 2 * 4 and all(t in every["rl"] for t in sampled)     # 2 steps x 4 tasks, of the 36 alone
+    # the warm start on the test split, then on the validation split (the curve's step 0), step 1's
+    # evaluation (validation), the final one (test)
+    assert evaluated == [16, 4, 4, 16]
+    result = json.load(open(os.path.join(cfg["out_dir"], "eval.json")))
+    assert (result["before"]["val_success"] * 4).is_integer() and result["n_tasks"] == 16
+    lines = [json.loads(text) for text in open(os.path.join(cfg["out_dir"], "metrics.jsonl"))]
+    assert ["val_success" in line for line in lines] == [True, False]     # step 2 is the last: the final test evaluation
+    assert not any("eval_success" in line for line in lines)
+    out = capsys.readouterr().out
+    assert "40 RL" not in out and "36 RL, 16 test, 4 validation" in out
+    assert "step 1: validation (4 tasks): real-world success" in out
+    assert "warm start on the validation split (4 tasks): success" in out

@@ -44,7 +44,7 @@ def build_tasks(cfg):
     config names them (chat: always files, chat_tasks.read_chat_jsonl). Every file line is checked
     here, before anything is built or trained."""
     if cfg["format"] == "chat":
-        return chat_setup.chat_tasks(cfg)
+        return held_out_validation(chat_setup.chat_tasks(cfg), cfg["n_val"])
     if cfg["world"] == "uncertain":
         splits = world_uncertain.make_splits(cfg)
     elif cfg["world"] == "choice":

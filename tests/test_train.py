@@ -468,6 +468,9 @@ def test_the_validation_split_is_held_out_of_rl_and_evaluated_during_it(tmp_path
     splits = features.held_out_validation({"rl": list("abcdefgh"), "test": ["t"]}, 3)
     assert (splits["rl"], splits["val"], splits["test"]) == (list("abcde"), list("fgh"), ["t"])
     assert features.held_out_validation({"rl": list("ab"), "test": []}, 0)["val"] == []
+    chat = features.build_tasks(config.load_config(os.path.join(REPO, "configs", "chat_tiny.yaml"), ["--n_val=1"]))
+    whole = features.build_tasks(config.load_config(os.path.join(REPO, "configs", "chat_tiny.yaml")))
+    assert (chat["rl"], chat["val"], whole["val"]) == (whole["rl"][:-1], whole["rl"][-1:], [])   # chat task files too
     with pytest.raises(config.ConfigError, match=r"n_val \(2\) takes every one of the 2 RL tasks"):
         features.held_out_validation({"rl": list("ab"), "test": []}, 2)
     monkeypatch.setattr(format_plain, "task_reward", lambda e, t: float(len(e["ids"]) % 2))

@@ -43,8 +43,7 @@ def evaluate(model, tokenizer, tasks, cfg, fmt, setting, seed=0, rehearser=None)
     the demo's world)."""
     model.eval()
     generator = torch.Generator().manual_seed(seed)
-    limits = rollout.limits(cfg)
-    sampling = {"temperature": cfg["eval_temperature"], "top_p": cfg["top_p"], "generator": generator, **limits}
+    imagining = {**rollout.limits(cfg), "temperature": cfg["imagine_temperature"]}   # private rehearsal's settings
     executed = [i for i, t in enumerate(tasks) if fmt.executes(setting, t)]
     episodes, imagined, rewards = [None] * len(tasks), [0] * len(tasks), [None] * len(tasks)
     seconds, t0 = {}, time.time()
@@ -53,17 +52,19 @@ def evaluate(model, tokenizer, tasks, cfg, fmt, setting, seed=0, rehearser=None)
             for k in range(0, len(index), cfg["eval_batch_size"]):      # tasks sampled at once
                 part = index[k:k + cfg["eval_batch_size"]]
                 prompts, worlds, tags = fmt.inputs(setting, [tasks[i] for i in part])
+                settings = rollout.sampling(cfg, temperature=cfg["eval_temperature"], tags=tags)
                 if mode == "rehearse":             # no executor: the policy plays the world
-                    out = fmt.sample(setting, model, tokenizer, prompts, mode, world=worlds, tags=tags, **sampling)
+                    out = fmt.sample(setting, model, tokenizer, prompts, mode, world=worlds, settings=settings,
+                                     generator=generator)
                 else:
                     plans, used = None, [0] * len(part)
                     if cfg["rehearsal_budget"]:
                         plans, used = rehearse.private_rehearsal_plans(
                             model, tokenizer, prompts, cfg["rehearsal_budget"], cfg["rehearsal_mode"], rehearser,
-                            temperature=cfg["imagine_temperature"], generator=generator, world=worlds,
-                            sample=functools.partial(fmt.sample, setting), **limits)   # the layout's sampler
-                    out = sample_episodes(model, tokenizer, prompts, mode, world=worlds, tags=tags, plans=plans,
-                                          **sampling)
+                            generator=generator, world=worlds, settings=imagining,
+                            sample=functools.partial(fmt.sample, setting))   # the layout's sampler
+                    out = sample_episodes(model, tokenizer, prompts, mode, world=worlds, settings=settings,
+                                          generator=generator, plans=plans)
                     for i, n in zip(part, used):
                         imagined[i] = n
                 for i, e in zip(part, out):

@@ -34,8 +34,7 @@ def check_rehearsal(call, response, world=toy_world):
 # ----------------------------------------------------------------------------- private rehearsal
 
 def private_rehearsal_plans(policy, tokenizer, prompts, budget, mode="parallel", rehearser=None,
-                            temperature=1.0, generator=None, world=toy_world, sample=rollout.sample_episodes,
-                            **limits):
+                            generator=None, world=toy_world, sample=rollout.sample_episodes, settings=None):
     """Paper, test-time private rehearsal: before acting for real on each task, imagine up to `budget`
     complete act/rehearse episodes in which the policy (or `rehearser`, e.g. the warm-start model)
     plays the world, and turn them into a plan for the one committed real execution.
@@ -56,6 +55,7 @@ def private_rehearsal_plans(policy, tokenizer, prompts, budget, mode="parallel",
     An imagined episode that ends without an answer (bad call, truncation) has no vote.
     sample: the sampler of the imagined episodes, the model's rehearsal layout (format_plain.sample):
     rollout.sample_episodes (inline), or separate.sample_separate; the committed one is the same.
+    settings: the imagined episodes' sampler settings (rollout.SAMPLING: temperature, the limits, ...).
     Returns (plans, imaginations used per task)."""
     env_mode = "rehearse" if rehearser is None else "frozen"
     imagined = [[] for _ in prompts]
@@ -66,7 +66,7 @@ def private_rehearsal_plans(policy, tokenizer, prompts, budget, mode="parallel",
             break
         episodes = sample(
             policy, tokenizer, [prompts[i] for i in todo for _ in range(per_task)], env_mode,
-            env_model=rehearser, world=world, temperature=temperature, generator=generator, **limits)
+            env_model=rehearser, world=world, settings=settings, generator=generator)
         for k, e in enumerate(episodes):
             imagined[todo[k // per_task]].append(e)
     return [_vote(episodes) for episodes in imagined], [len(episodes) for episodes in imagined]

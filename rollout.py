@@ -53,13 +53,44 @@ from envace import ACT, ENV_MODES, OBS, PROMPT, REHEARSE, TAG, NonFiniteError, e
 from machinery.faults import stop_point
 
 
-# the config keys that bound an episode (the sampler's keyword arguments of the same names)
+# the config keys that bound an episode (the sampler's settings of the same names)
 LIMITS = ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")
+
+# The sampler's fixed choices, its `settings` (sample_episodes, separate.sample_separate), with
+# their defaults; a caller's `settings` dict is merged over these (`merged_settings`).
+SAMPLING = {
+    "temperature": 1.0,     # the sampling temperature (0: greedy); logprobs are recorded at it
+    "top_p": 1.0,           # nucleus sampling: truncates what is sampled, not the recorded logprob
+    "max_turns": 6,         # calls over the whole episode, all user turns together ("turn_limit")
+    "max_act_tokens": 8,    # tokens of one act segment, a call or an answer ("act_limit")
+    "max_env_tokens": 6,    # tokens of one rehearsed response ("env_limit")
+    "max_tokens": 96,       # tokens of the whole row, prompt included ("token_limit")
+    "tags": None,           # the hand-off ids (envace.tag_ids); None: the tokenizer's toy tags;
+                            # a chat model's come from its template (chat/format.py)
+    "rehearse_check": None,  # None, or check(call, response, world) (rehearse.check_rehearsal): end a
+                             # row whose simulated response has the wrong form for its call
+                             # (cause "rehearse_check")
+}
 
 
 def limits(cfg):
     """The sampler's limits from the config: {max_turns, max_act_tokens, max_env_tokens, max_tokens}."""
     return {k: cfg[k] for k in LIMITS}
+
+
+def sampling(cfg, **extra):
+    """The sampler's settings from the config: temperature, top_p and the limits (`limits`), then
+    `extra` over them (tags, rehearse_check, or another temperature, e.g. eval_temperature)."""
+    return {"temperature": cfg["temperature"], "top_p": cfg["top_p"], **limits(cfg), **extra}
+
+
+def merged_settings(settings):
+    """SAMPLING with `settings` (a dict, or None) over it; a key SAMPLING lacks is a TypeError
+    naming it, as a bad keyword argument would be."""
+    unknown = sorted(set(settings or {}) - set(SAMPLING))
+    if unknown:
+        raise TypeError(f"unknown sampler setting(s) {unknown}: the settings are {list(SAMPLING)}")
+    return {**SAMPLING, **(settings or {})}
 
 
 def sample_token(logits, temperature, top_p, generator=None):
@@ -111,25 +142,29 @@ def _next_turn(row, tags, tokenizer, first=False):
 
 @torch.no_grad()
 def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_model=None, world=toy_world,
-                    temperature=1.0, top_p=1.0, max_turns=6, max_act_tokens=8, max_env_tokens=6, max_tokens=96,
-                    generator=None, plans=None, tags=None, rehearse_check=None):
+                    settings=None, generator=None, plans=None):
     """Paper, world rehearsal: sample one episode per prompt (repeat a prompt G times for a group),
     the policy acting and, in rehearse mode, writing the environment's responses too. Returns dicts
     with ids, roles, logprobs (0 where the policy did not sample), calls and responses as text,
     call_turns (per call, its user turn: 0 but in multi-turn chat), answers (per finished user
     turn), answer (the last), cause ('answer' or why it was truncated) and finished.
+    settings: the sampler's fixed choices, a dict merged over SAMPLING (None: SAMPLING itself;
+    `sampling(cfg, ...)` builds one from the config): temperature, top_p, the limits max_turns,
+    max_act_tokens, max_env_tokens, max_tokens, tags and rehearse_check. A key SAMPLING lacks is a
+    TypeError naming it.
     plans: optional, per row a list of (call, expected response) the row commits to (rehearse.py): each
     call is forced while every response so far was the expected one; from the first surprise, it re-plans.
-    rehearse_check: None, or check(call, response, world) (rehearse.check_rehearsal): end a row whose
-    simulated response has the wrong form for its call (cause "rehearse_check"). Chat format
-    (chat/format.py): prompts are id lists, `world` one world per row, `tags` from the template."""
-    tags = tags or tag_ids(tokenizer)
+    settings["rehearse_check"]: None, or check(call, response, world) (rehearse.check_rehearsal): end a
+    row whose simulated response has the wrong form for its call (cause "rehearse_check"). Chat format
+    (chat/format.py): prompts are id lists, `world` one world per row, settings["tags"] from the template."""
+    s = merged_settings(settings)
+    tags = s["tags"] or tag_ids(tokenizer)
     worlds = world if isinstance(world, list) else [world] * len(prompts)
     rows = [new_row(p if isinstance(p, list) else tags["bos"] + encode(tokenizer, p), w, plan=plan, tags=tags,
                     tokenizer=tokenizer) for p, plan, w in zip(prompts, plans or [None] * len(prompts), worlds)]
-    limits = {"max_turns": max_turns, "max_act_tokens": max_act_tokens, "max_env_tokens": max_env_tokens,
-              "max_tokens": max_tokens, "rehearse_check": rehearse_check}
-    return sample_rows(policy, tokenizer, rows, env_mode, env_model, tags, limits, temperature, top_p, generator)
+    limits = {k: s[k] for k in LIMITS + ("rehearse_check",)}
+    return sample_rows(policy, tokenizer, rows, env_mode, env_model, tags, limits, s["temperature"], s["top_p"],
+                       generator)
 
 
 @torch.no_grad()

@@ -101,12 +101,11 @@ def imagined_world(setting, model, tokenizer, tasks, cfg, generator):
     if not tasks:
         return {}
     model.eval()
-    limits = rollout.limits(cfg)
     episodes = []
     for i in range(0, len(tasks), batch_size):
         prompts, worlds, tags = inputs(setting, tasks[i:i + batch_size])
-        episodes += sample(setting, model, tokenizer, prompts, "rehearse", world=worlds, tags=tags,
-                           temperature=cfg["eval_temperature"], top_p=cfg["top_p"], generator=generator, **limits)
+        episodes += sample(setting, model, tokenizer, prompts, "rehearse", world=worlds, generator=generator,
+                           settings=rollout.sampling(cfg, temperature=cfg["eval_temperature"], tags=tags))
     pairs = list(zip(episodes, tasks))
     fidelity = chat_honesty.replay_fidelity(pairs)
     return {"imagined_success": sum(reward(setting, e, t) for e, t in pairs) / len(tasks), "imagined_tasks": len(tasks),

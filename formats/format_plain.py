@@ -76,17 +76,18 @@ def sample(setting, model, tokenizer, prompts, mode, **kw):
     """Evaluation's sampler when the policy plays the world (tasks with no executor, private
     rehearsal, the imagined world), chosen at setup: setting.sampler with setting.sampler_args
     (inline rollout.sample_episodes, separate.sample_separate grounded by the tool cache only, or
-    world: choice's world_choice.sample_with_memory)."""
+    world: choice's world_choice.sample_with_memory). `kw`: the sampler's world, env_model,
+    settings (rollout.SAMPLING), generator, plans."""
     return setting.sampler(model, tokenizer, prompts, mode, **setting.sampler_args, **kw)
 
 
 def rl_sample(setting, model, tokenizer, prompts, world, tags, env_model, generator):
     """RL's sampler, chosen at setup (formats/setting.rl_sampler_for) with env_mode and the
-    config's sampling keys: the layout's with its training arguments when the policy (or the
-    frozen warm start, `env_model`) plays the world, inline rollout.sample_episodes when the real
-    world (or none) answers. world, tags: from `inputs`."""
+    config's sampling keys (setting.sampling, its `settings`, with `tags`): the layout's with its
+    training arguments when the policy (or the frozen warm start, `env_model`) plays the world,
+    inline rollout.sample_episodes when the real world (or none) answers. world, tags: from `inputs`."""
     return setting.rl_sampler(model, tokenizer, prompts, setting.env_mode, **setting.rl_sampler_args, world=world,
-                              tags=tags, env_model=env_model, generator=generator, **setting.sampling)
+                              env_model=env_model, generator=generator, settings={**setting.sampling, "tags": tags})
 
 
 def reward(setting, episode, task):

@@ -43,8 +43,8 @@ def eval_extras(setting, model, tasks, episodes, rewards):
     n_collusion test tasks sampled at T = 1 (seeded by cfg seed): its success and collusion per subset."""
     tokenizer, uncertain = setting.tokenizer, setting.uncertain
     imagined = sample_episodes(model, tokenizer, [t["prompt"] for t in tasks[:setting.n_collusion]], "rehearse",
-                               world=world, temperature=1.0, generator=torch.Generator().manual_seed(setting.seed),
-                               **setting.limits)
+                               world=world, settings={**setting.limits, "temperature": 1.0},
+                               generator=torch.Generator().manual_seed(setting.seed))
     return {"truth": world_uncertain.truth_probe(model, tokenizer, uncertain, setting.probe_temperature),
             "success_by_subset": world_uncertain.success_by_subset(tasks, rewards, uncertain),
             "imagined_sampled": world_uncertain.success_by_subset(

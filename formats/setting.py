@@ -2,7 +2,7 @@
 splits, device)` (formats/features.py picks the module). Typed, and no config inside: every
 config key a function needs is read at setup into a field of its own.
 
-    Setting           what every format has: who plays the world in RL, the sampler's arguments,
+    Setting           what every format has: who plays the world in RL, the sampler's settings,
                       the sampler chosen for the layout, the tags and the tool cache
     PlainSetting      the toy shop (formats/format_plain.py, format_plain_separate.py): its world,
                       logged episodes and tool snippets, the grounding examples (separate)
@@ -30,7 +30,7 @@ from rollout import sample_episodes
 @dataclasses.dataclass(kw_only=True)
 class Setting:
     env_mode: str                      # config env_mode: who answers the policy's calls in RL
-    sampling: dict                     # RL's sampler keywords: temperature, top_p, the limits, rehearse_check
+    sampling: dict                     # RL's sampler settings: temperature, top_p, the limits, rehearse_check
     tokenizer: Any
     tags: dict | None                  # the hand-off ids (world: choice: None, the sampler's own)
     sampler: Callable                  # the layout's sampler (evaluation, private rehearsal, imagined world)
@@ -80,15 +80,14 @@ class ChatSetting(Setting):
 
 def loop_fields(cfg):
     """The fields every setting takes from the config: env_mode (whether its world is sampled,
-    `Setting.rehearsed`, is derived from it) and RL's sampler keywords."""
+    `Setting.rehearsed`, is derived from it) and RL's sampler settings."""
     return {"env_mode": cfg["env_mode"], "sampling": sampling_args(cfg)}
 
 
 def sampling_args(cfg):
-    """RL's sampler keywords from the config (rollout.sample_episodes): temperature, top_p, the
-    limits (rollout.limits) and the rehearsal guard (rehearse.check_rehearsal, or None)."""
-    return {"temperature": cfg["temperature"], "top_p": cfg["top_p"], **rollout.limits(cfg),
-            "rehearse_check": rehearse.check_rehearsal if cfg["rehearse_check"] else None}
+    """RL's sampler settings from the config (rollout.sample_episodes' `settings`): temperature,
+    top_p, the limits (rollout.sampling) and the rehearsal guard (rehearse.check_rehearsal, or None)."""
+    return rollout.sampling(cfg, rehearse_check=rehearse.check_rehearsal if cfg["rehearse_check"] else None)
 
 
 def rl_sampler_for(cfg, sampler, rl_args):

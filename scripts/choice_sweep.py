@@ -39,20 +39,19 @@ def committed_success(model, tokenizer, tasks, cfg, budget, mode="parallel", reh
     real call a task is allowed). Returns the figures and per-task `task_rewards`."""
     model.eval()
     generator = torch.Generator().manual_seed(seed)
-    limits = rollout.limits(cfg)
     counted = counting_world()
     imagined = []
     with torch.no_grad():
         for k in range(0, len(tasks), batch_size):
             imagined += imagine(model, tokenizer, [t["prompt"] for t in tasks[k:k + batch_size]], budget, mode,
-                                rehearser, counted, generator, cfg["imagine_temperature"], top_p=cfg["top_p"], **limits)
+                                rehearser, counted, generator,
+                                settings=rollout.sampling(cfg, temperature=cfg["imagine_temperature"]))
         imagination_calls = counted.real_calls
         committed = []
         for k in range(0, len(tasks), batch_size):
             prompts = [commit_prompt(t["prompt"], m) for t, m in zip(tasks[k:k + batch_size], imagined[k:k + batch_size])]
-            committed += sample_episodes(model, tokenizer, prompts, "real", world=counted,
-                                         temperature=cfg["eval_temperature"], top_p=cfg["top_p"], generator=generator,
-                                         **limits)
+            committed += sample_episodes(model, tokenizer, prompts, "real", world=counted, generator=generator,
+                                         settings=rollout.sampling(cfg, temperature=cfg["eval_temperature"]))
     rewards = [choice_reward(e, t) for e, t in zip(committed, tasks)]
     flat = [(e, t) for m, t in zip(imagined, tasks) for e in m]
     verdicts = {v: sum(rehearsal_memory.self_assess(e) == v for e, _ in flat) for v in ("good", "bad", "unfinished")}
@@ -134,7 +133,7 @@ def diagnose(model, tokenizer, tasks, cfg):
     out = {}
     for temperature in (cfg["imagine_temperature"], 0.0):
         episodes = [m[0] for m in imagine(model, tokenizer, [t["prompt"] for t in tasks], 1, "parallel", None,
-                                          sys.modules[__name__], generator, temperature, **limits)]
+                                          sys.modules[__name__], generator, {**limits, "temperature": temperature})]
         classes = {}
         for e, t in zip(episodes, tasks):
             k = ("unfinished" if not e["finished"] else "right" if e["answer"] == t["answer"] else

@@ -187,8 +187,8 @@ def one_call(model, prompts, steps, pad_id):
 def bench_workload(name, model, tokenizer, w, cfg, args):
     """Every figure of one workload `w` (prompts, worlds, tags, plans, rows' group size)."""
     device, res = args.device, {}
-    run = dict(world=w["worlds"], tags=w["tags"], plans=w["plans"], generator=torch.Generator().manual_seed(0),
-               temperature=cfg["temperature"], top_p=cfg["top_p"], **rollout.limits(cfg))
+    run = dict(world=w["worlds"], plans=w["plans"], generator=torch.Generator().manual_seed(0),
+               settings=rollout.sampling(cfg, tags=w["tags"]))
     episodes = {}
     for mode in ("rehearse", "real", "separate"):
         sampler = sample_separate if mode == "separate" else sample_episodes

@@ -37,9 +37,9 @@ def failures(folder, split="test", n=500):
     fmt, setting = features.setup(cfg, tokenizer, splits, "cpu")
     tasks = splits[split][:n]
     prompts, worlds, tags = fmt.inputs(setting, tasks)
-    limits = rollout.limits(cfg)
-    episodes = sample_episodes(model, tokenizer, prompts, "real", world=worlds, tags=tags, temperature=0.0,
-                               top_p=1.0, generator=torch.Generator().manual_seed(0), **limits)
+    episodes = sample_episodes(model, tokenizer, prompts, "real", world=worlds,
+                               settings=rollout.sampling(cfg, temperature=0.0, top_p=1.0, tags=tags),
+                               generator=torch.Generator().manual_seed(0))
     table = failure_table(tasks, episodes)
     kinds = ["distractor", "other item", "not copied", "no answer", "other"]
     lines = [f"{path}, {split} tasks 1-{len(tasks)}, real world, greedy: success "
@@ -80,9 +80,9 @@ def write_lookups(results):
         splits = features.build_tasks(cfg)
         tasks, (fmt, setting) = splits["test"], features.setup(cfg, tokenizer, splits, "cpu")
         prompts, worlds, tags = fmt.inputs(setting, tasks)
-        limits = rollout.limits(cfg)
-        episodes = sample_episodes(model, tokenizer, prompts, "real", world=worlds, tags=tags, temperature=0.0,
-                                   top_p=1.0, generator=torch.Generator().manual_seed(cfg["seed"]), **limits)
+        episodes = sample_episodes(model, tokenizer, prompts, "real", world=worlds,
+                                   settings=rollout.sampling(cfg, temperature=0.0, top_p=1.0, tags=tags),
+                                   generator=torch.Generator().manual_seed(cfg["seed"]))
         seen = [looked_up(e, t) for e, t in zip(episodes, tasks)]
         strict = [int(task_reward(e, t)) * k for e, t, k in zip(episodes, tasks, seen)]
         write_file(os.path.join(folder, "lookups.json"), json.dumps({"looked_up": seen, "strict": strict}))   # whole

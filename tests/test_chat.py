@@ -265,8 +265,9 @@ def sample(task, env_mode, actions, responses, answer, n=1):
     tags = chat.chat_format(TOK)
     prompts, worlds = chat_setup.episode_inputs(TOK, tags, [task] * n)
     script = chat.assemble(TOK, tags, prompts[0], actions, responses, answer)["ids"][len(prompts[0]):]
-    return tags, prompts[0], sample_episodes(Script(script), TOK, prompts, env_mode, world=worlds, tags=tags,
-                                             max_act_tokens=40, max_env_tokens=8, max_tokens=200)
+    return tags, prompts[0], sample_episodes(Script(script), TOK, prompts, env_mode, world=worlds,
+                                             settings={"tags": tags, "max_act_tokens": 40, "max_env_tokens": 8,
+                                                       "max_tokens": 200})
 
 
 def test_roles_and_shifted_loss_mask_of_a_chat_episode():

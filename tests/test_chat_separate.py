@@ -98,9 +98,9 @@ def rl_prompt(k):
 
 def sample(task, k=1, n=1, **kw):
     prompts, worlds = chat_setup.episode_inputs(TOK, TAGS, [task] * n)
-    limits = {"max_act_tokens": 40, "max_env_tokens": 8, "max_tokens": 300, **kw}
-    return sample_separate(PrefixScript(scripts_for(task, k)), TOK, prompts, world=worlds, tags=TAGS,
-                           rehearse_prompt=rl_prompt(k), **limits)
+    settings = {"tags": TAGS, "max_act_tokens": 40, "max_env_tokens": 8, "max_tokens": 300, **kw}
+    return sample_separate(PrefixScript(scripts_for(task, k)), TOK, prompts, world=worlds,
+                           rehearse_prompt=rl_prompt(k), settings=settings)
 
 
 def mask_string(row):
@@ -192,11 +192,11 @@ def test_bad_rehearsal_and_frozen_simulator():
     scripts = scripts_for(task, 0)
     first = next(key for key, v in scripts.items() if TOK.convert_ids_to_tokens(v) == ["6", "<|im_end|>"])
     bad = {**scripts, first: chat.encode(TOK, "<tool_call>") + [TAGS["act_end"]]}     # writes a call back
-    e, = sample_separate(PrefixScript(bad), TOK, prompts, world=worlds, tags=TAGS, max_act_tokens=40,
-                         max_env_tokens=8, max_tokens=300)
+    e, = sample_separate(PrefixScript(bad), TOK, prompts, world=worlds,
+                         settings={"tags": TAGS, "max_act_tokens": 40, "max_env_tokens": 8, "max_tokens": 300})
     assert e["cause"] == "bad_rehearsal" and e["responses"] == [] and len(e["rehearsals"]) == 1
-    e, = sample_separate(PrefixScript(scripts), TOK, prompts, "frozen", env_model=PrefixScript(scripts),
-                         world=worlds, tags=TAGS, max_act_tokens=40, max_env_tokens=8, max_tokens=300)
+    e, = sample_separate(PrefixScript(scripts), TOK, prompts, "frozen", env_model=PrefixScript(scripts), world=worlds,
+                         settings={"tags": TAGS, "max_act_tokens": 40, "max_env_tokens": 8, "max_tokens": 300})
     assert e["cause"] == "answer" and [r["roles"][-2:] for r in e["rehearsals"]] == [[O, O], [O, O]]
 
 
@@ -248,8 +248,8 @@ def test_would_rehearse_asks_in_the_separate_rows():
     task = pay_task()
     prompts, worlds = chat_setup.episode_inputs(TOK, TAGS, [task])
     scripts = scripts_for(task, 0, responses=("5", "9"))           # the policy's own guesses: wrong
-    real, = sample_episodes(PrefixScript(scripts), TOK, prompts, "real", world=worlds, tags=TAGS,
-                            max_act_tokens=40, max_env_tokens=8, max_tokens=300)
+    real, = sample_episodes(PrefixScript(scripts), TOK, prompts, "real", world=worlds,
+                            settings={"tags": TAGS, "max_act_tokens": 40, "max_env_tokens": 8, "max_tokens": 300})
     assert real["responses"] == ["6", "4"] and real["cause"] == "answer"
     rows = chat_separate.rehearse_rows(TOK, TAGS, task, [json.loads(c) for c in real["calls"]], real["responses"], 1)
     assert honesty.would_rehearse_rows(SeparateOracle(), rows, TOK.pad_token_id) == \
@@ -271,9 +271,10 @@ def test_separate_warm_start_teaches_the_rows_the_sampler_then_writes():
     model = tiny_qwen(TOK)
     train.warm_start(model, model, [group], cfg, TOK.pad_token_id, roles=(ACT, REHEARSE))
     prompts, worlds = chat_setup.episode_inputs(TOK, TAGS, [task] * 4)
-    episodes = sample_separate(model, TOK, prompts, world=worlds, tags=TAGS, temperature=0.3,
-                               rehearse_prompt=rl_prompt(1), max_act_tokens=30,
-                               max_env_tokens=6, max_tokens=300, generator=torch.Generator().manual_seed(0))
+    episodes = sample_separate(model, TOK, prompts, world=worlds, rehearse_prompt=rl_prompt(1),
+                               settings={"tags": TAGS, "temperature": 0.3, "max_act_tokens": 30,
+                                         "max_env_tokens": 6, "max_tokens": 300},
+                               generator=torch.Generator().manual_seed(0))
     for e in episodes:
         assert e["cause"] == "answer" and e["answer"] == "4" and e["responses"] == ["6", "4"]
         for sampled, logged_row in zip([e] + e["rehearsals"], group["rows"]):
@@ -309,9 +310,9 @@ def test_rl_step_on_chat_separate_rows(monkeypatch):
     task = pay_task()
     e1, = sample(task)
     prompts, worlds = chat_setup.episode_inputs(TOK, TAGS, [task])
-    e2, = sample_separate(PrefixScript(scripts_for(task, 1, answer="5")), TOK, prompts, world=worlds, tags=TAGS,
-                          rehearse_prompt=rl_prompt(1), max_act_tokens=40,
-                          max_env_tokens=8, max_tokens=300)
+    e2, = sample_separate(PrefixScript(scripts_for(task, 1, answer="5")), TOK, prompts, world=worlds,
+                          rehearse_prompt=rl_prompt(1),
+                          settings={"tags": TAGS, "max_act_tokens": 40, "max_env_tokens": 8, "max_tokens": 300})
     rewards = [chat_reward.chat_reward(e, task) for e in (e1, e2)]
     assert rewards == [1.0, 0.0]
     rows, row_rewards, groups = reward.training_rows([e1, e2], rewards, [0, 0])
@@ -399,7 +400,7 @@ def test_train_and_evaluate_with_separate_chat_rows(tmp_path, monkeypatch):
     sampled, built = [], []
 
     def sample_spy(*args, **kw):                              # RL samples in separate rows
-        sampled.append((kw["tags"]["act_end"], kw["rehearse_prompt"].args[1],
+        sampled.append((kw["settings"]["tags"]["act_end"], kw["rehearse_prompt"].args[1],
                         kw["rehearse_prompt"].keywords.get("own_examples", False)))
         return sample_separate(*args, **kw)
     monkeypatch.setattr(separate, "sample_separate", sample_spy)     # the format's setup reads it

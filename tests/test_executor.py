@@ -276,8 +276,8 @@ def test_real_mode_forces_the_executors_responses_as_obs(bank_dir):
     real = ['{"error": "ValueError: insufficient funds: 5 left"}', '{"balance": 10}', '{"balance": 2}']
     tags, prompt, model = scripted(task, actions, real[:2] + ['{"balance": 3}'], "2")
     _, worlds = chat_setup.episode_inputs(TOK, tags, [task, task])
-    episodes = sample_episodes(model, TOK, [prompt, prompt], "real", world=worlds, tags=tags,
-                               max_act_tokens=40, max_env_tokens=40, max_tokens=400)
+    episodes = sample_episodes(model, TOK, [prompt, prompt], "real", world=worlds,
+                               settings={"tags": tags, "max_act_tokens": 40, "max_env_tokens": 40, "max_tokens": 400})
     for e in episodes:                                     # the same in both: a fresh bank each
         assert e["responses"] == real and e["cause"] == "answer" and e["answer"] == "2"
         assert e["calls"] == [json.dumps(c) for c in actions]

@@ -122,7 +122,8 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
                 layer._gradient_checkpointing_func = lambda *a, f=inner, **k: calls.append(1) or f(*a, **k)
         model.train()
         with torch.no_grad():       # the KV-cached sampler in train mode: no_grad turns checkpointing off
-            eps = sample_episodes(model, tok, PROMPTS, max_tokens=40, generator=torch.Generator().manual_seed(3))
+            eps = sample_episodes(model, tok, PROMPTS, settings={"max_tokens": 40},
+                                  generator=torch.Generator().manual_seed(3))
         assert not calls
         totals = train.accumulate_gradients(model, batch, old, None, cfg)
         results.append((totals["loss"], {n: p.grad for n, p in model.named_parameters()}, eps, len(calls)))
@@ -201,7 +202,8 @@ def _fsdp_worker(rank, world_size, init_file, out_dir):
     assert status == "updated"
     grads = step_grads(model, opt)
     with distributed.gathered(model):           # the ranks sample different numbers of steps: no collectives
-        eps = sample_episodes(model, tok, PROMPTS if rank == 0 else PROMPTS[:1], max_tokens=40 if rank == 0 else 12,
+        eps = sample_episodes(model, tok, PROMPTS if rank == 0 else PROMPTS[:1],
+                              settings={"max_tokens": 40 if rank == 0 else 12},
                               generator=torch.Generator().manual_seed(3))
     weights, optimizer = distributed.full_state_dict(model), distributed.optimizer_state(model, opt)
     box = [optimizer]
@@ -252,7 +254,7 @@ def test_fsdp_two_ranks_make_the_one_rank_update_and_save_a_normal_folder(tmp_pa
     assert max((loaded[k] - start[k]).abs().max().item() for k in loaded) > lr / 2     # (sign steps: ~lr)
     # rank 0 sampled alone with the gathered weights: what the saved weights sample, with one thread
     # like the rank (the same float operations: the same logits bit for bit, so the same draws)
-    eps = sample_episodes(saved.eval(), toy_tokenizer(), PROMPTS, max_tokens=40,
+    eps = sample_episodes(saved.eval(), toy_tokenizer(), PROMPTS, settings={"max_tokens": 40},
                           generator=torch.Generator().manual_seed(3))
     assert [e["ids"] for e in eps] == fsdp_ids
     lines = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]

@@ -144,8 +144,9 @@ def test_rehearse_check_ends_the_episode_with_reward_0():
     scripts = CHECK_SCRIPTS
     tasks = [{"answer": "6"}, {"answer": "5"}, {"answer": "6"}]
     policy = ScriptedModel(TOK, scripts)
-    off = sample_episodes(policy, TOK, list(scripts), "rehearse", temperature=0)
-    on = sample_episodes(policy, TOK, list(scripts), "rehearse", temperature=0, rehearse_check=rehearse.check_rehearsal)
+    off = sample_episodes(policy, TOK, list(scripts), "rehearse", settings={"temperature": 0})
+    on = sample_episodes(policy, TOK, list(scripts), "rehearse",
+                         settings={"temperature": 0, "rehearse_check": rehearse.check_rehearsal})
     assert [task_reward(e, t) for e, t in zip(off, tasks)] == [1.0, 1.0, 1.0]
     assert [task_reward(e, t) for e, t in zip(on, tasks)] == [0.0, 0.0, 1.0]
     assert cause_counts(on) == {"rehearse_check": 2, "answer": 1}
@@ -172,7 +173,7 @@ def test_the_rl_sampler_carries_the_config_chosen_once(monkeypatch):
     called = []
 
     def spy(name):
-        return lambda model, tok, prompts, env_mode, **kw: called.append((name, env_mode, kw["max_tokens"])) or []
+        return lambda model, tok, prompts, env_mode, **kw: called.append((name, env_mode, kw["settings"]["max_tokens"])) or []
     monkeypatch.setattr(format_plain, "sample_episodes", spy("inline"))         # the inline layout's
     monkeypatch.setattr(formats_setting, "sample_episodes", spy("inline"))     # RL's when the world is real
     monkeypatch.setattr(separate, "sample_separate", spy("separate"))

@@ -69,9 +69,8 @@ def sample(t, env_mode="rehearse", script_tokens=None, n=1, **limits):
     tags = chat_setup.chat_tags(TOK, multiturn=True)
     prompts, worlds = chat_setup.episode_inputs(TOK, tags, [t] * n)
     script = ids([tok for segment, _ in (script_tokens or EPISODE) for tok in segment])
-    limits = {"max_act_tokens": 40, "max_env_tokens": 8, "max_tokens": 400, **limits}
-    return tags, prompts[0], sample_episodes(Script(script), TOK, prompts, env_mode, world=worlds, tags=tags,
-                                             **limits)
+    settings = {"tags": tags, "max_act_tokens": 40, "max_env_tokens": 8, "max_tokens": 400, **limits}
+    return tags, prompts[0], sample_episodes(Script(script), TOK, prompts, env_mode, world=worlds, settings=settings)
 
 
 # ----------------------------------------------------------------------------- the template

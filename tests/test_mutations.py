@@ -404,7 +404,7 @@ def test_token_budget_is_per_row_whatever_the_prompt_length():
     assert lengths == [3, 8]
     model = ScriptedModel(TOK, {p: loop for p in prompts})
     for env_mode in ("rehearse", "real"):
-        eps = sample_episodes(model, TOK, prompts, env_mode, max_tokens=20, max_turns=6)
+        eps = sample_episodes(model, TOK, prompts, env_mode, settings={"max_tokens": 20, "max_turns": 6})
         for e, p, n in zip(eps, prompts, lengths):
             assert e["cause"] == "token_limit" and len(e["ids"]) == 20, (env_mode, p)
             assert words(e["ids"]) == f"<bos> {p} " + " ".join(loop.split()[:20 - n])

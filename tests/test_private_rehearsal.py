@@ -68,7 +68,7 @@ def test_a_plan_is_followed_until_the_world_surprises():
     script = "<act> price milk </act> <env> x x <act> answer 2 </act> x x x x"
     policy = ScriptedModel(TOK, {"buy apple": script})
     followed, surprised = sample_episodes(
-        policy, TOK, ["buy apple", "buy apple"], "real", temperature=0,
+        policy, TOK, ["buy apple", "buy apple"], "real", settings={"temperature": 0},
         plans=[[("price apple", "3"), ("pay 3", "6")], [("price apple", "5"), ("pay 5", "4")]])
     # row 0: both planned calls happen (their responses were as imagined), then the policy answers
     assert followed["calls"] == ["price apple", "pay 3"] and followed["responses"] == ["3", "6"]
@@ -79,7 +79,8 @@ def test_a_plan_is_followed_until_the_world_surprises():
 
 def test_no_env_mode_gives_empty_observations():
     script = "<act> price apple </act> <env> </env> <act> pay 3 </act> <env> </env> <act> answer 6 </act>"
-    e, = sample_episodes(ScriptedModel(TOK, {"buy apple": script}), TOK, ["buy apple"], "none", temperature=0)
+    e, = sample_episodes(ScriptedModel(TOK, {"buy apple": script}), TOK, ["buy apple"], "none",
+                         settings={"temperature": 0})
     assert e["responses"] == ["", ""]
     words = TOK.convert_ids_to_tokens(e["ids"])
     assert words[3:9] == ["<act>", "price", "apple", "</act>", "<env>", "</env>"]

@@ -320,8 +320,8 @@ def test_one_sampled_episode_token_by_token(smollm2):
     prompts, worlds = chat_setup.episode_inputs(tokenizer, tags, [task])
     n = len(prompts[0])
     script = chat.assemble(tokenizer, tags, prompts[0], [PRICE_CAKE], ["4"], "4")["ids"][n:]
-    (e,) = sample_episodes(Script(model.config, n, script), tokenizer, prompts, "rehearse", world=worlds, tags=tags,
-                           max_act_tokens=40, max_env_tokens=12, max_tokens=n + 80)
+    (e,) = sample_episodes(Script(model.config, n, script), tokenizer, prompts, "rehearse", world=worlds,
+                           settings={"tags": tags, "max_act_tokens": 40, "max_env_tokens": 12, "max_tokens": n + 80})
     assert (e["cause"], e["calls"], e["responses"], e["answer"]) == ("answer", [json.dumps(PRICE_CAKE)], ["4"], "4")
     call = ['<', 'tool', '_', 'call', '>', 'Ċ', '{"', 'name', '":', 'Ġ"', 'price', '",', 'Ġ"', 'arguments', '":',
             'Ġ{"', 'item', '":', 'Ġ"', 'c', 'ake', '"', '}}', 'Ċ', '</', 'tool', '_', 'call', '>', '<|im_end|>']

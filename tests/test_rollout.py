@@ -1,14 +1,20 @@
 """The sampler: roles for every token in each env mode, the shifted loss mask, forced tags, stops
 and truncation causes, and KV-cached logprobs against a full teacher-forced forward."""
+import inspect
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from worldmodel import honesty
-from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, loss_mask
+from worldmodel.separate import sample_separate
+import rehearse
+import rollout
+import world
+from envace import ACT, OBS, PROMPT, REHEARSE, TAG, collate, encode, loss_mask, tag_ids
 from helpers import POSITION_INIT, Bigram, ScriptedModel, assert_sampled_logprobs_match_a_forward, tiny_llama, toy_tokenizer
-from rollout import sample_episodes
+from machinery import config
+from rollout import new_row, sample_episodes, sample_rows
 
 P, A, R, O, T = PROMPT, ACT, REHEARSE, OBS, TAG
 EPISODE = "<act> price apple </act> <env> 3 </env> <act> answer 3 </act>"
@@ -19,11 +25,12 @@ def words(ids):
     return " ".join(TOK.convert_ids_to_tokens(ids))
 
 
-def run(scripts, prompts, env_mode="rehearse", env_scripts=None, **kw):
+def run(scripts, prompts, env_mode="rehearse", env_scripts=None, **settings):
     """Sample with scripted models; prompts must differ (a script is found by its prompt)."""
     policy = ScriptedModel(TOK, dict(zip(prompts, scripts)))
     env_model = ScriptedModel(TOK, dict(zip(prompts, env_scripts))) if env_scripts else None
-    return sample_episodes(policy, TOK, prompts, env_mode, env_model=env_model, temperature=1.0, **kw)
+    return sample_episodes(policy, TOK, prompts, env_mode, env_model=env_model,
+                           settings={"temperature": 1.0, **settings})
 
 
 def test_roles_and_shifted_mask_rehearse_mode():
@@ -111,7 +118,7 @@ def test_kv_cached_logprobs_equal_teacher_forced_forward():
     model = tiny_llama(TOK, init_range=POSITION_INIT)
     prompts = ["price apple", "not pear buy 2 milk and egg", "cost 3 fish", "buy tea"] * 4
     for temperature in (1.0, 0.7):
-        eps = sample_episodes(model, TOK, prompts, "rehearse", temperature=temperature, max_tokens=48,
+        eps = sample_episodes(model, TOK, prompts, "rehearse", settings={"temperature": temperature, "max_tokens": 48},
                               generator=torch.Generator().manual_seed(0))
         compared = assert_sampled_logprobs_match_a_forward(model, eps, TOK.pad_token_id, temperature)
         assert compared == sum(r in (ACT, REHEARSE) for e in eps for r in e["roles"]) > 40
@@ -152,7 +159,7 @@ def test_shared_prompt_prefill_and_dropped_rows_match_a_full_forward():
     teacher-forced forward over the finished sequence."""
     model = tiny_llama(TOK, seed=1, init_range=POSITION_INIT)
     prompts = [p for p in ("cost 3 fish", "not pear buy 2 milk and egg", "buy tea") for _ in range(4)]
-    eps = sample_episodes(model, TOK, prompts, "rehearse", temperature=1.0, max_tokens=40,
+    eps = sample_episodes(model, TOK, prompts, "rehearse", settings={"temperature": 1.0, "max_tokens": 40},
                           generator=torch.Generator().manual_seed(5))
     lengths = [len(e["ids"]) for e in eps]
     assert len(set(lengths)) > 3                          # rows finished at many different steps
@@ -171,7 +178,7 @@ def test_forced_runs_in_one_forward_match_a_full_forward():
     prompts = [p for p in calls for _ in range(2)]
     steps = []
     model.register_forward_hook(lambda m, args, kw, out: steps.append(kw["input_ids"].shape), with_kwargs=True)
-    eps = sample_episodes(model, TOK, prompts, "real", plans=[calls[p] for p in prompts], max_tokens=60,
+    eps = sample_episodes(model, TOK, prompts, "real", plans=[calls[p] for p in prompts], settings={"max_tokens": 60},
                           generator=torch.Generator().manual_seed(0))
     assert [e["responses"] for e in eps[::2]] == [["3"], ["9", "27"], []]
     two = eps[2]
@@ -183,6 +190,81 @@ def test_forced_runs_in_one_forward_match_a_full_forward():
     assert len(steps) - 1 < max(len(e["ids"]) - e["prompt_len"] for e in eps) - 10   # runs, not tokens
     assert max(shape[1] for shape in steps[1:]) >= 10            # a whole planned turn in one forward
 
+
+
+def old_keywords_episodes(model, prompts, env_mode, generator, temperature=1.0, top_p=1.0, max_turns=6,
+                          max_act_tokens=8, max_env_tokens=6, max_tokens=96, tags=None, rehearse_check=None):
+    """What sample_episodes did with its separate keywords (their old defaults here): the rows
+    built and sampled by hand, as its body did."""
+    tags = tags or tag_ids(TOK)
+    rows = [new_row(tags["bos"] + encode(TOK, p), world, tags=tags, tokenizer=TOK) for p in prompts]
+    limits = {"max_turns": max_turns, "max_act_tokens": max_act_tokens, "max_env_tokens": max_env_tokens,
+              "max_tokens": max_tokens, "rehearse_check": rehearse_check}
+    return sample_rows(model, TOK, rows, env_mode, None, tags, limits, temperature, top_p, generator)
+
+
+def test_settings_give_the_episodes_the_old_keywords_gave():
+    """`settings` (a dict merged over SAMPLING) against the old keywords: None, the full dict of
+    SAMPLING's values, and a partial dict each sample the same episodes token for token (ids,
+    roles, logprobs, calls, responses, causes) as the old body with the same values, from a seeded
+    generator, in three cases (the defaults; every setting chosen, a guard included; real mode).
+    Each setting, moved a little, changes some case's episodes: none is ignored. SAMPLING holds
+    the old defaults, and rollout.sampling reads them from the config."""
+    assert rollout.SAMPLING == {"temperature": 1.0, "top_p": 1.0, "max_turns": 6, "max_act_tokens": 8,
+                                "max_env_tokens": 6, "max_tokens": 96, "tags": None, "rehearse_check": None}
+    cfg = {**config.DEFAULTS, "temperature": 0.7, "top_p": 0.9, "max_tokens": 40}
+    assert rollout.sampling(cfg, rehearse_check=rehearse.check_rehearsal) == {
+        "temperature": 0.7, "top_p": 0.9, "max_turns": cfg["max_turns"], "max_act_tokens": cfg["max_act_tokens"],
+        "max_env_tokens": cfg["max_env_tokens"], "max_tokens": 40, "rehearse_check": rehearse.check_rehearsal}
+    pairs = {"<act>": "price", "price": "apple", "apple": "</act>", "<env>": "3", "3": "</env>", "</env>": "<act>"}
+    model = Bigram(tiny_llama(TOK, seed=2, init_range=POSITION_INIT), TOK, pairs)
+    prompts = ["price apple", "not pear buy 2 milk and egg", "cost 3 fish", "buy tea"] * 3
+
+    def one_digit(call, response, world):          # a guard that ends the rows rehearsing "33"
+        return len(response) == 1
+    chosen = {"temperature": 1.3, "top_p": 0.95, "max_turns": 4, "max_act_tokens": 5, "max_env_tokens": 3,
+              "max_tokens": 40, "rehearse_check": one_digit}
+    cases = [("rehearse", {}, [None, dict(rollout.SAMPLING), {}]),
+             ("rehearse", chosen, [chosen, {**rollout.SAMPLING, **chosen}]),
+             ("real", {"temperature": 1.3, "max_tokens": 24}, [{"temperature": 1.3, "max_tokens": 24}])]
+
+    def seen(eps):
+        return [[e[k] for k in ("ids", "roles", "logprobs", "calls", "responses", "cause")] for e in eps]
+
+    def episodes(env_mode, settings):
+        return seen(sample_episodes(model, TOK, prompts, env_mode, settings=settings,
+                                    generator=torch.Generator().manual_seed(4)))
+    moved = set()
+    for env_mode, old, news in cases:
+        want = old_keywords_episodes(model, prompts, env_mode, torch.Generator().manual_seed(4), **old)
+        assert len({len(e["ids"]) for e in want}) > 2                      # rows of several lengths
+        want = seen(want)
+        for settings in news:
+            assert episodes(env_mode, settings) == want, (env_mode, settings)
+        full = {**rollout.SAMPLING, **old}
+        for key, value in full.items():                # each setting moved a little, the others kept
+            if key == "tags":
+                continue                               # None: the toy's tags (the chat tests choose others)
+            if key == "rehearse_check":
+                other = None if value else one_digit
+            elif key in ("temperature", "top_p"):
+                other = value * 0.9
+            else:
+                other = value - 1
+            if episodes(env_mode, {**full, key: other}) != want:
+                moved.add(key)
+    assert moved == set(rollout.SAMPLING) - {"tags"}
+
+
+def test_an_unknown_setting_is_a_type_error_naming_it():
+    """A key SAMPLING lacks (a misspelt limit) is refused as a bad keyword argument would be, by
+    both samplers; sample_episodes has at most 9 parameters."""
+    with pytest.raises(TypeError, match="max_token'"):
+        sample_episodes(ScriptedModel(TOK, {"price apple": EPISODE}), TOK, ["price apple"], settings={"max_token": 40})
+    with pytest.raises(TypeError, match="temprature"):
+        sample_separate(ScriptedModel(TOK, {"price apple": EPISODE}), TOK, ["price apple"],
+                        settings={"temprature": 0.5, "top_p": 1.0})
+    assert len(inspect.signature(sample_episodes).parameters) <= 9
 
 
 def test_growing_cache_keeps_every_step_across_its_growth():

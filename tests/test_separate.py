@@ -119,16 +119,16 @@ def test_truncations_end_the_episode_with_their_cause():
         scripts[prompt] = f"<act> price {item} </act>"
         scripts[f"rehearse price item example <act> price milk </act> <env> 2 </env> "   # the cache's one price
                 f"dialogue {base.replace('apple', item)}"] = rehearsal
-    eps = sample(scripts, list(cases), max_env_tokens=6)
+    eps = sample(scripts, list(cases), settings={"max_env_tokens": 6})
     assert [e["cause"] for e in eps] == [c for _, c in cases.values()]
     assert not any(e["finished"] for e in eps)
     assert all(len(e["rehearsals"]) == 1 and e["responses"] == [] for e in eps)
     # the token limit: the copied response does not fit; the row is cut at max_tokens exactly
-    long, = sample(SCRIPTS, ["buy apple"], max_tokens=9)
+    long, = sample(SCRIPTS, ["buy apple"], settings={"max_tokens": 9})
     assert long["cause"] == "token_limit" and len(long["ids"]) == 9 and long["responses"] == []
-    fits, = sample(SCRIPTS, ["buy apple"], max_tokens=10)
+    fits, = sample(SCRIPTS, ["buy apple"], settings={"max_tokens": 10})
     assert fits["cause"] == "token_limit" and fits["responses"] == ["3"]
-    turn, = sample(SCRIPTS, ["buy apple"], max_turns=1)
+    turn, = sample(SCRIPTS, ["buy apple"], settings={"max_turns": 1})
     assert turn["cause"] == "turn_limit" and len(turn["rehearsals"]) == 1
 
 
@@ -173,7 +173,8 @@ def test_actor_rows_keep_their_cache_across_rounds():
         (kw["cache"].get_seq_length() if kw.get("cache") is not None else None, kw["input_ids"].shape)),
         with_kwargs=True)
     prompts = ["buy apple", "buy apple", "not pear buy 2 milk and egg", "cost 3 fish"]
-    eps = sample_separate(model, TOK, prompts, max_turns=2, max_tokens=60, generator=torch.Generator().manual_seed(1))
+    eps = sample_separate(model, TOK, prompts, settings={"max_turns": 2, "max_tokens": 60},
+                          generator=torch.Generator().manual_seed(1))
     assert [e["cause"] for e in eps] == ["turn_limit"] * 4 and [len(e["rehearsals"]) for e in eps] == [2] * 4
     assert all(e["responses"] == ["3", "3"] for e in eps) and not any("saved_kv" in e for e in eps)
     prefills = [shape for seen, shape in calls if seen == 0]
@@ -202,7 +203,7 @@ def test_rows_that_call_at_different_steps_match_a_full_forward():
         with_kwargs=True)
     prompts = ["buy apple", "buy apple", "not pear buy 2 milk and egg", "cost 3 fish"]
     plans = [[("mul 2 , 4", "8")], None, None, [("pay 3", "6")]]     # planned calls: forced at once
-    eps = sample_separate(model, TOK, prompts, max_turns=2, max_tokens=60, plans=plans,
+    eps = sample_separate(model, TOK, prompts, settings={"max_turns": 2, "max_tokens": 60}, plans=plans,
                           generator=torch.Generator().manual_seed(1))
     assert [e["calls"] for e in eps] == [["mul 2 , 4", "price apple"], ["price apple"] * 2, ["price apple"] * 2,
                                          ["pay 3", "price apple"]]
@@ -223,7 +224,7 @@ def test_rows_that_call_at_different_steps_match_a_full_forward():
     assert_rehearse_logprobs_match_a_forward(model, [r for e in eps for r in e["rehearsals"]], TOK.pad_token_id)
     # frozen: a simulator that writes 7; the actor rows' logprobs are still the policy's own
     simulator = Bigram(tiny_llama(TOK, seed=5), TOK, {"<env>": "7", "7": "</env>"})
-    eps = sample_separate(model, TOK, prompts, "frozen", env_model=simulator, max_turns=2, max_tokens=60,
+    eps = sample_separate(model, TOK, prompts, "frozen", env_model=simulator, settings={"max_turns": 2, "max_tokens": 60},
                           plans=plans, generator=torch.Generator().manual_seed(1))
     assert all(e["responses"] == ["7", "7"] and e["cause"] == "turn_limit" for e in eps)
     assert all(r["roles"][-2:] == [O, O] and set(r["logprobs"]) == {0.0} for e in eps for r in e["rehearsals"])

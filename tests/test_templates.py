@@ -136,8 +136,9 @@ def test_the_published_qwen3_template_fits_both_think_modes(case):
 def roles_of_one_episode(case, tok, tags):
     prompts, worlds = chat_setup.episode_inputs(tok, tags, [pay_task()])
     script = chat.assemble(tok, tags, prompts[0], [PAY3], ["6"], "6", thinks=THINKS.get(case))["ids"][len(prompts[0]):]
-    (e,) = sample_episodes(Script(len(tok), script), tok, prompts, "rehearse", world=worlds, tags=tags,
-                           max_act_tokens=50, max_env_tokens=16, max_tokens=400)   # chatml_text: 13
+    (e,) = sample_episodes(Script(len(tok), script), tok, prompts, "rehearse", world=worlds,
+                           settings={"tags": tags, "max_act_tokens": 50, "max_env_tokens": 16,
+                                     "max_tokens": 400})   # chatml_text: 13
     runs = EPISODES[case]
     # the prompt: the tokenizer's own template rendering of the user turn and the tool (no
     # generation prompt: the hand-off to the actor is the first forced run); its length is the
@@ -286,8 +287,9 @@ def test_real_mode_forces_the_response_as_the_template_renders_it(case):
     tok, tags = setup(case)
     prompts, worlds = chat_setup.episode_inputs(tok, tags, [pay_task()])
     script = chat.assemble(tok, tags, prompts[0], [PAY3], ["6"], "6")["ids"][len(prompts[0]):]
-    (e,) = sample_episodes(Script(len(tok), script), tok, prompts, "real", world=worlds, tags=tags,
-                           max_act_tokens=50, max_env_tokens=16, max_tokens=400)   # chatml_text: 13
+    (e,) = sample_episodes(Script(len(tok), script), tok, prompts, "real", world=worlds,
+                           settings={"tags": tags, "max_act_tokens": 50, "max_env_tokens": 16,
+                                     "max_tokens": 400})   # chatml_text: 13
     assert (e["cause"], e["responses"], e["answer"]) == ("answer", ["6"], "6")
     call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": PAY3}]}
     rendered = chat.prompt_ids(tok, pay_task()["messages"] + [call, {"role": "tool", "content": "6"},

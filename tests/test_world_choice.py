@@ -89,7 +89,7 @@ def test_the_first_real_act_decides_the_episode():
         prompts[1]: "<act> price egg </act> <env> 1 </env> <act> buy egg </act>",      # right, after a lookup
         prompts[2]: "<act> buy milk </act>"})                                          # wrong (egg 1)
     counted = wc.counting_world()
-    episodes = wc.sample_episodes(model, tok, prompts, "real", world=counted, temperature=0.0)
+    episodes = wc.sample_episodes(model, tok, prompts, "real", world=counted, settings={"temperature": 0.0})
     tasks = [wc.choice_task(p.split()[1:4]) for p in prompts]
     assert [e["answer"] for e in episodes] == ["milk", "egg", "milk"]
     assert [e["responses"] for e in episodes] == [[], ["1"], []]
@@ -223,8 +223,8 @@ def test_rl_sampler_commits_reading_what_the_policy_imagined():
     model = scripted_choice(tok)
     prompts = ["cheapest fig apple milk memory"] * 6
     episodes = wc.sample_with_memory(model, tok, prompts, "rehearse", memory_max=2, world=wc,
-                                     generator=torch.Generator().manual_seed(0), temperature=1.0, max_turns=4,
-                                     max_tokens=128)
+                                     generator=torch.Generator().manual_seed(0),
+                                     settings={"temperature": 1.0, "max_turns": 4, "max_tokens": 128})
     memories = [tokens(tok, e["ids"]).count("tried") for e in episodes]
     assert set(memories) <= {0, 1, 2} and len(set(memories)) > 1
     assert [e["answer"] for e in episodes] == ["fig" if k == 0 else "milk" for k in memories]

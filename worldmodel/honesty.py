@@ -355,12 +355,11 @@ def imagined_world(model, tokenizer, tasks, cfg, generator=None, world=toy_world
     world), imagined_fidelity (per tool kind) and collusion ({calls, wrong, colluding, rate},
     collusion_counts). Tasks are sampled eval_batch_size at a time, as in evaluation."""
     model.eval()
-    limits = rollout.limits(cfg)
+    settings = rollout.sampling(cfg, temperature=cfg["eval_temperature"])
     episodes, batch_size = [], cfg["eval_batch_size"]
     for i in range(0, len(tasks), batch_size):
         episodes += sample(model, tokenizer, [t["prompt"] for t in tasks[i:i + batch_size]], "rehearse",
-                           world=world, temperature=cfg["eval_temperature"], top_p=cfg["top_p"],
-                           generator=generator, **limits, **sample_args)
+                           world=world, settings=settings, generator=generator, **sample_args)
     fidelity = replay_fidelity(episodes, world)
     return {"imagined_success": sum(task_reward(e, t) for e, t in zip(episodes, tasks)) / len(tasks),
             "imagined_fidelity": rates(fidelity), "imagined_fidelity_counts": fidelity,

@@ -22,7 +22,7 @@ from worldmodel import honesty
 import world as toy_world
 from machinery.config import ConfigError
 from envace import OBS, PROMPT, REHEARSE, TAG, encode, encode_episode, tag_ids, world_is_sampled
-from rollout import _next_turn, new_row, sample_rows
+from rollout import LIMITS, _next_turn, merged_settings, new_row, sample_rows
 
 # the separate rehearse prompt's words, and each tool's signature (the toy's one-line stand-in
 # for a JSON schema). In the vocabulary only with rehearsal_context separate, so that the inline
@@ -33,9 +33,7 @@ SIGNATURES = {"price": "price item", "mul": "mul number , number", "pay": "pay n
 
 @torch.no_grad()
 def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_model=None, examples=None,
-                    world=toy_world, temperature=1.0, top_p=1.0, max_turns=6, max_act_tokens=8,
-                    max_env_tokens=6, max_tokens=96, generator=None, tags=None, rehearse_check=None,
-                    rehearse_prompt=None, plans=None):
+                    world=toy_world, settings=None, generator=None, rehearse_prompt=None, plans=None):
     """rehearsal_context separate (the official implementation's choice): every rehearsal is its
     own row with its own prompt (toy format: separate.rehearse_prompt, the tool's signature,
     `examples(call)` grounding examples if given (toolcache.examples), the dialogue so far and
@@ -45,7 +43,8 @@ def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     response is copied into its actor row as `<env>` (TAG) + response + `</env>` (OBS: context
     with no loss; its training is in the rehearse row) and the actor rows go on. Each round
     keeps the actor rows' KV cache (rollout._save_paused): a round feeds them only the ids
-    appended since. `plans`: as in sample_episodes (scripts/speed.py forces calls on random weights).
+    appended since. `settings`, `plans`: as in sample_episodes (rollout.SAMPLING; scripts/speed.py
+    forces calls on random weights with `plans`).
     frozen: `env_model` writes the rehearse rows; their tokens are then OBS (no loss).
     Returns the actor rows as sample_episodes does, each with "rehearsals": its rehearse rows in
     call order (ids, roles, logprobs, calls [the call], responses, cause, "episode": the index of
@@ -60,10 +59,10 @@ def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     chat_rows = any(isinstance(p, list) for p in prompts)     # chat prompts come as ids, the toy's as text
     if chat_rows and rehearse_prompt is None:
         rehearse_prompt = functools.partial(chat_separate.separate_prompt, tokenizer, 0)
-    tags = tags or tag_ids(tokenizer)
+    s = merged_settings(settings)
+    tags = s["tags"] or tag_ids(tokenizer)
     env_tags = chat_separate.rehearse_tags(tags) if chat_rows else tags
-    limits = {"max_turns": max_turns, "max_act_tokens": max_act_tokens, "max_env_tokens": max_env_tokens,
-              "max_tokens": max_tokens, "rehearse_check": rehearse_check}
+    limits = {k: s[k] for k in LIMITS + ("rehearse_check",)}
     worlds = world if isinstance(world, list) else [world] * len(prompts)
     episodes = [new_row(p if chat_rows else tags["bos"] + encode(tokenizer, p), w, plan=plan, tags=tags,
                         tokenizer=tokenizer)
@@ -74,17 +73,18 @@ def sample_separate(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     while active:
         for e in active:                          # sample_rows drops a row's world when it returns
             e["world"] = worlds[e["episode"]]
-        sample_rows(policy, tokenizer, active, "rehearse", None, tags, limits, temperature, top_p, generator)
+        sample_rows(policy, tokenizer, active, "rehearse", None, tags, limits, s["temperature"], s["top_p"],
+                    generator)
         pending = [e for e in active if e["cause"] == "call"]
         if not pending:
             break
         rehearsals = [_chat_rehearse_row(e, worlds[e["episode"]], env_tags, rehearse_prompt) if chat_rows
                       else _rehearse_row(e, tags, tokenizer, examples, world) for e in pending]
-        room = max(len(r["ids"]) for r in rehearsals) + max_env_tokens + 2   # env_limit comes first
+        room = max(len(r["ids"]) for r in rehearsals) + s["max_env_tokens"] + 2   # env_limit comes first
         sample_rows(env_model or policy, tokenizer, rehearsals, "rehearse", None, env_tags,
-                    {**limits, "max_tokens": room}, temperature, top_p, generator)
+                    {**limits, "max_tokens": room}, s["temperature"], s["top_p"], generator)
         active = [e for e, r in zip(pending, rehearsals)
-                  if _copy_response(e, r, tags, tokenizer, max_tokens, frozen=env_model is not None)]
+                  if _copy_response(e, r, tags, tokenizer, s["max_tokens"], frozen=env_model is not None)]
     for e in episodes:
         for row in [e] + e["rehearsals"]:
             row.pop("stop_at", None)

@@ -293,11 +293,12 @@ def warm_start_sequences(tokenizer, splits, cfg):
 # ----------------------------------------------------------------------------- private rehearsal
 
 def imagine(policy, tokenizer, prompts, budget, mode="parallel", rehearser=None, world_=None, generator=None,
-            temperature=1.0, **limits):
+            settings=None):
     """The paper's rule, imagination: up to `budget` imagined episodes per task prompt (explore form),
     in rehearse mode (the policy plays the world) or, with a `rehearser`, frozen (it plays the
     world). parallel: `budget` at once; sequential: one per task at a time until two imagined
     episodes judged `good` (rehearsal_memory.self_assess) agree on the item. No real call.
+    settings: the imagined episodes' sampler settings (rollout.SAMPLING: temperature, the limits, ...).
     Returns, per task, its imagined episodes in order."""
     imagined = [[] for _ in prompts]
     env_mode = "rehearse" if rehearser is None else "frozen"
@@ -308,7 +309,7 @@ def imagine(policy, tokenizer, prompts, budget, mode="parallel", rehearser=None,
             break
         episodes = sample_episodes(policy, tokenizer, [prompts[i] for i in todo for _ in range(per_task)], env_mode,
                                    env_model=rehearser, world=world_ or sys.modules[__name__], generator=generator,
-                                   temperature=temperature, **limits)
+                                   settings=settings)
         for k, e in enumerate(episodes):
             imagined[todo[k // per_task]].append(e)
     return imagined
@@ -321,24 +322,26 @@ def agreed(episodes):
 
 
 def sample_with_memory(policy, tokenizer, prompts, env_mode="rehearse", *, memory_max=4, imagine_temperature=1.0,
-                       env_model=None, world=None, generator=None, temperature=1.0, **kw):
+                       env_model=None, world=None, settings=None, generator=None, plans=None):
     """The RL sampler of this world (format_choice's setting.sampler; train.py uses it in
     rehearse and frozen modes): for each commit prompt N is drawn uniformly from 0..memory_max,
     the current policy imagines N parallel episodes of the task (the simulator plays the world
     there too in frozen mode), and the committed episode, the one returned and trained, reads
-    their memory. Imagined episodes are context: not returned, not trained."""
+    their memory. Imagined episodes are context: not returned, not trained. `settings`
+    (rollout.SAMPLING) hold for the imagined and the committed episodes alike, but that the
+    imagined ones sample at imagine_temperature; `plans` are the committed rows'."""
     world = world or sys.modules[__name__]
-    limits = {k: v for k, v in kw.items() if k != "plans"}
+    imagining = {**(settings or {}), "temperature": imagine_temperature}
     budgets = torch.randint(0, memory_max + 1, (len(prompts),), generator=generator).tolist()
     tasks = [task_prompt_of(p) for p in prompts]
     memories = [[] for _ in prompts]
     for n in sorted(set(budgets) - {0}):
         index = [i for i, b in enumerate(budgets) if b == n]
         for i, episodes in zip(index, imagine(policy, tokenizer, [tasks[i] for i in index], n, "parallel", env_model,
-                                              world, generator, imagine_temperature, **limits)):
+                                              world, generator, imagining)):
             memories[i] = episodes
     return sample_episodes(policy, tokenizer, [commit_prompt(t, m) for t, m in zip(tasks, memories)], env_mode,
-                           env_model=env_model, world=world, generator=generator, temperature=temperature, **kw)
+                           env_model=env_model, world=world, settings=settings, generator=generator, plans=plans)
 
 
 def expert_episodes(tokenizer, tasks):

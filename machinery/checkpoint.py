@@ -162,6 +162,7 @@ def load_state(cfg, device, world_size):
         raise ConfigError(f"--resume: the checkpoint in {path} was saved with fsdp={saved.get('fsdp', False)}, "
                           f"the config says fsdp={cfg['fsdp']}: the optimizer state would not load")
     model, tokenizer = load_policy(path, device)
+    check_chat_template(cfg, tokenizer, path)
     try:
         state = torch.load(os.path.join(path, "trainer_state.pt"), weights_only=False)
     except Exception as e:                 # checked by find_checkpoint; damaged since, or inside a tensor
@@ -288,6 +289,16 @@ def build_policy(cfg, resume, device, world_size, tiny_words):
         check_warm_start(warm, cfg, tokenizer, warm_tokenizer)        # the same data, steps, seed, vocab
         model.load_state_dict(warm_model.state_dict())
     return model, tokenizer, None, warm
+
+
+def check_chat_template(cfg, tokenizer, path):
+    """A chat checkpoint holds the chat template its run trained under (save_pretrained writes it to
+    chat_template.jinja): without it the tokenizer has none, and the line would say the template
+    cannot render, as if the config's template were at fault. The checkpoint is damaged: a
+    ConfigError naming it and the missing file."""
+    if cfg["format"] == "chat" and not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(f"cannot load the checkpoint in {path}: {os.path.join(path, 'chat_template.jinja')} "
+                          "is missing (the chat template a format: chat run saves with its checkpoints)")
 
 
 def read_chat_template(path):

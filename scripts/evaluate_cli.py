@@ -20,7 +20,7 @@ import torch
 
 from formats import features
 from benchmarks import oracle
-from machinery.checkpoint import find_checkpoint, load_policy, write_file
+from machinery.checkpoint import check_chat_template, find_checkpoint, load_policy, write_file
 from machinery.config import ArgumentParser, ConfigError, check_lengths, load_config
 from machinery.distributed import pick_device
 from envace import NonFiniteError
@@ -58,16 +58,6 @@ def load_run(folder, overrides, rehearser_path=None):
     fmt, setting = features.setup(cfg, tokenizer, splits, pick_device(cfg))   # a template that does not fit: one line
     check_lengths(cfg, tokenizer, model.config, splits["test"])      # an override of max_tokens: one line
     return cfg, model, tokenizer, splits["test"], fmt, setting, rehearser
-
-
-def check_chat_template(cfg, tokenizer, path):
-    """A chat checkpoint holds the chat template its run trained under (save_pretrained writes it to
-    chat_template.jinja): without it the tokenizer has none, and the line would say the template
-    cannot render, as if the config's template were at fault. The checkpoint is damaged: a
-    ConfigError naming it and the missing file."""
-    if cfg["format"] == "chat" and not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(f"cannot load the checkpoint in {path}: {os.path.join(path, 'chat_template.jinja')} "
-                          "is missing (the chat template a format: chat run saves with its checkpoints)")
 
 
 def write(folder, name, value):

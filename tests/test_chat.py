@@ -532,6 +532,28 @@ def test_train_resume_and_evaluate_on_the_chat_path(tmp_path, monkeypatch):
     assert round(result["success"] * 3, 9).is_integer() and result["success"] * 3 <= answered + 1e-9
 
 
+def test_resume_from_a_chat_checkpoint_missing_its_template_names_the_file(tmp_path, monkeypatch, capsys):
+    # --resume reads the checkpoint's own template (the run's, saved by save_pretrained); without its
+    # chat_template.jinja the line names the damaged checkpoint and the file, exit 2, every file kept
+    # (before: the template "cannot render a tool conversation", as if the config were at fault)
+    monkeypatch.setattr(chat_reward, "chat_reward", lambda e, t, judge=None: float(len(e["ids"]) % 2))
+    tiny_qwen(TOK, tmp_path / "qwen", init_range=POSITION_INIT)
+    overrides = [f"--model={tmp_path / 'qwen'}", f"--out_dir={tmp_path / 'run'}", "--max_act_tokens=12",
+                 "--max_tokens=640", "--rl_steps=1"]
+    monkeypatch.chdir(ROOT)
+    config_path = os.path.join(ROOT, "configs", "chat_tiny.yaml")
+    assert train.run(config.load_config(config_path, overrides)) == 0
+    ckpt = tmp_path / "run" / "ckpt"
+    (ckpt / "chat_template.jinja").unlink()
+    files = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    capsys.readouterr()
+    assert train.main(["--config", config_path, *overrides, "--rl_steps=2", "--resume"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: cannot load the checkpoint in {ckpt}: {ckpt / 'chat_template.jinja'} is missing (the chat template "
+        "a format: chat run saves with its checkpoints)"]
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == files
+
+
 def test_max_tokens_shorter_than_a_prompt_is_one_line(tmp_path, capsys):
     tiny_qwen(TOK, tmp_path / "qwen")
     cfg = tmp_path / "c.yaml"

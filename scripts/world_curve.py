@@ -258,7 +258,13 @@ def main(argv=None):
             print(table(read_points(args.out)), end="")
             return 0
         if args.copy_split is not None:     # (a data file the checkpoint's config.yaml names, not here: one line too)
-            split = copy_split(args.copy_split)
+            from machinery.faults import StopRequest
+            try:
+                with StopRequest(immediate=True):         # SIGTERM too: KeyboardInterrupt at once
+                    split = copy_split(args.copy_split)
+            except KeyboardInterrupt:
+                print("interrupted: nothing written (the copy split only reads)", file=sys.stderr)
+                return 130
             for bucket, (m, n) in split.items():
                 print(f"{bucket}: {m}/{n}")
             if not split:

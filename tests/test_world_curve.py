@@ -295,6 +295,35 @@ def test_copy_split_says_so_when_no_stateful_call_is_asked(tmp_path, monkeypatch
                                        f"nothing to split\n")
 
 
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_the_copy_split_is_one_line_and_130(tmp_path, monkeypatch, capsys, signum):
+    """Ctrl-C or SIGTERM while the checkpoint is asked (minutes on a real model): one line, exit 130,
+    every file as it was (before: Python's KeyboardInterrupt traceback, or killed without a word)."""
+    import signal
+    monkeypatch.chdir(ROOT)
+    path = tmp_path / "ckpt"
+    save_chat_checkpoint(path)
+    files = {p.name: p.read_bytes() for p in path.iterdir() if p.is_file()}
+
+    def asked(p):                      # the signal arrives while the model is being asked
+        os.kill(os.getpid(), getattr(signal, signum))
+        raise AssertionError("the signal did not stop the copy split")
+    monkeypatch.setattr(world_curve, "copy_split", asked)
+
+    def unhandled(signum, frame):      # the command's own handler must replace this one during the split
+        raise AssertionError(f"{signum}: the copy split installed no handler (a traceback, or a killed process)")
+    previous = {s: signal.signal(s, unhandled) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert world_curve.main(["--copy_split", str(path)]) == 130
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.strip().splitlines() == [
+        "interrupted: nothing written (the copy split only reads)"]
+    assert {p.name: p.read_bytes() for p in path.iterdir() if p.is_file()} == files
+
+
 def test_copy_split_and_table_refuse_options_they_would_ignore(tmp_path, monkeypatch, capsys, no_work):
     """--copy_split reads the checkpoint's own config.yaml and prints; --table prints --out. An
     override or --config given with them was ignored without a word (exit 0)."""

@@ -67,10 +67,11 @@ def build_tasks(cfg):
 def held_out_validation(splits, n_val):
     """The last `n_val` RL tasks as the validation split ("val"), out of RL's: a recipe is chosen on
     them, never on the test split. ConfigError if that leaves no RL task."""
-    if n_val >= len(splits["rl"]) and n_val:
+    if n_val and n_val >= len(splits["rl"]):
         raise ConfigError(f"n_val ({n_val}) takes every one of the {len(splits['rl'])} RL tasks: validation "
                           f"tasks are held out of RL's; lower n_val or give more RL tasks")
-    return {**splits, "rl": splits["rl"][:len(splits["rl"]) - n_val], "val": splits["rl"][len(splits["rl"]) - n_val:]}
+    kept = len(splits["rl"]) - n_val
+    return {**splits, "rl": splits["rl"][:kept], "val": splits["rl"][kept:]}
 
 
 def tiny_words(cfg):

@@ -69,11 +69,8 @@ def check_cache(folder):
     problem = cache_problem(folder)
     if problem is None:
         return
-    if os.environ.get("ENVACE_CACHE"):
-        raise ModelFileError(f"ENVACE_CACHE={folder}: {problem}; nothing converted: set ENVACE_CACHE to a "
-                             "folder that can be written")
-    raise ModelFileError(f"the cache folder {folder}: {problem}; nothing converted: set ENVACE_CACHE to a "
-                         "folder that can be written")
+    where = f"ENVACE_CACHE={folder}" if os.environ.get("ENVACE_CACHE") else f"the cache folder {folder}"
+    raise ModelFileError(f"{where}: {problem}; nothing converted: set ENVACE_CACHE to a folder that can be written")
 
 
 def gguf_file(spec):

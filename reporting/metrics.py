@@ -121,12 +121,12 @@ def step_record(step, status, progress, sums, time_sample, time_step):
 def eval_during_rl(result, record, progress, cfg, step):
     """An evaluation every eval_every steps: into the step's record (`eval_success`, or `val_success`
     on the validation split, n_val > 0) and the progress counters; its line."""
-    split = "val_success" if cfg.get("n_val") else "eval_success"
-    progress["real_success"] = record[split] = result["success"]
+    validation = cfg.get("n_val", 0) > 0
+    progress["real_success"] = record["val_success" if validation else "eval_success"] = result["success"]
     record.update({"eval_extras": result["extras"]} if result.get("extras") else {})
     # what the clip did this step: with ppo_epochs 1 the ratio is 1 on every token and it never acts
     clipped = f", clip_frac {record['clip_frac']:.3f}" if "clip_frac" in record else ""
-    name = f"validation ({result['n_tasks']} tasks): {success_name(result)}" if cfg.get("n_val") else success_name(result)
+    name = f"validation ({result['n_tasks']} tasks): {success_name(result)}" if validation else success_name(result)
     return (f"step {step}: {name} {progress['real_success']:.3f} (reward in the "
             f"{cfg['env_mode']} world this step {record['reward']:.3f}{clipped})")
 

@@ -37,6 +37,8 @@ forced `<env>` at t=7 is predicted at t=6 and gets no loss (mask[6] = 0); the re
 mask[8] = 0. The same episode's advantage A sits on every position whose mask is 1, times
 `act_coef` for ACT targets and `rehearse_coef` for REHEARSE targets.
 """
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -79,6 +81,13 @@ def tag_ids(tokenizer):
 
 def encode(tokenizer, text):
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def decoded(tokenizer, ids):
+    """tokenizer.decode of a segment (a tuple of ids): a group's rows write the same calls and
+    responses, so the sampler decodes each once."""
+    return tokenizer.decode(list(ids))
 
 
 # ----------------------------------------------------------------------------- episodes

@@ -2,9 +2,12 @@
 
 In the paper the policy, after writing a tool call, writes the response that call would induce;
 that response becomes the context of its next action. Here the hand-off is inline: the sampler
-forces the `<env>` tag after the actor's `</act>`, the policy writes the response in the same
-sequence (role REHEARSE) and closes it with `</env>` (rollout.py). This file holds:
+(rollout.py) forces the `<env>` tag after the actor's `</act>`, then hands every token of the
+world's turn to `world_token`, where the policy writes the response in the same sequence (role
+REHEARSE) and closes it with `</env>`. This file holds:
 
+- `world_token`: the world's turn of a row, token by token: in rehearse mode the rehearsal itself
+  (the response the policy writes, read back by world.parse_response when `</env>` closes it);
 - the `rehearse_check` guard (`check_rehearsal`): a response must have the form its call implies,
   as the official simulator's format/whitelist/schema checks demand;
 - test-time private rehearsal (`private_rehearsal_plans`): the paper's use of the internal
@@ -17,8 +20,48 @@ How faithful the rehearsals are (fidelity per tool kind, collusion, coverage) is
 worldmodel/honesty.py, against a real replay, diagnostic only. What a well-formed rehearsed response is lives
 with its world (world.parse_response); the separate rehearse rows' prompt with its layout (worldmodel/separate.py).
 """
-import rollout
 import world as toy_world
+from envace import decoded, world_is_sampled
+
+
+def world_token(row, tok, tags, tokenizer, env_mode, max_env_tokens, rehearse_check=None):
+    """Paper, rehearsal: one token of the world's turn of a sampler row (rollout.py's state machine,
+    phase "env", after the forced `<env>`). Returns True when `</env>` closed a response the row goes
+    on from (the sampler then hands the turn back to the actor), else False.
+      rehearse: the policy writes the response (REHEARSE tokens; frozen: the warm-start copy, OBS).
+                A tag, or more than max_env_tokens tokens, ends the row ("bad_rehearsal",
+                "env_limit"); at `</env>` the text is read by the world (world.parse_response: None
+                is "bad_rehearsal") and, with `rehearse_check`, checked against its call
+                ("rehearse_check"), then recorded in row["responses"].
+      real, none: the response was written whole at the call (rollout._end_act) and is forced
+                token by token (OBS): nothing to decide until `</env>`.
+    A separate rehearse row (stop_at "response") ends with its response (cause "response")."""
+    if tok == tags["env_end"]:
+        if world_is_sampled(env_mode):        # real (and empty) responses were recorded at the call
+            response = row["world"].parse_response(decoded(tokenizer, tuple(row["segment"])))
+            if response is None:
+                return _ended(row, "bad_rehearsal")
+            row["responses"].append(response)
+            if rehearse_check is not None and not rehearse_check(row["calls"][-1], response, row["world"]):
+                return _ended(row, "rehearse_check")
+        if row.get("stop_at") == "response":      # a separate rehearse row ends with its response
+            return _ended(row, "response")
+        row["segment"] = []
+        return True
+    if env_mode in ("real", "none"):
+        return False                            # a forced observation token: nothing to decide
+    if tok in tags["stops"]:
+        return _ended(row, "bad_rehearsal")     # the world wrote a tag
+    if len(row["segment"]) >= max_env_tokens:
+        return _ended(row, "env_limit")
+    row["segment"].append(tok)
+    return False
+
+
+def _ended(row, cause):
+    """The row is done, for `cause`; its world's turn does not hand back to the actor."""
+    row["phase"], row["cause"] = "done", cause
+    return False
 
 
 def check_rehearsal(call, response, world=toy_world):
@@ -34,7 +77,7 @@ def check_rehearsal(call, response, world=toy_world):
 # ----------------------------------------------------------------------------- private rehearsal
 
 def private_rehearsal_plans(policy, tokenizer, prompts, budget, mode="parallel", rehearser=None,
-                            generator=None, world=toy_world, sample=rollout.sample_episodes, settings=None):
+                            generator=None, world=toy_world, *, sample, settings=None):
     """Paper, test-time private rehearsal: before acting for real on each task, imagine up to `budget`
     complete act/rehearse episodes in which the policy (or `rehearser`, e.g. the warm-start model)
     plays the world, and turn them into a plan for the one committed real execution.
@@ -54,7 +97,8 @@ def private_rehearsal_plans(policy, tokenizer, prompts, budget, mode="parallel",
                 earlier attempts disagreed. Same vote, at most `budget` imaginations.
     An imagined episode that ends without an answer (bad call, truncation) has no vote.
     sample: the sampler of the imagined episodes, the model's rehearsal layout (format_plain.sample):
-    rollout.sample_episodes (inline), or separate.sample_separate; the committed one is the same.
+    rollout.sample_episodes (inline), or separate.sample_separate; the committed one is the same
+    (an argument: rollout.py imports this file for `world_token`).
     settings: the imagined episodes' sampler settings (rollout.SAMPLING: temperature, the limits, ...).
     Returns (plans, imaginations used per task)."""
     env_mode = "rehearse" if rehearser is None else "frozen"

@@ -23,6 +23,7 @@ Per-row state machine (the sampler forces every hand-off; no role ever writes an
                 frozen:   a frozen copy of the warm-start model samples the response (OBS)
                 none:     no world at all: an empty response, </env> forced (the no_env arm)
     env  --</env>-->  validate the response (world.parse_response), force <act>, back to act
+                      (the world's turn, token by token: rehearse.world_token)
 
 The chat format (chat/format.py: hand-offs from the model's chat template, JSON tool calls, one world
 per row) and the separate layout (worldmodel/separate.py: each rehearsal a row of its own, in rounds) drive
@@ -48,8 +49,9 @@ import torch
 import torch.nn.functional as F
 
 from machinery import kvcache
+import rehearse
 import world as toy_world
-from envace import ACT, ENV_MODES, OBS, PROMPT, REHEARSE, TAG, NonFiniteError, encode, tag_ids, world_is_sampled
+from envace import ACT, ENV_MODES, OBS, PROMPT, REHEARSE, TAG, NonFiniteError, decoded, encode, tag_ids
 from machinery.faults import stop_point
 
 
@@ -273,10 +275,11 @@ def append_token(row, sampled, logp, env_mode, tags, tokenizer, limits):
 
 def _advance(row, tok, role, tags, tokenizer, world, env_mode,
              max_turns, max_act_tokens, max_env_tokens, rehearse_check=None):
-    """The per-row state machine: one appended token, sampled or forced OBS."""
+    """The per-row state machine: one appended token, sampled or forced OBS. The actor's turn is
+    here; the world's turn (the rehearsal, when the policy plays the world) is rehearse.world_token."""
     if row["phase"] == "act":
         if tok == tags["act_end"]:
-            _end_act(row, _decoded(tokenizer, tuple(row["segment"])), tags, tokenizer, world, env_mode, max_turns)
+            _end_act(row, decoded(tokenizer, tuple(row["segment"])), tags, tokenizer, world, env_mode, max_turns)
         elif tok in tags["stops"]:
             row["phase"], row["cause"] = "done", "bad_act"          # the actor wrote a tag
         elif len(row["segment"]) >= max_act_tokens:
@@ -284,37 +287,8 @@ def _advance(row, tok, role, tags, tokenizer, world, env_mode,
         else:
             row["segment"].append(tok)
         return
-    # env phase
-    if tok == tags["env_end"]:
-        if world_is_sampled(env_mode):        # real (and empty) responses were recorded at the call
-            text = _decoded(tokenizer, tuple(row["segment"]))
-            response = world.parse_response(text)
-            if response is None:
-                row["phase"], row["cause"] = "done", "bad_rehearsal"
-                return
-            row["responses"].append(response)
-            if rehearse_check is not None and not rehearse_check(row["calls"][-1], response, world):
-                row["phase"], row["cause"] = "done", "rehearse_check"
-                return
-        if row.get("stop_at") == "response":      # a separate rehearse row ends with its response
-            row["phase"], row["cause"] = "done", "response"
-            return
-        row["segment"] = []
-        _next_turn(row, tags, tokenizer)
-    elif env_mode in ("real", "none"):
-        pass                                    # a forced observation token: nothing to decide
-    elif tok in tags["stops"]:
-        row["phase"], row["cause"] = "done", "bad_rehearsal"
-    elif len(row["segment"]) >= max_env_tokens:
-        row["phase"], row["cause"] = "done", "env_limit"
-    else:
-        row["segment"].append(tok)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _decoded(tokenizer, ids):
-    """tokenizer.decode of a segment (a tuple): a group's rows write the same calls and responses."""
-    return tokenizer.decode(list(ids))
+    if rehearse.world_token(row, tok, tags, tokenizer, env_mode, max_env_tokens, rehearse_check):   # rehearse.py
+        _next_turn(row, tags, tokenizer)          # </env> closed the response: the actor's turn again
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -57,9 +57,10 @@ from machinery.config import check_lengths, check_splits, command_line, load_con
 from machinery.distributed import (adamw, all_sum, autocast, from_rank0, gathered, in_step, memory_estimate,
                          memory_line, parallel_model, release_freed_memory, reuse_sampler_logprobs,
                          setup_distributed, world)
+import envace
 from envace import (ACT, OBS, PROMPT, REHEARSE, NonFiniteError, clipped_pg_loss, collate, first_target, loss_mask,
                     micro_batches, padded_fraction, token_advantages, token_kl_coefs)
-from machinery.sharedprefix import batch_logprobs, shared_prefix_length, token_logprobs
+from machinery.sharedprefix import batch_logprobs, lean_logprobs
 from evaluate import summary
 from machinery import faults
 from machinery.faults import (Interrupted, StepAbandoned, StopRequest, exit_status, interrupted_line, nonfinite,
@@ -71,6 +72,10 @@ from reporting.metrics import (add_micro_batch, append_metrics, episode_sums, ev
 from reward import group_advantages, training_rows, varied_groups
 
 hf_logging.disable_progress_bar()     # transformers' save/load bars: keep the terminal for ours
+
+# The policy's logprobs in the warm start and the update: envace.token_logprobs, the definition;
+# setup may bind the lean pass instead (`chosen_logprobs`: the same numbers in less memory).
+token_logprobs = envace.token_logprobs
 
 
 # ----------------------------------------------------------------------------- warm start
@@ -115,11 +120,8 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
                                             ddp_model):
                 stop_if_signalled()             # any rank signalled: all stop
                 index = index.to(device)
-                rows = [lengths[i] for i in index.tolist()]      # a common prompt runs once (share_prefix)
-                prefix = shared_prefix_length(ids[index, :n], rows) if cfg["share_prefix"] else 0
                 with autocast(cfg, device):     # no LM head on the prompt: its targets have no loss
-                    logprobs = token_logprobs(ddp_model, ids[index, :n], start=first_target(mask[index, :n - 1] > 0),
-                                              prefix=prefix)
+                    logprobs = token_logprobs(ddp_model, ids[index, :n], start=first_target(mask[index, :n - 1] > 0))
                 loss = -(logprobs * mask[index, :n - 1]).sum() / n_tokens * weight
                 (loss * world_size).backward()  # DDP averages over ranks; x world_size makes it the sum
                 release_freed_memory()
@@ -197,11 +199,8 @@ def accumulate_gradients(model, batch, old, ref, cfg):
         # no LM head on the prompt: from the first target that is trained or has an entropy stat
         start = first_target(mask[index, :n - 1] | (target_roles[index, :n - 1] == ACT)
                              | (target_roles[index, :n - 1] == REHEARSE))
-        rows = [lengths[i] for i in index.tolist()]              # a common prompt runs once (share_prefix)
-        prefix = shared_prefix_length(ids[index, :n], rows) if cfg["share_prefix"] else 0
         with autocast(cfg, device):
-            new, entropy = token_logprobs(model, ids[index, :n], cfg["temperature"], with_entropy=True, start=start,
-                                          prefix=prefix)
+            new, entropy = token_logprobs(model, ids[index, :n], cfg["temperature"], with_entropy=True, start=start)
         loss, stats = clipped_pg_loss(new, old[index, :n - 1], adv[index, :n - 1],
                                       mask[index, :n - 1], batch["n_tokens"],
                                       None if ref is None else ref[index, :n - 1],
@@ -516,6 +515,8 @@ def setup(cfg, resume, overwrite, device, world_size, log):
         faults.saved("warmstart")
     check_lengths(cfg, tokenizer, model.config, splits["rl"] + splits["test"])
     fmt, setting = features.setup(cfg, tokenizer, splits, device)
+    global token_logprobs
+    token_logprobs = chosen_logprobs(cfg)
     n_params = sum(p.numel() for p in model.parameters())
     if cfg["model"] != "tiny":                # the demo's 1M-parameter model needs no estimate
         log(memory_line(memory_estimate(n_params, cfg, model.config, world_size), cfg, world_size))
@@ -527,6 +528,16 @@ def setup(cfg, resume, overwrite, device, world_size, log):
         f"logged, {len(splits['rl'])} RL, {len(splits['test'])} test{validation} | device {device} x {world_size} "
         f"process(es)")
     return model, ddp_model, tokenizer, splits, fmt, setting, state, warm
+
+
+def chosen_logprobs(cfg):
+    """The warm start's and the update's logprobs, chosen once at setup: envace.token_logprobs, the
+    definition (small.yaml: at the demo's size the lean pass saves no time, docs/speed.md), or with
+    `lean_logprobs` sharedprefix.lean_logprobs, the same numbers (tests/test_shared_prefix.py) in less
+    memory: the prefix every row of a micro-batch shares runs once (`share_prefix`), the LM head in chunks."""
+    if cfg["lean_logprobs"]:
+        return functools.partial(lean_logprobs, share_prefix=cfg["share_prefix"])
+    return envace.token_logprobs
 
 
 def warm_start_and_evaluate(model, ddp_model, tokenizer, fmt, setting, cfg, rank0_eval, log, stop, warm=None):

@@ -15,8 +15,8 @@ from worldmodel import chat_separate, separate
 from chat import multiturn
 from formats import format_chat
 from formats.format_chat import (by_kind, diagnostics, eval_extras, executes, imagined_world,  # the rest:
-                                 inputs, reward, rl_sample, sample, step_extras)                # format_chat's
-from formats.format_plain_separate import warm_start_roles
+                                 inputs, reward, sample, step_extras)                           # format_chat's
+from formats.format_plain_separate import rl_sample, warm_start_roles
 from formats.setting import rl_sampler_for
 from machinery.config import ConfigError
 

@@ -12,8 +12,9 @@ from collections import Counter
 
 from worldmodel import honesty
 from worlds import choice as world_choice
-from formats.format_plain import (by_kind, diagnostics, eval_extras, executes, rl_sample,  # the rest: the
-                                  sample, step_extras, warm_start_roles)                   # plain format's
+from formats.format_plain import (by_kind, diagnostics, eval_extras, executes,  # the rest: the
+                                  sample, step_extras, warm_start_roles)        # plain format's
+from formats.format_plain_separate import rl_sample                          # the layout's sampler in RL
 from formats.setting import ChoiceSetting, loop_fields, rl_sampler_for
 
 

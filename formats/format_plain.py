@@ -22,8 +22,9 @@ another, so each name is one `def`:
     sample(setting, model, tokenizer, prompts, mode, **kw)   the layout's sampler, when the policy
                                        plays the world (setting.sampler, chosen at setup)
     rl_sample(setting, model, tokenizer, prompts, world, tags, env_model, generator)   RL's sampler
-                                       (setting.rl_sampler: the layout's, or the inline one when the
-                                       real world or none answers)
+                                       (here rollout.sample_episodes itself; a separate layout's is
+                                       setting.rl_sampler: its own, or the inline one when the real
+                                       world or none answers)
     reward(setting, episode, task)     task success
     warm_start_sequences(setting)      the logged data as rows of ids + roles; warm_start_roles: those trained
     diagnostics(setting, episodes, tasks)     an RL step's rehearsal fidelity and collusion sums
@@ -82,12 +83,12 @@ def sample(setting, model, tokenizer, prompts, mode, **kw):
 
 
 def rl_sample(setting, model, tokenizer, prompts, world, tags, env_model, generator):
-    """RL's sampler, chosen at setup (formats/setting.rl_sampler_for) with env_mode and the
-    config's sampling keys (setting.sampling, its `settings`, with `tags`): the layout's with its
-    training arguments when the policy (or the frozen warm start, `env_model`) plays the world,
-    inline rollout.sample_episodes when the real world (or none) answers. world, tags: from `inputs`."""
-    return setting.rl_sampler(model, tokenizer, prompts, setting.env_mode, **setting.rl_sampler_args, world=world,
-                              env_model=env_model, generator=generator, settings={**setting.sampling, "tags": tags})
+    """RL's sampler: rollout.sample_episodes, rehearsals inline, in the config's env_mode (who answers
+    the calls: the policy, the real world, the frozen warm start `env_model`, or none) with the
+    config's sampling keys (setting.sampling, with `tags`). world, tags: from `inputs`. (A layout
+    with rows of its own, format_plain_separate.rl_sample, calls the sampler chosen at setup.)"""
+    return sample_episodes(model, tokenizer, prompts, setting.env_mode, world=world, env_model=env_model,
+                           generator=generator, settings={**setting.sampling, "tags": tags})
 
 
 def reward(setting, episode, task):

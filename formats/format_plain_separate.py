@@ -14,7 +14,7 @@ from envace import ACT, REHEARSE
 from formats import format_plain
 from formats.setting import rl_sampler_for
 from formats.format_plain import (by_kind, diagnostics, eval_extras, executes, imagined_world,  # the rest:
-                                  inputs, reward, rl_sample, sample, step_extras)                 # plain's
+                                  inputs, reward, sample, step_extras)                            # plain's
 
 
 def setup(cfg, tokenizer, splits, device="cpu"):
@@ -28,6 +28,16 @@ def setup(cfg, tokenizer, splits, device="cpu"):
     rl_sampler, rl_args = rl_sampler_for(cfg, sampler, args)        # a toy task has no examples of its own
     return dataclasses.replace(setting, examples=examples, sampler=sampler, sampler_args=args,
                                rl_sampler=rl_sampler, rl_sampler_args=rl_args)
+
+
+def rl_sample(setting, model, tokenizer, prompts, world, tags, env_model, generator):
+    """RL's sampler, chosen at setup (formats/setting.rl_sampler_for) with env_mode and the
+    config's sampling keys (setting.sampling, its `settings`, with `tags`): the layout's with its
+    training arguments when the policy (or the frozen warm start, `env_model`) plays the world,
+    inline rollout.sample_episodes when the real world (or none) answers. world, tags: from `inputs`.
+    The layouts whose sampler is not the inline one (world: choice, chat's separate layout) share it."""
+    return setting.rl_sampler(model, tokenizer, prompts, setting.env_mode, **setting.rl_sampler_args, world=world,
+                              env_model=env_model, generator=generator, settings={**setting.sampling, "tags": tags})
 
 
 def warm_start_sequences(setting):

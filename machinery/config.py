@@ -61,6 +61,10 @@ DEFAULTS = {
     # share_prefix: the ids every row of a micro-batch starts with (a chat system prompt with its tool
     # schemas) run once in the logprob passes and the update, the rows' suffixes on their keys/values
     "share_prefix": True,
+    # lean_logprobs: the warm start's and the update's logprobs from machinery/sharedprefix.py (the
+    # shared prefix once, the LM head in chunks: the same numbers in less memory); false: the plain
+    # definition, envace.token_logprobs (the demo: at its size the lean pass saves nothing)
+    "lean_logprobs": True,
     "eps_low": 0.2, "eps_high": 0.2, "dual_clip": 3.0, "kl_coef": 0.0,
     "act_coef": 1.0, "rehearse_coef": 1.0, "scale_std": False,
     # sampling

@@ -1,7 +1,9 @@
 """The policy's logprobs in less memory: the numbers of envace.token_logprobs, computed so that a
 long shared prompt runs once and the full-vocabulary logits are never held whole (docs/speed.md).
 
-    token_logprobs         envace.token_logprobs with `prefix`: what train.py's warm start and update call
+    lean_logprobs          envace.token_logprobs's signature and numbers: what train.py's warm start and
+                           update call under `lean_logprobs` (a real model's configs; the demo runs envace's)
+    token_logprobs         envace.token_logprobs with `prefix`
     batch_logprobs         the no-grad old and reference logprobs of rl_step, in micro-batches
     shared_prefix_length   the ids every row of a micro-batch starts with
     shared_prefix_forward  those ids run once as one row; the rows' suffixes on their keys and values
@@ -53,6 +55,16 @@ def token_logprobs(model, ids, temperature=1.0, with_entropy=False, start=0, pre
     if not with_entropy:
         return target_logp
     return target_logp, F.pad(torch.cat([o[1] for o in outputs], 1), (start, 0))
+
+
+def lean_logprobs(model, ids, temperature=1.0, with_entropy=False, start=0, share_prefix=True):
+    """envace.token_logprobs (same signature, same numbers) in less memory: `token_logprobs` with the
+    ids every row starts with found here (`share_prefix`; train.py binds it at setup). Rows are
+    right-padded, and the prefix is capped only so that every row keeps one position for the
+    suffix pass: a prefix that runs into a short row's pads holds the same ids in every row, so each
+    position still gets what a forward of its whole row gives (tests/test_shared_prefix.py)."""
+    prefix = shared_prefix_length(ids, [ids.shape[1]] * ids.shape[0]) if share_prefix else 0
+    return token_logprobs(model, ids, temperature, with_entropy, start, prefix)
 
 
 @torch.no_grad()

@@ -4,11 +4,14 @@
     python -m scripts.reading_load --json       # the same figures as one JSON object
 
 A reader who follows the demo must read every function it calls. This runs `small.yaml` for a short
-run (3 warm-start steps, 1 RL step, 8 test tasks, the fidelity gate at 0) in a temporary folder with a
-profiler on (sys.setprofile), and counts each function of the repo (tests excluded) that is entered at
-least once: how many, in how many files, and how many lines their bodies span (the `def` line to the
+run (150 warm-start steps, 1 RL step, 8 test tasks, the fidelity gate at 0) in a temporary folder with
+a profiler on (sys.setprofile), and counts each function of the repo (tests excluded) that is entered
+at least once: how many, in how many files, and how many lines their bodies span (the `def` line to the
 last line, docstring included). A function called twice counts once. The figure is a guide for a
 reader, not a limit to meet: folding lines or cutting docstrings would lower it and help no one.
+The warm start is long enough (about 2 minutes on one thread) for the RL step to find reward variance
+and update, so the trace holds the whole update (the loss, the backward, the optimizer step); a run
+whose step was skipped is refused, as its trace would leave the update out.
 """
 import inspect
 import json
@@ -17,7 +20,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHORT_RUN = ["--config", "small.yaml", "--sft_steps=3", "--rl_steps=1", "--n_test=8", "--n_logged=200",
+SHORT_RUN = ["--config", "small.yaml", "--sft_steps=150", "--rl_steps=1", "--n_test=8", "--n_logged=200",
              "--n_rl_tasks=100", "--eval_every=0", "--n_collusion=4", "--min_fidelity=0"]
 
 
@@ -77,8 +80,13 @@ def main(argv=None):
     os.chdir(ROOT)
     with tempfile.TemporaryDirectory(prefix="reading_load_") as out:
         seen, status = traced_functions(SHORT_RUN + [f"--out_dir={out}"])
+        steps = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))] if status == 0 else []
     if status != 0:
         print(f"error: the short demo run ended with exit status {status}", file=sys.stderr)
+        return 1
+    if [s["status"] for s in steps] != ["updated"]:
+        print(f"error: the short demo run's RL step was {steps[0]['status'] if steps else 'not logged'}, not "
+              f"updated: its trace would leave the update out", file=sys.stderr)
         return 1
     figures = load(seen)
     if argv == ["--json"]:

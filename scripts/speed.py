@@ -59,6 +59,7 @@ from machinery.sharedprefix import batch_logprobs, token_logprobs
 import rollout
 from rollout import append_token, new_row, sample_episodes
 from worldmodel.separate import SEPARATE_WORDS, sample_separate
+import train
 from train import accumulate_gradients, make_batch, rl_step
 
 RL_TASKS = 200          # the toy shop's RL split that the toy and chat workloads take their tasks from
@@ -235,6 +236,7 @@ def bench_update(model, tokenizer, episodes, cfg, group_size, args):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
+    train.token_logprobs = train.chosen_logprobs(cfg)      # the logprobs train.py's setup binds for this config
     times, (sums, _) = timed(lambda: rl_step(model, model, opt, episodes, rewards, groups, cfg,
                                              tokenizer.pad_token_id), device, args.repeats, args.min_seconds)
     model.eval()
@@ -264,6 +266,7 @@ def update_sharing(model, episodes, cfg, group_size, pad_id, args):
 
     def update(share):
         model.zero_grad(set_to_none=True)
+        train.token_logprobs = train.chosen_logprobs({**cfg, "share_prefix": share})     # as train.py's setup binds it
         return accumulate_gradients(model, batch, old, None, {**cfg, "share_prefix": share})
     times = timed_in_turn([lambda: update(True), lambda: update(False)], device, args.repeats)
     res = {"update_shared": figure(summary(times[0]), sum(batch["lengths"])),
@@ -272,6 +275,7 @@ def update_sharing(model, episodes, cfg, group_size, pad_id, args):
     if args.cpu_bf16 and device == "cpu":     # the same shared update under bf16 autocast (cfg cpu_bf16)
         def update_bf16():
             model.zero_grad(set_to_none=True)
+            train.token_logprobs = train.chosen_logprobs({**cfg, "share_prefix": True})
             return accumulate_gradients(model, batch, old, None, {**cfg, "share_prefix": True, "cpu_bf16": True})
         times, _ = timed(update_bf16, device, args.repeats, args.min_seconds)
         res["update_shared_bf16"] = figure(times, sum(batch["lengths"]))

@@ -64,6 +64,7 @@ def point(cfg, arm, rows):
     fmt, setting = features.setup(cfg, tokenizer, splits, "cpu")
     sequences = rehearse_sequences(fmt.warm_start_sequences(setting))
     t0 = time.time()
+    train.token_logprobs = train.chosen_logprobs(cfg)          # as train.py's setup binds it (lean_logprobs)
     train.warm_start(model, model, sequences, cfg, tokenizer.pad_token_id, roles=(REHEARSE,))
     seconds = time.time() - t0
     tasks, episodes = chat_setup.expert_episodes(tokenizer, setting.tags, splits["test"])

@@ -498,3 +498,13 @@ def import_graph(root):
 def without_seconds(value):
     """An eval.json (or any value) without its wall times, the one part two runs never share."""
     return {k: without_seconds(v) for k, v in value.items() if k != "seconds"} if isinstance(value, dict) else value
+
+
+def wrap_train_logprobs(wrap, setattr=setattr):
+    """Wrap train.token_logprobs by `wrap(fn) -> fn`, both as it is now (a step called directly) and
+    as a run's setup chooses it (train.chosen_logprobs: the plain definition or the lean pass).
+    `setattr`: monkeypatch.setattr in a test (undone after it); the builtin in a torchrun worker."""
+    import train
+    chosen = train.chosen_logprobs
+    setattr(train, "token_logprobs", wrap(train.token_logprobs))
+    setattr(train, "chosen_logprobs", lambda cfg: wrap(chosen(cfg)))

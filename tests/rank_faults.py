@@ -20,6 +20,7 @@ from machinery import faults  # noqa: E402
 from reporting import metrics  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
+from helpers import wrap_train_logprobs  # noqa: E402
 
 TORCH_FULL_DISK = "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"
 
@@ -74,22 +75,28 @@ def signal_in_evaluate(call, signum):
 
 
 def signal_in_first_call(module, name, signum, counted=lambda *a, **k: True):
-    """`signum` to this process as the first call of module.name that `counted` accepts starts."""
-    real, calls = getattr(module, name), []
+    """`signum` to this process as the first call of module.name that `counted` accepts starts
+    (train.token_logprobs: as a run's setup chooses it, wrap_train_logprobs)."""
+    calls = []
 
-    def patched(*a, **k):
-        if counted(*a, **k):
-            calls.append(1)
-            if len(calls) == 1:
-                os.kill(os.getpid(), signum)
-        return real(*a, **k)
-    setattr(module, name, patched)
+    def signalling(real):
+        def patched(*a, **k):
+            if counted(*a, **k):
+                calls.append(1)
+                if len(calls) == 1:
+                    os.kill(os.getpid(), signum)
+            return real(*a, **k)
+        return patched
+    if (module, name) == (train, "token_logprobs"):
+        wrap_train_logprobs(signalling)
+    else:
+        setattr(module, name, signalling(getattr(module, name)))
 
 
 def count_updates():
     """Per RL update (train.accumulate_gradients), [forwards run, this rank's micro-batches]."""
     updates = []
-    accumulate, in_step, forward = train.accumulate_gradients, train.in_step, train.token_logprobs
+    accumulate, in_step = train.accumulate_gradients, train.in_step
 
     def counted_accumulate(*a, **k):
         updates.append([0, 0])
@@ -100,11 +107,14 @@ def count_updates():
             updates[-1][1] = len(batches)
         return in_step(batches, lengths, model)
 
-    def counted_forward(*a, **k):
-        if k.get("with_entropy"):
-            updates[-1][0] += 1
-        return forward(*a, **k)
-    train.accumulate_gradients, train.in_step, train.token_logprobs = counted_accumulate, counted_in_step, counted_forward
+    def counted(forward):
+        def counted_forward(*a, **k):
+            if k.get("with_entropy"):
+                updates[-1][0] += 1
+            return forward(*a, **k)
+        return counted_forward
+    train.accumulate_gradients, train.in_step = counted_accumulate, counted_in_step
+    wrap_train_logprobs(counted)
     return updates
 
 

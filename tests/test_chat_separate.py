@@ -18,7 +18,7 @@ from chat import chat_reward
 from worldmodel import chat_separate
 from chat import setup as chat_setup
 from chat import tasks as chat_tasks
-from machinery import config
+from machinery import config, sharedprefix
 import envace
 import evaluate
 from scripts import evaluate_cli
@@ -461,16 +461,17 @@ def test_warm_start_micro_batches_run_a_tools_system_turn_once(monkeypatch):
            "sft_batch_size": 1, "micro_batch_tokens": 4096}
     seen, grads = [], []
 
-    def spy(model, ids, **kw):
-        seen.append((ids.shape[0], kw["prefix"], TOK.decode(ids[0, :kw["prefix"]])))
-        return train_logprobs(model, ids, **kw)
+    def spy(model, ids, temperature, with_entropy, start, prefix):   # what lean_logprobs found and runs
+        seen.append((ids.shape[0], prefix, TOK.decode(ids[0, :prefix])))
+        return shared_logprobs(model, ids, temperature, with_entropy, start, prefix)
 
     class Recorder(torch.optim.SGD):      # lr 0: records the step's gradients, moves nothing
         def step(self, closure=None):
             grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
 
-    train_logprobs = train.token_logprobs
-    monkeypatch.setattr(train, "token_logprobs", spy)
+    shared_logprobs = sharedprefix.token_logprobs
+    monkeypatch.setattr(sharedprefix, "token_logprobs", spy)
+    monkeypatch.setattr(train, "token_logprobs", train.chosen_logprobs(cfg))      # lean_logprobs: true
     monkeypatch.setattr(train, "adamw", lambda model, lr, cfg: Recorder(model.parameters(), lr=0.0))
     model = tiny_qwen(TOK)
     train.warm_start(model, model, seqs, cfg, TOK.pad_token_id, roles=(ACT, REHEARSE))

@@ -28,7 +28,7 @@ from scripts import evaluate_cli
 import rollout
 import train
 from envace import REHEARSE, encode_episode
-from helpers import tiny_cfg, tiny_llama, toy_tokenizer
+from helpers import tiny_cfg, tiny_llama, toy_tokenizer, wrap_train_logprobs
 
 TOK = toy_tokenizer()
 
@@ -153,13 +153,15 @@ def test_bf16_autocast_on_cuda_and_on_the_cpu_only_with_cpu_bf16():
 def nan_logprobs_on(monkeypatch, calls):
     """Make the warm start's token_logprobs NaN on the given call numbers (0-based; one call per
     step with one micro-batch), all if None."""
-    real, count = train.token_logprobs, [0]
+    count = [0]
 
-    def patched(*args, **kwargs):
-        out = real(*args, **kwargs)
-        count[0] += 1
-        return out * float("nan") if calls is None or count[0] - 1 in calls else out
-    monkeypatch.setattr(train, "token_logprobs", patched)
+    def nan_on_calls(real):
+        def patched(*args, **kwargs):
+            out = real(*args, **kwargs)
+            count[0] += 1
+            return out * float("nan") if calls is None or count[0] - 1 in calls else out
+        return patched
+    wrap_train_logprobs(nan_on_calls, monkeypatch.setattr)
 
 
 def logged_sequences():

@@ -18,7 +18,7 @@ from formats import format_plain
 from machinery import faults
 from reporting import metrics as metrics_module
 import train
-from helpers import fork_process, read_log, tiny_cfg, wait_process, without_seconds
+from helpers import fork_process, read_log, tiny_cfg, wait_process, without_seconds, wrap_train_logprobs
 
 TIMING = ("time_sample", "time_logprobs", "time_update", "time_step", "tok_per_s")
 
@@ -78,25 +78,27 @@ def count_warm_start_passes(monkeypatch, signal_at=None, signum=signal.SIGINT, w
     with `wait` (a path), that forward writes the file `wait` and waits instead, as a slow step
     does, until a signal from another process is caught."""
     steps, forwards = [], []
-    in_step, forward = train.in_step, train.token_logprobs
+    in_step = train.in_step
 
     def counted_in_step(batches, lengths, model):
         steps.append(len(batches))
         return in_step(batches, lengths, model)
 
-    def counted_forward(*a, **k):
-        forwards.append(1)
-        if len(forwards) == signal_at and wait is None:
-            os.kill(os.getpid(), signum)
-        elif len(forwards) == signal_at:
-            open(wait, "w").close()
-            for _ in range(6000):                # (a minute at most: never hangs)
-                if any(stop.signal is not None for stop in faults._installed):
-                    break
-                time.sleep(0.01)
-        return forward(*a, **k)
+    def counted(forward):
+        def counted_forward(*a, **k):
+            forwards.append(1)
+            if len(forwards) == signal_at and wait is None:
+                os.kill(os.getpid(), signum)
+            elif len(forwards) == signal_at:
+                open(wait, "w").close()
+                for _ in range(6000):                # (a minute at most: never hangs)
+                    if any(stop.signal is not None for stop in faults._installed):
+                        break
+                    time.sleep(0.01)
+            return forward(*a, **k)
+        return counted_forward
     monkeypatch.setattr(train, "in_step", counted_in_step)
-    monkeypatch.setattr(train, "token_logprobs", counted_forward)
+    wrap_train_logprobs(counted, monkeypatch.setattr)
     return steps, forwards
 
 

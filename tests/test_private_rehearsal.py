@@ -34,7 +34,7 @@ def test_imagination_never_calls_the_real_world():
     counted, calls = counting_world()
     for mode in ("parallel", "sequential"):
         plans, used = rehearse.private_rehearsal_plans(ScriptedModel(TOK, SCRIPTS), TOK, list(SCRIPTS), 4,
-                                                       mode, world=counted)
+                                                       mode, world=counted, sample=sample_episodes)
         assert calls == []
         assert plans == [[("price pear", "4")], [("price apple", "3"), ("pay 3", "6")]]
         assert used == ([4, 4] if mode == "parallel" else [2, 2])   # sequential: 2 agree, stop

@@ -15,7 +15,8 @@ import yaml
 
 import train
 from machinery.checkpoint import find_checkpoint, save_checkpoint
-from helpers import fork_process, read_log, run_ranks, tiny_cfg, tiny_llama, toy_tokenizer, wait_process, without_seconds
+from helpers import (fork_process, read_log, run_ranks, tiny_cfg, tiny_llama, toy_tokenizer, wait_process, without_seconds,
+                     wrap_train_logprobs)
 
 TIMING = ("time_sample", "time_logprobs", "time_update", "time_step", "tok_per_s")
 
@@ -264,7 +265,12 @@ def count_rl_passes(monkeypatch, signal_at=None, signum=signal.SIGTERM):
     wrap(rollout, "sample_token", token)
     wrap(train, "accumulate_gradients", lambda *a, **k: steps[-1]["epochs"].append([0, 0]), "update")
     wrap(train, "in_step", micro_batches)
-    wrap(train, "token_logprobs", forward)
+    def counting(original):             # train.token_logprobs as the run's setup chooses it
+        def counted(*a, **k):
+            forward(*a, **k)
+            return original(*a, **k)
+        return counted
+    wrap_train_logprobs(counting, monkeypatch.setattr)
     return steps
 
 

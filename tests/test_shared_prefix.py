@@ -85,6 +85,32 @@ def test_shared_prefix_logprobs_and_entropy_equal_the_plain_forward(start):
     assert want[:, start:].abs().min() > 0.01              # (not a comparison of zeros)
 
 
+def test_lean_logprobs_find_the_prefix_and_equal_the_plain_definition():
+    """sharedprefix.lean_logprobs, envace.token_logprobs's signature (train.chosen_logprobs binds it
+    under lean_logprobs): the same logprobs, entropy and gradients as envace's definition; with
+    share_prefix it finds the shared ids itself (one forward of one row). Row 0 is 3 real ids and
+    pads, row 1 holds the pad id as content right after the same 3 ids: the common prefix, 4, runs
+    into row 0's pads (the cap is the suffix pass's one position, not row 0's length), and every
+    position still gets its whole row's numbers."""
+    model = tiny_llama(TOK, init_range=POSITION_INIT)
+    pad = TOK.pad_token_id
+    ids = torch.tensor([[2, 10, 11, pad, pad, pad], [2, 10, 11, pad, 12, 13]])
+    assert shared_prefix_length(ids, [6, 6]) == 4 and shared_prefix_length(ids, [3, 6]) == 2   # by hand
+    results = []
+    for logprobs in (envace.token_logprobs, sharedprefix.lean_logprobs):
+        model.zero_grad(set_to_none=True)
+        shapes = forward_shapes(model)
+        logp, entropy = logprobs(model, ids, 0.7, with_entropy=True, start=1)
+        (logp.sum() + 0.1 * entropy.sum()).backward()
+        results.append((logp.detach(), entropy.detach(), {n: q.grad.clone() for n, q in model.named_parameters()},
+                        list(shapes)))
+    (want, want_entropy, want_grads, plain_shapes), (got, got_entropy, grads, lean_shapes) = results
+    assert plain_shapes == [(2, 6)] and lean_shapes == [(1, 4), (2, 2)]      # the prefix ran once, as one row
+    assert (got - want).abs().max() < LOGPROB_TOLERANCE and (got_entropy - want_entropy).abs().max() < LOGPROB_TOLERANCE
+    assert want[:, 1:].abs().min() > 0.01 and (got[:, :1] == 0).all()
+    assert_same_gradients(want_grads, grads)
+
+
 def test_batch_logprobs_start_at_the_first_trained_target_and_equal_the_plain_forward():
     """The no-grad logprob pass of rl_step (old and reference logprobs): with a loss mask it runs
     the LM head from the micro-batch's first trained target (8, inside the shared prefix), 0
@@ -247,6 +273,7 @@ def test_warm_start_and_rl_step_give_the_same_gradients_with_and_without_sharing
     for share in (False, True):
         cfg = {**base, "share_prefix": share}
         start = copy.deepcopy(model.state_dict())
+        monkeypatch.setattr(train, "token_logprobs", train.chosen_logprobs(cfg))    # lean_logprobs, as setup binds it
         warm = warm_start_grads(model, cfg, logged, monkeypatch)
         model.load_state_dict(start)
         opt = recording(torch.optim.SGD)(model.parameters(), lr=0.0)
@@ -309,6 +336,7 @@ def test_identical_rows_share_all_but_their_last_id_and_equal_the_plain_forward(
     for share in (False, True):
         cfg = {**base, "share_prefix": share}
         start = copy.deepcopy(model.state_dict())
+        monkeypatch.setattr(train, "token_logprobs", train.chosen_logprobs(cfg))    # lean_logprobs, as setup binds it
         warm = warm_start_grads(model, cfg, [episode] * 3, monkeypatch)
         model.load_state_dict(start)
         opt = recording(torch.optim.SGD)(model.parameters(), lr=0.0)

@@ -63,8 +63,8 @@ from envace import (ACT, OBS, PROMPT, REHEARSE, NonFiniteError, clipped_pg_loss,
 from machinery.sharedprefix import batch_logprobs, lean_logprobs
 from evaluate import summary
 from machinery import faults
-from machinery.faults import (Interrupted, StepAbandoned, StopRequest, exit_status, interrupted_line, nonfinite,
-                              restore_snapshot, signalled, stop_if_signalled, training_snapshot, unless_signalled)
+from machinery.faults import (Interrupted, StepAbandoned, StopRequest, WholeStepOrNone, check_finite, exit_status,
+                              interrupted_line, nonfinite, signalled, stop_if_signalled, unless_signalled)
 from worldmodel.honesty import fidelity_gate
 from reporting.metrics import (add_micro_batch, append_metrics, episode_sums, eval_during_rl, evaluation_left,
                                final_report, real_world_eval, role_sums, rl_updates, start_metrics, step_record,
@@ -216,13 +216,14 @@ def accumulate_gradients(model, batch, old, ref, cfg):
 
 def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, reference=None):
     """Paper, the joint update of both roles: one policy update from this rank's episodes.
-    Returns (sums, status): metric sums that add
-    up over ranks, and "updated", "skipped" (no group on any rank had reward variance: zero
-    advantage, zero signal) or "nonfinite" (loss or gradient not finite: weights and optimizer
-    left untouched; with ppo_epochs > 1 the epochs before the bad one are rolled back, so the
-    whole step is undone). Every rank takes the same branch, so collectives stay in step.
-    A signal on any rank before the last epoch's last micro-batch raises StepAbandoned, the step
-    undone as a non-finite one."""
+    The batch (`make_batch`: role masks, advantages), the old (and reference) logprobs, then per
+    PPO epoch: gradients of the clipped loss (`accumulate_gradients`), clipped, one AdamW step.
+    Returns (sums, status): metric sums that add up over ranks, and "updated", "skipped" (no group
+    on any rank had reward variance: zero advantage, zero signal) or "nonfinite" (loss or gradient
+    not finite). Around the epochs, faults.WholeStepOrNone applies all or none of them: a non-finite
+    epoch, or a signal on any rank before the last epoch's last micro-batch (StepAbandoned, which
+    goes on to the loop), leaves weights and optimizer as the step found them. Every rank takes
+    the same branch, so collectives stay in step."""
     world_size = world()[1]
     batch = make_batch(episodes, rewards, group_ids, cfg, pad_id)
     n_tokens, groups_with_signal = all_sum([batch["n_tokens"], batch["n_groups"] - batch["all_equal_groups"]])
@@ -248,27 +249,14 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
     sums["time_logprobs"] = time.time() - t0
     t0 = time.time()
     model.train()
-    status = "updated"
-    snapshot = None if cfg["ppo_epochs"] == 1 else training_snapshot(model, opt)   # to undo earlier epochs
-    try:
-        for epoch in range(cfg["ppo_epochs"]):
+    with WholeStepOrNone(model, opt, cfg["ppo_epochs"]) as step:     # a non-finite epoch or a signal: undone
+        for _ in range(cfg["ppo_epochs"]):
             opt.zero_grad(set_to_none=True)
             totals = accumulate_gradients(ddp_model, batch, old, ref, cfg)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"] or float("inf"))
-            if nonfinite(grad_norm, totals["loss"]):          # every rank takes this branch alike
-                if epoch > 0:
-                    restore_snapshot(model, opt, snapshot)
-                status = "nonfinite"
-                break
+            check_finite(grad_norm, totals["loss"])         # every rank alike: NonFiniteStep
             opt.step()
-    except StepAbandoned:             # a signal: the whole step undone, as a non-finite one
-        if epoch > 0:
-            restore_snapshot(model, opt, snapshot)
-        raise
-    finally:
-        opt.zero_grad(set_to_none=True)     # applied or undone: sampling and evaluation need no gradients
-        release_freed_memory()
-        model.eval()
+    status = "nonfinite" if step.nonfinite else "updated"
     sums.update(totals)
     sums["grad_norm"] = float(grad_norm) / world_size    # the same on every rank: sums to it once
     sums["time_update"] = time.time() - t0
@@ -460,15 +448,18 @@ def run_phases(cfg, resume, overwrite, stop):
             faults.now(f"RL step {step}")
             t0, start = time.time(), (rng_states(generator), task_rng.getstate())   # what a dropped step goes back to
             try:
+                # sample: groups of episodes in env_mode's world (rollout.py), each with its task reward (reward.py)
                 sampled, kept, counts = sample_step(fmt, setting, model, tokenizer, splits["rl"], task_rng, cfg,
                                                     simulator, generator, amp)
                 extras = world_extras(fmt, setting, model, sampled, amp)
                 time_sample = time.time() - t0
+                # update: the rows and their groups, A = R - mean(group), the clipped loss on ACT and REHEARSE
                 rows, row_rewards, row_groups = update_rows(sampled, kept, counts["groups_kept"], cfg, pad_id)
                 sums, status = rl_step(model, ddp_model, opt, rows, row_rewards, row_groups, cfg, pad_id,
                                        kl_reference)
             except StepAbandoned:       # a signal before the update was applied: the step is dropped
                 return drop_step(save, step, start, generator, task_rng, progress, cfg, log)
+            # log: the step's line in metrics.jsonl, every eval_every steps a real-world evaluation
             sums.update(step_sums(fmt, setting, sampled, cfg))
             record = {**step_record(step, status, progress, sums, time_sample, time.time() - t0), **counts, **extras}
             if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < cfg["rl_steps"]:
@@ -479,6 +470,7 @@ def run_phases(cfg, resume, overwrite, stop):
             append_metrics(metrics_path, record)       # refused: all stop
             bar.set_postfix(reward=f"{record['reward']:.3f}", eval=f"{progress['real_success']:.3f}",
                             skip=progress["skipped_steps"], tok_s=f"{record['tok_per_s']:.0f}")
+            # save: every save_every steps and the last; a signal or 3 non-finite steps in a row stop here, saved
             stopping, failing = signalled(rl_stop), progress["nonfinite_in_a_row"] >= 3   # any rank: all stop
             if stopping or failing:
                 return stop_saved(save, step, progress, failing, cfg, log)

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from machinery.config import ConfigError
-from machinery.distributed import RankFailed, all_sum, from_rank0
+from machinery.distributed import RankFailed, all_sum, from_rank0, release_freed_memory
 from envace import NonFiniteError
 
 
@@ -234,18 +234,45 @@ def nonfinite(grad_norm, loss):
     return not math.isfinite(grad_norm) or all_sum([not math.isfinite(loss)])[0] > 0
 
 
-def training_snapshot(model, opt):
-    """What an RL step with several ppo_epochs started from, so that a non-finite epoch undoes
-    the epochs applied before it (one epoch applies nothing before its check). Local tensors:
-    under FSDP each rank snapshots its shard."""
-    return [p.detach().clone() for p in model.parameters()], copy.deepcopy(opt.state_dict())
+class NonFiniteStep(Exception):
+    """An epoch's loss or gradient norm is not finite (`check_finite`): the RL step is undone."""
 
 
-def restore_snapshot(model, opt, snapshot):
-    with torch.no_grad():
-        for p, kept in zip(model.parameters(), snapshot[0]):
-            p.copy_(kept)
-    opt.load_state_dict(snapshot[1])
+def check_finite(grad_norm, loss):
+    """Before an epoch's opt.step: NonFiniteStep if its gradient norm or any rank's loss is not
+    finite (`nonfinite`: every rank raises alike)."""
+    if nonfinite(grad_norm, loss):
+        raise NonFiniteStep
+
+
+class WholeStepOrNone:
+    """Around an RL step's epochs (train.rl_step): the step applies all its epochs or none. A
+    non-finite epoch (NonFiniteStep) or a signal (StepAbandoned) undoes the epochs applied before
+    it: weights and AdamW state go back to what the step started from (a snapshot, taken only with
+    ppo_epochs > 1, since one epoch applies nothing before its check). NonFiniteStep is kept here
+    (`nonfinite` then True), StepAbandoned goes on to the loop, which drops the step. Either way
+    the gradients are freed and the model left in eval mode (sampling and evaluation need no
+    gradients). The snapshot holds local tensors: under FSDP each rank's shard."""
+
+    def __init__(self, model, opt, ppo_epochs):
+        self.model, self.opt, self.nonfinite = model, opt, False
+        self.snapshot = None if ppo_epochs == 1 else (
+            [p.detach().clone() for p in model.parameters()], copy.deepcopy(opt.state_dict()))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind in (NonFiniteStep, StepAbandoned) and self.snapshot is not None:
+            with torch.no_grad():
+                for p, kept in zip(self.model.parameters(), self.snapshot[0]):
+                    p.copy_(kept)
+            self.opt.load_state_dict(self.snapshot[1])
+        self.opt.zero_grad(set_to_none=True)
+        release_freed_memory()
+        self.model.eval()
+        self.nonfinite = kind is NonFiniteStep
+        return self.nonfinite           # NonFiniteStep is answered here; anything else goes on
 
 
 def rl_stop_line(cfg, step, failing, dropped=False, eval_left=False):

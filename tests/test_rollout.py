@@ -441,3 +441,39 @@ def test_the_decoder_prefills_the_ids_every_prefix_starts_with_once():
             assert torch.allclose(first[j], full[len(p) - 1], atol=1e-5), j
             assert torch.allclose(dec.logits[j], full[-1], atol=1e-5), j
     assert dec.pos.tolist() == [len(p) + len(e) for p, e in zip(prefixes, extra)]
+
+
+def test_world_token_is_the_world_turn_of_a_row_by_hand():
+    """rehearse.world_token, one token of a row's env phase at a time (the row as rollout.new_row
+    makes it, after the call `price apple` and the forced <env>): rehearse mode keeps the policy's
+    tokens, reads them back at </env> (world.parse_response: "1 2" -> "12") and hands the turn back
+    (True); a tag, a response the world cannot read, one token past max_env_tokens or a wrong form
+    under rehearse_check end the row with their cause; real mode's forced tokens decide nothing."""
+    tags = tag_ids(TOK)
+
+    def row_after_call():
+        row = new_row(encode(TOK, "buy apple"), world, phase="env")
+        row["calls"].append("price apple")
+        return row
+
+    def feed(row, text, env_mode="rehearse", max_env_tokens=6, check=None):
+        ids = encode(TOK, text) + [tags["env_end"]]
+        return [rehearse.world_token(row, t, tags, TOK, env_mode, max_env_tokens, check) for t in ids]
+
+    row = row_after_call()
+    assert feed(row, "1 2") == [False, False, True]
+    assert row["responses"] == ["12"] and row["segment"] == [] and row["phase"] == "env" and row["cause"] is None
+    row = row_after_call()
+    assert rehearse.world_token(row, tags["act_end"], tags, TOK, "rehearse", 6) is False
+    assert (row["phase"], row["cause"]) == ("done", "bad_rehearsal")          # the world wrote a tag
+    row = row_after_call()
+    assert feed(row, "apple") == [False, False] and (row["cause"], row["responses"]) == ("bad_rehearsal", [])
+    row = row_after_call()
+    assert [rehearse.world_token(row, t, tags, TOK, "rehearse", 2) for t in encode(TOK, "1 2 3")] == [False] * 3
+    assert (row["phase"], row["cause"], row["segment"]) == ("done", "env_limit", encode(TOK, "1 2"))
+    row = row_after_call()
+    assert feed(row, "error funds", check=rehearse.check_rehearsal)[-1] is False   # price answers a number
+    assert (row["cause"], row["responses"]) == ("rehearse_check", ["error funds"])
+    row = row_after_call()
+    row["responses"].append("3")                                  # real mode: written whole at the call
+    assert feed(row, "3", env_mode="real") == [False, True] and row["responses"] == ["3"]

@@ -2,7 +2,7 @@
 and a few-step end-to-end run of train.py that changes the weights and writes finite metrics."""
 from formats import format_plain
 import envace
-from machinery import distributed
+from machinery import distributed, faults
 from machinery import config
 from machinery import checkpoint
 import json
@@ -400,7 +400,7 @@ def test_evaluations_hold_no_gradients_and_the_final_one_no_optimizer_moments(tm
 def test_freed_memory_is_released_after_each_backward_and_after_the_update(monkeypatch):
     """distributed.release_freed_memory calls glibc's malloc_trim(0) (nothing where there is no
     glibc); rl_step calls it after every micro-batch's backward and once more after the update
-    (its gradients freed), and the warm start after every backward: a recorded order of the
+    (its gradients freed, faults.WholeStepOrNone), and the warm start after every backward: a recorded order of the
     events. 4 episodes of 6-18 tokens in micro-batches of at most 60 (rows x padded length): 2
     micro-batches, so 2 backward passes in the update."""
     trims = []
@@ -413,6 +413,7 @@ def test_freed_memory_is_released_after_each_backward_and_after_the_update(monke
     backward = torch.Tensor.backward
     monkeypatch.setattr(torch.Tensor, "backward", lambda self, *a, **k: events.append("backward") or backward(self, *a, **k))
     monkeypatch.setattr(train, "release_freed_memory", lambda: events.append("release"))
+    monkeypatch.setattr(faults, "release_freed_memory", lambda: events.append("release"))   # after the update
     model = tiny_llama(TOK)
     eps = sample_episodes(model, TOK, PROMPTS, "rehearse", settings={"max_tokens": 40},
                           generator=torch.Generator().manual_seed(3))

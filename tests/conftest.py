@@ -7,9 +7,13 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def plain_train_logprobs(monkeypatch):
-    """Each test starts with train.token_logprobs as train.py defines it (envace.token_logprobs): a
-    run's setup binds the one its config chooses (train.chosen_logprobs), and that is undone here."""
+def plain_train_logprobs():
+    """Each test starts and ends with train.token_logprobs as train.py defines it
+    (envace.token_logprobs): a run's setup binds the one its config chooses (train.chosen_logprobs),
+    which must not reach the next test. Not through `monkeypatch`, whose undo() a test may call
+    midway to drop its own patches."""
     import envace
     import train
-    monkeypatch.setattr(train, "token_logprobs", envace.token_logprobs)
+    train.token_logprobs = envace.token_logprobs
+    yield
+    train.token_logprobs = envace.token_logprobs

@@ -6,7 +6,8 @@ copy of the repository (a temporary folder; no .git or out/), in-process as `pyt
 runs it (runpy with that argv: one torch import for all of them, where a subprocess each would
 take 5-10 s of imports here), on one thread, and each must exit 0. Where a command would train or needs what is not here:
 - train.py gets TINY appended after the doc's own options (2 warm-start steps, 1 RL step, a
-  1-layer model, 40 toy tasks, the fidelity gate at 0 so that an untrained model passes it);
+  1-layer model, 40 toy tasks, no validation split, the fidelity gate at 0 so that an untrained
+  model passes it);
 - a model that is not a local folder (a hub name such as Qwen/Qwen2.5-0.5B-Instruct, in the
   command or its config, or the placeholder PATH) is a random 2-layer Qwen2 with the tests'
   tokenizer (tests/helpers.py): no network here, and the path, not the weights, is under test.
@@ -68,7 +69,8 @@ NOT_RUN = [
 
 TINY = ["--sft_steps=2", "--sft_batch_size=4", "--rl_steps=1", "--tasks_per_step=2", "--group_size=2",
         "--n_logged=40", "--n_new_logged=2", "--snippet_repeats=1", "--n_rl_tasks=40", "--n_test=4",
-        "--n_collusion=2", "--n_layer=1", "--n_embd=32", "--n_head=2", "--eval_every=0", "--min_fidelity=0"]
+        "--n_collusion=2", "--n_layer=1", "--n_embd=32", "--n_head=2", "--eval_every=0", "--min_fidelity=0",
+        "--n_val=0"]          # (a doc's validation split would take every one of the 40 RL tasks)
 OVERRIDES = {"train.py", "evaluate.py", "scripts.world_curve"}   # commands that pass --key=value on to config.load_config
 FENCE = re.compile(r"^```(?:bash|sh|shell)[ \t]*\n(.*?)^```", re.M | re.S)
 

@@ -19,13 +19,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SKIP = {"tests", "docs", "results", "data", "out", "__pycache__"}
 
 # bottom first. The paper's files with no repo import, then machinery (which reads envace's tags and
-# world's splits), the sampler on top of it, the rehearsal guard; chat (a template's episodes, built
+# world's splits), the rehearsal (the world's turn of a row, its guard, private rehearsal given a
+# sampler), the sampler on top of them; chat (a template's episodes, built
 # on envace, machinery and the toy world only); worldmodel (fidelity and the separate rows, for
 # the toy and chat rows: it reads rollout, reward and chat); the experiment worlds (which measure
 # with worldmodel); the formats over all of them; evaluate.py (which measures with worldmodel and
 # samples through rehearse); benchmarks (chat task files); reporting (train.py's logs, which call
 # evaluate); train.py; bfcl.py (a shim of benchmarks/bfcl.py); scripts, the commands on top.
-LAYERS = ["envace", "world", "reward", "machinery", "rollout", "rehearse", "chat", "worldmodel", "worlds",
+LAYERS = ["envace", "world", "reward", "machinery", "rehearse", "rollout", "chat", "worldmodel", "worlds",
           "formats", "evaluate", "benchmarks", "reporting", "train", "bfcl", "scripts"]
 
 SHIMS = {"bfcl.py": os.path.join("benchmarks", "bfcl.py")}   # old task files name "bfcl:BFCLEnv" and "bfcl:check"

@@ -250,9 +250,9 @@ def warm_start_grads(model, cfg, sequences, monkeypatch):
         params = list(params)
         seen.append({n: p.grad.clone() for n, p in model.named_parameters()})
         return clip(params, max_norm)
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", record)
-    train.warm_start(model, model, sequences, cfg, TOK.pad_token_id)
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as patch:       # undoes this patch alone, not the test's
+        patch.setattr(torch.nn.utils, "clip_grad_norm_", record)
+        train.warm_start(model, model, sequences, cfg, TOK.pad_token_id)
     return seen[0]
 
 

@@ -254,7 +254,7 @@ def test_rl_samples_with_the_training_arguments_evaluation_with_its_own():
         return []
     setting = Setting(env_mode="rehearse", sampling={}, tokenizer=None, tags=None, sampler=sampler,
                       sampler_args={"source": "cache"}, rl_sampler=sampler, rl_sampler_args={"source": "own first"})
-    format_plain.rl_sample(setting, None, None, [], None, None, None, None)
+    format_plain_separate.rl_sample(setting, None, None, [], None, None, None, None)
     format_plain.sample(setting, None, None, [], "rehearse")
     assert calls == [("rehearse", "own first"), ("rehearse", "cache")]
     # the plain format has no task examples: its RL arguments are evaluation's

@@ -14,6 +14,8 @@ wrong, so that the paper's path reads without it:
                                       between tokens (stop_point), or at once (`immediate`) elsewhere
     rank0_interruptible(fn, stop)     rank 0 alone runs fn (an evaluation), every rank learns of a
                                       failure or a signal there and stops with it
+    WholeStepOrNone, check_finite     around an RL step's PPO epochs: all applied or none (a
+                                      non-finite epoch or a signal undoes the earlier ones)
     interrupted_line(cfg)             what is saved, and the command that goes on from it
     start_run, now, saved             the run's position those lines read: its phase, what is saved
                                       (and the step of that checkpoint), whether it resumed

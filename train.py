@@ -54,7 +54,7 @@ from formats import features
 from machinery.checkpoint import (build_policy, check_out_dir, drop_step, leave_evaluation, reference_model, rl_state,
                                   rng_states, save_step, save_warm_start, stop_saved, write_file)
 from machinery.config import check_lengths, check_splits, command_line, load_config
-from machinery.distributed import (adamw, all_sum, autocast, from_rank0, gathered, in_step, memory_estimate,
+from machinery.distributed import (adamw, all_sum, autocast, from_rank0, gathered, memory_estimate,
                          memory_line, parallel_model, release_freed_memory, reuse_sampler_logprobs,
                          setup_distributed, world)
 import envace
@@ -63,8 +63,9 @@ from envace import (ACT, OBS, PROMPT, REHEARSE, NonFiniteError, clipped_pg_loss,
 from machinery.sharedprefix import batch_logprobs, lean_logprobs
 from evaluate import summary
 from machinery import faults
-from machinery.faults import (Interrupted, StepAbandoned, StopRequest, WholeStepOrNone, check_finite, exit_status,
-                              interrupted_line, nonfinite, signalled, stop_if_signalled, unless_signalled)
+from machinery.faults import (Interrupted, StepAbandoned, StopRequest, WholeStepOrNone, all_ranks_stop_together,
+                              check_finite, exit_status, interrupted_line, nonfinite, signalled, stop_if_signalled,
+                              unless_signalled, until_signalled)
 from worldmodel.honesty import fidelity_gate
 from reporting.metrics import (add_micro_batch, append_metrics, episode_sums, eval_during_rl, evaluation_left,
                                final_report, real_world_eval, role_sums, rl_updates, start_metrics, step_record,
@@ -116,9 +117,8 @@ def warm_start(model, ddp_model, sequences, cfg, pad_id, roles=(ACT, REHEARSE, O
             tools = [s.get("tool", "") for s in batch]          # one tool's rehearse rows share its system turn
             total = 0.0
             opt.zero_grad(set_to_none=True)
-            for index, n, weight in in_step(micro_batches(lengths, cfg["micro_batch_tokens"], tools), lengths,
-                                            ddp_model):
-                stop_if_signalled()             # any rank signalled: all stop
+            for index, n, weight in until_signalled(micro_batches(lengths, cfg["micro_batch_tokens"], tools),
+                                                    lengths, ddp_model):
                 index = index.to(device)
                 with autocast(cfg, device):     # no LM head on the prompt: its targets have no loss
                     logprobs = token_logprobs(ddp_model, ids[index, :n], start=first_target(mask[index, :n - 1] > 0))
@@ -193,8 +193,7 @@ def accumulate_gradients(model, batch, old, ref, cfg):
                for b in micro_batches(kept_lengths, cfg["micro_batch_tokens"], [batch["tools"][i] for i in keep])]
     totals = {"loss": 0.0, "rows_updated": len(keep),
               "pad_frac": padded_fraction(lengths, batches) / world_size if keep else 0.0}
-    for index, n, weight in in_step(batches, lengths, model):
-        stop_if_signalled(StepAbandoned)
+    for index, n, weight in until_signalled(batches, lengths, model):
         index = index.to(device)
         # no LM head on the prompt: from the first target that is trained or has an entropy stat
         start = first_target(mask[index, :n - 1] | (target_roles[index, :n - 1] == ACT)
@@ -241,7 +240,7 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
             with gathered(model):
                 old = batch_logprobs(model, ids, batch["lengths"], batch["mask"].to(device), cfg["temperature"],
                                      cfg["micro_batch_tokens"], share_prefix=cfg["share_prefix"], tools=batch["tools"])
-            stop_if_signalled(StepAbandoned)
+            stop_if_signalled()             # a signal during it: StepAbandoned on every rank
         with gathered(reference):
             ref = None if reference is None else batch_logprobs(
                 reference, ids, batch["lengths"], batch["mask"].to(device), cfg["temperature"],
@@ -271,12 +270,8 @@ def sample_round(fmt, setting, model, tokenizer, tasks, cfg, simulator, generato
     StepAbandoned on this rank) is agreed on by every rank just after: StepAbandoned."""
     episode_tasks = [t for t in tasks for _ in range(cfg["group_size"])]
     prompts, worlds, tags = fmt.inputs(setting, tasks, cfg["group_size"])      # one per episode
-    try:
-        with amp, gathered(model), gathered(simulator):
-            episodes = fmt.rl_sample(setting, model, tokenizer, prompts, worlds, tags, simulator, generator)
-    except StepAbandoned:       # the sampler saw this rank's own signal: the ranks agree just below
-        pass
-    stop_if_signalled(StepAbandoned)             # every rank, sampled or stopped, meets here
+    with all_ranks_stop_together(), amp, gathered(model), gathered(simulator):
+        episodes = fmt.rl_sample(setting, model, tokenizer, prompts, worlds, tags, simulator, generator)
     rewards = [fmt.reward(setting, e, t) for e, t in zip(episodes, episode_tasks, strict=True)]
     return episodes, rewards, episode_tasks
 
@@ -354,12 +349,8 @@ def world_extras(fmt, setting, model, sampled, amp):
     """The world's own figures of a step's episodes for its metrics line (fmt.step_extras; a probe
     there may sample, and a signal during it is agreed on by every rank just after: StepAbandoned)."""
     episodes, _, episode_tasks, _ = sampled
-    try:
-        with amp, gathered(model):
-            extras = fmt.step_extras(setting, model, episodes, episode_tasks)
-    except StepAbandoned:       # this rank's own signal: the ranks agree just below
-        pass
-    stop_if_signalled(StepAbandoned)
+    with all_ranks_stop_together(), amp, gathered(model):
+        extras = fmt.step_extras(setting, model, episodes, episode_tasks)
     return extras
 
 
@@ -443,7 +434,7 @@ def run_phases(cfg, resume, overwrite, stop):
         return 1
     bar = tqdm(range(first_step, cfg["rl_steps"] + 1), desc=f"RL ({cfg['env_mode']})",
                dynamic_ncols=True, disable=rank != 0)
-    with StopRequest() as rl_stop:     # (rank0_eval's `stop` stays the run's)
+    with StopRequest(exception=StepAbandoned) as rl_stop:     # a signal drops the step (rank0_eval's `stop`: the run's)
         for step in bar:
             faults.now(f"RL step {step}")
             t0, start = time.time(), (rng_states(generator), task_rng.getstate())   # what a dropped step goes back to

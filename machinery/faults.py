@@ -12,6 +12,10 @@ wrong, so that the paper's path reads without it:
     StopRequest                       SIGINT/SIGTERM as a flag the warm start and the RL step check
                                       between micro-batches (stop_if_signalled) and the sampler
                                       between tokens (stop_point), or at once (`immediate`) elsewhere
+    until_signalled                   a step's micro-batches, each after that check (train.py's
+                                      warm start and update iterate through it)
+    all_ranks_stop_together           around the sampling: a rank's own stop_point becomes every
+                                      rank's stop, after the sampler, at one check
     rank0_interruptible(fn, stop)     rank 0 alone runs fn (an evaluation), every rank learns of a
                                       failure or a signal there and stops with it
     WholeStepOrNone, check_finite     around an RL step's PPO epochs: all applied or none (a
@@ -22,6 +26,7 @@ wrong, so that the paper's path reads without it:
 Under torchrun only rank 0 prints; a failure on rank 0 alone reaches the others as RankFailed
 (distributed.from_rank0) and they stop silently with its exit status.
 """
+import contextlib
 import copy
 import math
 import os
@@ -33,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from machinery.config import ConfigError
-from machinery.distributed import RankFailed, all_sum, from_rank0, release_freed_memory
+from machinery.distributed import RankFailed, all_sum, from_rank0, in_step, release_freed_memory
 from envace import NonFiniteError
 
 
@@ -85,11 +90,14 @@ class StopRequest:
     micro-batches stops within one of them: the warm start stops, nothing saved; an RL step not yet
     applied is dropped and the step before saved. `immediate`: the signal raises KeyboardInterrupt
     at once (SIGTERM too), for what cannot stop half-way and leaves nothing half-written (an
-    evaluation, an atomic save); it can be switched on and off while the handlers are installed."""
+    evaluation, an atomic save); it can be switched on and off while the handlers are installed.
+    `exception`: what stop_if_signalled raises for it: KeyboardInterrupt (the run's: the warm start
+    stops), StepAbandoned (the RL loop's: the step is dropped)."""
 
-    def __init__(self, immediate=False):
+    def __init__(self, immediate=False, exception=KeyboardInterrupt):
         self.signal = None
         self.immediate = immediate
+        self.exception = exception
 
     def __enter__(self):
         self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -112,13 +120,34 @@ def signalled(stop):
     return all_sum([stop.signal is not None])[0] > 0
 
 
-def stop_if_signalled(exception=KeyboardInterrupt):
-    """Between two micro-batches of a step: raise `exception` if any rank's innermost StopRequest
-    (the RL loop's during RL, the run's in the warm start; none installed: never) caught a signal.
-    A collective: every rank calls it at the same point (distributed.in_step gives every rank the
-    same number of micro-batches)."""
+def stop_if_signalled(exception=None):
+    """Between two micro-batches of a step: raise `exception` (None: the innermost StopRequest's own,
+    StepAbandoned during RL, KeyboardInterrupt in the warm start) if any rank's innermost
+    StopRequest caught a signal (none installed: never). A collective: every rank calls it at the
+    same point (distributed.in_step gives every rank the same number of micro-batches)."""
     if _installed and signalled(_installed[-1]):
-        raise exception
+        raise exception or _installed[-1].exception
+
+
+def until_signalled(batches, lengths, model):
+    """A step's micro-batches (distributed.in_step: as many on every rank), each after a check
+    (stop_if_signalled): a signal on any rank stops every rank before its next micro-batch. The
+    warm start and the RL update iterate through this, so neither holds a line of signal handling."""
+    for micro_batch in in_step(batches, lengths, model):
+        stop_if_signalled()
+        yield micro_batch
+
+
+@contextlib.contextmanager
+def all_ranks_stop_together():
+    """Around work whose ranks run different numbers of steps (the sampler, a world's probe), where
+    a signal stops this rank alone between two tokens (stop_point: StepAbandoned): after it every
+    rank, finished or stopped, meets one check (stop_if_signalled) and all stop together, or none."""
+    try:
+        yield
+    except StepAbandoned:       # this rank's own signal: the check below raises it again, on every rank
+        pass
+    stop_if_signalled()
 
 
 def stop_point():

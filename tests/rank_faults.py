@@ -96,7 +96,7 @@ def signal_in_first_call(module, name, signum, counted=lambda *a, **k: True):
 def count_updates():
     """Per RL update (train.accumulate_gradients), [forwards run, this rank's micro-batches]."""
     updates = []
-    accumulate, in_step = train.accumulate_gradients, train.in_step
+    accumulate, in_step = train.accumulate_gradients, train.until_signalled
 
     def counted_accumulate(*a, **k):
         updates.append([0, 0])
@@ -113,7 +113,7 @@ def count_updates():
                 updates[-1][0] += 1
             return forward(*a, **k)
         return counted_forward
-    train.accumulate_gradients, train.in_step = counted_accumulate, counted_in_step
+    train.accumulate_gradients, train.until_signalled = counted_accumulate, counted_in_step
     wrap_train_logprobs(counted)
     return updates
 

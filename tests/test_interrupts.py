@@ -73,12 +73,12 @@ def test_a_signal_during_the_warm_start_is_one_line_and_nothing_saved(tmp_path, 
 
 
 def count_warm_start_passes(monkeypatch, signal_at=None, signum=signal.SIGINT, wait=None):
-    """(micro-batches per warm-start step, forwards run): hooks on train.in_step and
+    """(micro-batches per warm-start step, forwards run): hooks on train.until_signalled and
     train.token_logprobs. Before forward number `signal_at` runs, this process gets `signum`;
     with `wait` (a path), that forward writes the file `wait` and waits instead, as a slow step
     does, until a signal from another process is caught."""
     steps, forwards = [], []
-    in_step = train.in_step
+    in_step = train.until_signalled
 
     def counted_in_step(batches, lengths, model):
         steps.append(len(batches))
@@ -97,7 +97,7 @@ def count_warm_start_passes(monkeypatch, signal_at=None, signum=signal.SIGINT, w
                     time.sleep(0.01)
             return forward(*a, **k)
         return counted_forward
-    monkeypatch.setattr(train, "in_step", counted_in_step)
+    monkeypatch.setattr(train, "until_signalled", counted_in_step)
     wrap_train_logprobs(counted, monkeypatch.setattr)
     return steps, forwards
 

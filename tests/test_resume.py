@@ -224,7 +224,7 @@ def test_two_rank_run_stopped_and_resumed_matches_the_uninterrupted_one(tmp_path
 def count_rl_passes(monkeypatch, signal_at=None, signum=signal.SIGTERM):
     """Per RL step, what ran: {"tokens": the sampler's sampled positions, "epochs": per PPO epoch
     [forwards, micro-batches]} (hooks on format_plain.rl_sample, rollout.sample_token,
-    train.accumulate_gradients, train.in_step and train.token_logprobs). `signal_at` (step, what,
+    train.accumulate_gradients, train.until_signalled and train.token_logprobs). `signal_at` (step, what,
     n): this process gets `signum` at that step's n-th sampled position (what "token") or the
     first forward of its n-th epoch (what "epoch"), before it runs."""
     import rollout
@@ -264,7 +264,7 @@ def count_rl_passes(monkeypatch, signal_at=None, signum=signal.SIGTERM):
     wrap(format_plain, "rl_sample", lambda *a, **k: steps.append({"tokens": 0, "epochs": []}), "sampling")
     wrap(rollout, "sample_token", token)
     wrap(train, "accumulate_gradients", lambda *a, **k: steps[-1]["epochs"].append([0, 0]), "update")
-    wrap(train, "in_step", micro_batches)
+    wrap(train, "until_signalled", micro_batches)
     def counting(original):             # train.token_logprobs as the run's setup chooses it
         def counted(*a, **k):
             forward(*a, **k)

@@ -35,7 +35,7 @@ def setup(cfg, tokenizer, splits, device="cpu"):
     return ChatSetting(**loop_fields(cfg), tokenizer=tokenizer, tags=tags, logged=splits["logged"], tasks=splits["rl"],
                        k=cfg["grounding_examples"], cache=toolcache.build(traffic, toolcache.chat_call),
                        tool_timeout=cfg["tool_timeout"], judge=chat_setup.load_judge(cfg, device),
-                       sampler=sample_episodes, sampler_args={}, rl_sampler=sample_episodes, rl_sampler_args={})
+                       sampler=sample_episodes, sampler_args={})
 
 
 def inputs(setting, tasks, repeat=1):

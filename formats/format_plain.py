@@ -59,13 +59,13 @@ def plain_setting(cfg, tokenizer, splits, snippets, kind=PlainSetting, **fields)
     else world.replay's): the tags as ids, the logged episodes with their responses, the tool cache
     of that training traffic (worldmodel/toolcache.py: the warm-start counts, and the separate
     layout's grounding source; never the test split), and the inline sampler,
-    rollout.sample_episodes, for evaluation and RL alike."""
+    rollout.sample_episodes, for evaluation (RL calls it in rl_sample)."""
     logged = [(t, t.get("responses") or world.replay(t["calls"])) for t in splits["logged"]]
     traffic = [pair for t, responses in logged for pair in zip(t["calls"], responses)]
     traffic += [pair for s in snippets for pair in zip(s["calls"], s.get("responses") or world.replay(s["calls"]))]
     return kind(**loop_fields(cfg), world=world, tokenizer=tokenizer, tags=tag_ids(tokenizer), logged=logged,
                 snippets=snippets, cache=toolcache.build(traffic, toolcache.plain_call), sampler=sample_episodes,
-                sampler_args={}, rl_sampler=sample_episodes, rl_sampler_args={}, **fields)
+                sampler_args={}, **fields)
 
 
 def inputs(setting, tasks, repeat=1):

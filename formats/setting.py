@@ -14,9 +14,11 @@ config key a function needs is read at setup into a field of its own.
 
 The sampler is chosen here once, in two fields: `sampler` (with `sampler_args`) is the layout's,
 used wherever the policy plays the world at evaluation; `rl_sampler` (with `rl_sampler_args`) is
-RL's, the layout's when env_mode's world is sampled (rehearse, frozen: the training arguments, e.g.
-a chat task's own reference examples first) and the inline sampler when the real world or none
-answers (`rl_sampler_for`).
+RL's in the layouts whose rows are their own (separate, world: choice), the layout's when
+env_mode's world is sampled (rehearse, frozen: the training arguments, e.g. a chat task's own
+reference examples first) and the inline sampler when the real world or none answers
+(`rl_sampler_for`). The inline formats leave it unset: their RL sampler is rollout.sample_episodes
+(format_plain.rl_sample).
 """
 import dataclasses
 from typing import Any, Callable
@@ -35,8 +37,8 @@ class Setting:
     tags: dict | None                  # the hand-off ids (world: choice: None, the sampler's own)
     sampler: Callable                  # the layout's sampler (evaluation, private rehearsal, imagined world)
     sampler_args: dict
-    rl_sampler: Callable               # RL's sampler (rl_sampler_for)
-    rl_sampler_args: dict
+    rl_sampler: Callable | None = None     # RL's sampler in a layout of its own (rl_sampler_for; read by
+    rl_sampler_args: dict | None = None    # format_plain_separate.rl_sample); inline: rollout.sample_episodes
     cache: dict | None = None          # the tool cache of training traffic (worldmodel/toolcache.py)
 
     @property

@@ -236,7 +236,8 @@ def rl_step(model, ddp_model, opt, episodes, rewards, group_ids, cfg, pad_id, re
     with autocast(cfg, device):
         if reuse_sampler_logprobs(cfg, device):
             old = batch["sampled_logprobs"].to(device)
-        else:               # the sampling policy's logprobs recomputed: same weights, fp32 softmax
+        else:               # the sampling policy's logprobs recomputed: same weights, fp32 softmax (no-grad,
+                            # always the lean pass, whatever lean_logprobs: the same numbers, tested)
             with gathered(model):
                 old = batch_logprobs(model, ids, batch["lengths"], batch["mask"].to(device), cfg["temperature"],
                                      cfg["micro_batch_tokens"], share_prefix=cfg["share_prefix"], tools=batch["tools"])

@@ -13,7 +13,8 @@ Restartable: a second call continues what is left. A run whose eval.json exists 
 a checkpoint (a warm start, an RL checkpoint) is continued with --resume; a copy of warmstart/ that a stop
 cut short is made again. A call whose config or ARGS would give a run in RESULTS another value of a key
 than the one it ran with is refused, naming the run and the key, before anything starts (its figures
-would be printed as this call's). Each run's output goes to RESULTS/<run>.log; a run that fails prints
+would be printed as this call's). Each run's output goes to RESULTS/<run>.log, and its last line there says its wall time and peak resident
+size (a --resume counts from the continuation); a run that fails prints
 its own error line here too, naming its log. Ctrl-C or SIGTERM reaches the running train.py (each saves
 what it has, as train.py does alone), then this exits 130; the same command continues.
 """
@@ -23,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import yaml
 
@@ -101,14 +103,21 @@ def start(run, command, threads):
     child = subprocess.Popen([sys.executable, "train.py", *command], stdout=log, stderr=subprocess.STDOUT,
                              env=env, start_new_session=True)
     log.close()
+    child.started = time.time()
     return child
 
 
 def finish(children, done_file):
-    """Wait for every (run, child); a run that failed, or stopped before writing `done_file`
-    (a signal that reached it alone), is a RunFailed carrying its own error line."""
+    """Wait for every (run, child), each one's wall time and peak resident size (the kernel's count for
+    that process alone) the last line of its <run>.log; a run that failed, or stopped before writing
+    `done_file` (a signal that reached it alone), is a RunFailed carrying its own error line."""
     for run, child in children:
-        child.wait()
+        if child.returncode is None:
+            _, status, usage = os.wait4(child.pid, 0)
+            child.returncode = os.waitstatus_to_exitcode(status)
+            with open(run + ".log", "a") as log:
+                log.write(f"{run}: exit status {child.returncode}, {time.time() - child.started:.1f} s wall, "
+                          f"peak resident {usage.ru_maxrss} KiB\n")
     for run, child in children:
         if child.returncode or not os.path.isfile(os.path.join(run, done_file)):
             raise RunFailed(run, child.returncode)

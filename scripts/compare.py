@@ -759,8 +759,9 @@ def difference(runs):
 
 def validation(runs):
     """Each run's validation curve (a run with n_val > 0, finished or not): success on the validation
-    split at step 0 (the warm start: warmstart/eval_val.json) and at every eval_every step
-    (metrics.jsonl's val_task_rewards), each step minus step 0 with the paired bootstrap over the
+    split at step 0 (the warm start: warmstart/eval_val.json), at every eval_every step
+    (metrics.jsonl's val_task_rewards) and at the latest checkpoint's step where evaluate.py
+    --validation measured it (ckpt/eval_val.json), each step minus step 0 with the paired bootstrap over the
     validation tasks. For several runs (seeds or recipes on one split), a line per step that every
     run reached, pooling them: the bootstrap resamples runs, then validation tasks within each."""
     check_once(runs)
@@ -772,7 +773,10 @@ def validation(runs):
         steps = [(0, read_json(path)["task_rewards"])]
         steps += [(m["step"], m["val_task_rewards"]) for m in read_json_lines(os.path.join(run, "metrics.jsonl"))
                   if "val_task_rewards" in m]
-        curves[run] = dict(steps)
+        last = os.path.join(run, "ckpt", "eval_val.json")      # evaluate.py --validation on the latest checkpoint
+        if os.path.isfile(last) and read_json(last)["step"] not in dict(steps):
+            steps.append((read_json(last)["step"], read_json(last)["task_rewards"]))
+        curves[run] = dict(sorted(steps))
     lines = []
     for run, curve in curves.items():
         base, cells = curve[0], [f"step 0 {statistics.mean(curve[0]):.3f}"]

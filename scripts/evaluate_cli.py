@@ -4,6 +4,7 @@
     python evaluate.py --ckpt out/small --sweep         # private rehearsal at N = 0, 1, 2, 4
     python evaluate.py --ckpt out/small --coverage      # fidelity by warm-start coverage
     python evaluate.py --ckpt out/small --collusion     # the imagined-world measures only
+    python evaluate.py --ckpt out/run --validation      # the validation split (n_val > 0): <checkpoint>/eval_val.json
     python evaluate.py --oracle --test_file=F --out_dir=D   # no model: D/oracle.json (benchmarks/oracle.py)
 
 evaluate.py's `__main__` runs this file as a script, so that evaluate.py holds the evaluation itself
@@ -22,7 +23,7 @@ from formats import features
 from benchmarks import oracle
 from machinery.checkpoint import check_chat_template, find_checkpoint, load_policy, write_file
 from machinery.config import ArgumentParser, ConfigError, check_lengths, load_config
-from machinery.distributed import pick_device
+from machinery.distributed import autocast, pick_device
 from envace import NonFiniteError
 from evaluate import evaluate, imagined_summary, summary
 from machinery.faults import StopRequest, error_line
@@ -44,20 +45,38 @@ def rehearsal_sweep(model, tokenizer, tasks, cfg, fmt, setting, rehearsers, budg
     return rows
 
 
-def load_run(folder, overrides, rehearser_path=None):
-    """(cfg, model, tokenizer, test tasks, fmt, setting, rehearser) of a run folder of train.py (its latest
-    checkpoint ckpt/) or of a checkpoint folder itself (warmstart/). ConfigError if there is none."""
+def checkpoint_in(folder):
+    """The checkpoint a run folder of train.py holds (its latest, ckpt/), or the folder itself when it is
+    a checkpoint (warmstart/). ConfigError if there is none."""
     path = find_checkpoint(os.path.join(folder, "ckpt")) or find_checkpoint(folder)
     if path is None or not os.path.isfile(os.path.join(path, "config.yaml")):
         raise ConfigError(f"no checkpoint written by train.py in {folder}")
+    return path
+
+
+def checkpoint_step(path):
+    """The RL step a checkpoint was saved at: trainer_state.pt's; 0 for a warm start (none)."""
+    state = os.path.join(path, "trainer_state.pt")
+    return torch.load(state, map_location="cpu", weights_only=False)["step"] if os.path.isfile(state) else 0
+
+
+def load_run(folder, overrides, rehearser_path=None, split="test"):
+    """(cfg, model, tokenizer, tasks, fmt, setting, rehearser) of a run folder of train.py (its latest
+    checkpoint ckpt/) or of a checkpoint folder itself (warmstart/); `tasks`: the test tasks, or with
+    split="val" the validation split (the last n_val RL tasks). ConfigError if there is no checkpoint,
+    or no validation split (n_val 0)."""
+    path = checkpoint_in(folder)
     cfg = load_config(os.path.join(path, "config.yaml"), overrides)
+    if split == "val" and not cfg["n_val"]:
+        raise ConfigError(f"{os.path.join(path, 'config.yaml')}: n_val is 0, so the run has no validation split "
+                          "(give --n_val=N, the run's own N: the last N RL tasks)")
     model, tokenizer = load_policy(path, pick_device(cfg))
     check_chat_template(cfg, tokenizer, path)
     rehearser = load_policy(rehearser_path, pick_device(cfg))[0] if rehearser_path else None
     splits = features.build_tasks(cfg)
     fmt, setting = features.setup(cfg, tokenizer, splits, pick_device(cfg))   # a template that does not fit: one line
-    check_lengths(cfg, tokenizer, model.config, splits["test"])      # an override of max_tokens: one line
-    return cfg, model, tokenizer, splits["test"], fmt, setting, rehearser
+    check_lengths(cfg, tokenizer, model.config, splits[split])      # an override of max_tokens: one line
+    return cfg, model, tokenizer, splits[split], fmt, setting, rehearser
 
 
 def write(folder, name, value):
@@ -76,12 +95,16 @@ def main(argv=None):
                              "into <ckpt>/coverage.json")
     parser.add_argument("--collusion", action="store_true",
                         help="only the imagined-world measures (collusion), into <ckpt>/collusion.json")
+    parser.add_argument("--validation", action="store_true",
+                        help="the run's validation split (n_val > 0) instead of the test tasks, into "
+                             "<checkpoint>/eval_val.json with the checkpoint's step (scripts.compare --validation)")
     parser.add_argument("--oracle", action="store_true",
                         help="no model: replay each task's gold calls (--test_file=F --out_dir=D; benchmarks/oracle.py)")
     parser.add_argument("--debug", action="store_true", help="an unexpected error's full traceback too")
     try:
         args, overrides = parser.parse_known_args(argv)     # (--help prints and exits 0 here)
-        model_options = [f"--{k}" for k in ("ckpt", "n_test", "rehearser", "sweep", "coverage", "collusion")
+        model_options = [f"--{k}" for k in ("ckpt", "n_test", "rehearser", "sweep", "coverage", "collusion",
+                                                       "validation")
                          if getattr(args, k) not in (None, False)]
         if args.oracle and model_options:
             raise ConfigError(f"--oracle replays gold calls with no model: it takes no {', '.join(model_options)}")
@@ -109,7 +132,14 @@ def run_main(args, overrides, phase):
             raise ConfigError("give --ckpt <run folder> (runs are compared by python -m scripts.compare --compare)")
         if args.n_test is not None and args.n_test < 1:
             raise ConfigError(f"--n_test must be at least 1, got {args.n_test}")
-        cfg, model, tokenizer, tasks, fmt, setting, rehearser = load_run(args.ckpt, overrides, args.rehearser)
+        if args.validation and (args.sweep or args.coverage or args.collusion or args.n_test):
+            raise ConfigError("--validation is the plain evaluation of the whole validation split: it takes no "
+                              "--n_test, --sweep, --coverage or --collusion")
+        if args.validation and os.path.exists(os.path.join(checkpoint_in(args.ckpt), "eval_val.json")):
+            raise ConfigError(f"{os.path.join(checkpoint_in(args.ckpt), 'eval_val.json')} exists already: "
+                              "it is kept (move it away to evaluate again)")
+        cfg, model, tokenizer, tasks, fmt, setting, rehearser = load_run(args.ckpt, overrides, args.rehearser,
+                                                                         "val" if args.validation else "test")
         warm = load_policy(os.path.join(args.ckpt, "warmstart"), pick_device(cfg))[0] if args.coverage else None
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -147,6 +177,13 @@ def measure(args, cfg, model, tokenizer, tasks, fmt, setting, rehearser, warm):
             print(f"{r['rehearser']:9s} {r['mode']:10s} N={r['budget']}: success {r['success']:.3f}, "
                   f"{r['imagined_per_task']:.2f} imagined and {r['mean_calls']:.2f} real calls per task")
         write(args.ckpt, "private_rehearsal.json", rows)
+    elif args.validation:        # as train.py's evaluations during RL: the same split, seed and autocast
+        path = checkpoint_in(args.ckpt)
+        with autocast(cfg, pick_device(cfg)):
+            metrics = evaluate(model, tokenizer, tasks, cfg, fmt, setting, seed=cfg["seed"], rehearser=rehearser)
+        print(f"validation ({len(tasks)} tasks), step {checkpoint_step(path)}: {summary(metrics)}")
+        write(path, "eval_val.json", {**metrics, "step": checkpoint_step(path)})
+        print(f"written to {os.path.join(path, 'eval_val.json')}")
     else:
         metrics = evaluate(model, tokenizer, tasks, cfg, fmt, setting, seed=cfg["seed"], rehearser=rehearser)
         print(summary(metrics))

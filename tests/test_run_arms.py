@@ -80,6 +80,11 @@ def test_both_arms_continue_one_warm_start(finished):
     assert lines[1].startswith(f"{results}/real_seed1: real-world success ")
     assert lines[2].startswith(f"{results}/real_seed1 - {results}/rehearse_seed1: real-world success ")
     assert len(lines) == 3
+    for run in ("warmstart_seed1", "real_seed1", "rehearse_seed1"):      # each log's last line: wall and peak
+        last = open(results / f"{run}.log").read().splitlines()[-1]
+        words = last.split()
+        assert last.startswith(f"{results / run}: exit status 0, ") and words[-6:-2] == ["s", "wall,", "peak", "resident"]
+        assert float(words[-7]) > 0 and 100_000 < int(words[-2]) < 24 * 2**20 and words[-1] == "KiB"
 
 
 def test_a_second_call_redoes_nothing(finished, tmp_path):

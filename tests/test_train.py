@@ -501,3 +501,26 @@ def test_the_validation_split_is_held_out_of_rl_and_evaluated_during_it(tmp_path
     assert "40 RL" not in out and "36 RL, 16 test, 4 validation" in out
     assert "step 1: validation (4 tasks): real-world success" in out
     assert "warm start on the validation split (4 tasks): success" in out
+    # evaluate.py --validation: the same evaluation of a checkpoint, into <checkpoint>/eval_val.json with
+    # its step. The warm start's again (its file moved away) gives train.py's step 0 task by task (same
+    # weights, greedy, same seed and batches); the final checkpoint's (step 2, which RL's last step does not
+    # evaluate on validation) joins the curve of scripts.compare --validation; an existing file is kept
+    from scripts import compare
+    warm = os.path.join(cfg["out_dir"], "warmstart")
+    os.rename(os.path.join(warm, "eval_val.json"), os.path.join(tmp_path, "train_step0.json"))
+    assert evaluate_cli.main(["--ckpt", warm, "--validation"]) == 0
+    again = json.load(open(os.path.join(warm, "eval_val.json")))
+    assert again["task_rewards"] == step0["task_rewards"] and again["step"] == 0
+    assert evaluate_cli.main(["--ckpt", cfg["out_dir"], "--validation"]) == 0
+    last = json.load(open(os.path.join(cfg["out_dir"], "ckpt", "eval_val.json")))
+    assert last["step"] == 2 and last["n_tasks"] == 4
+    curve = compare.validation([cfg["out_dir"]])
+    assert f"step 2 {sum(last['task_rewards']) / 4:.3f} (" in curve and curve.index("step 1 ") < curve.index("step 2 ")
+    capsys.readouterr()
+    assert evaluate_cli.main(["--ckpt", cfg["out_dir"], "--validation"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "eval_val.json exists already" in err
+    assert json.load(open(os.path.join(cfg["out_dir"], "ckpt", "eval_val.json"))) == last
+    os.remove(os.path.join(warm, "eval_val.json"))
+    assert evaluate_cli.main(["--ckpt", warm, "--validation", "--n_val=0"]) == 2
+    assert "n_val is 0, so the run has no validation split" in capsys.readouterr().err

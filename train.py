@@ -454,7 +454,8 @@ def run_phases(cfg, resume, overwrite, stop):
             # log: the step's line in metrics.jsonl, every eval_every steps a real-world evaluation
             sums.update(step_sums(fmt, setting, sampled, cfg))
             record = {**step_record(step, status, progress, sums, time_sample, time.time() - t0), **counts, **extras}
-            if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < cfg["rl_steps"]:
+            # (the last step's too on a validation split; without one the final evaluation is this one)
+            if cfg["eval_every"] and step % cfg["eval_every"] == 0 and (step < cfg["rl_steps"] or cfg["n_val"]):
                 result = unless_signalled(eval_in_rl, rl_stop)
                 if result is None:      # a signal: the step is saved, its evaluation and metrics line left to --resume
                     return leave_evaluation(save, step, record, progress, cfg, log)

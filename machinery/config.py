@@ -79,7 +79,7 @@ DEFAULTS = {
     # collusion at evaluation: imagined (rehearse-mode) episodes on the first n_collusion test tasks
     "n_collusion": 200,
     # n_val: validation tasks, the last n_val RL tasks held out of RL; > 0: the evaluations every
-    # eval_every steps run on them (val_success), the test split only before and after RL
+    # eval_every steps (the last included) run on them (val_success), the test split only before and after RL
     "n_val": 0,
     # test-time private rehearsal in evaluation (rehearse.py): imagined episodes per task
     "rehearsal_budget": 0, "rehearsal_mode": "parallel", "imagine_temperature": 1.0,

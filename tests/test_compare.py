@@ -230,6 +230,15 @@ def test_validation_curve_intervals_derived_by_hand(tmp_path, capsys):
                         "(+1.000 [+1.000, +1.000] called)"
     assert pooled[2] == ("2 runs pooled, step 2 minus step 0: +0.750 [+0.250, +1.000] (called) (resampling runs, "
                          "then validation tasks)") and len(pooled) == 3
+    # a run whose last step evaluate.py --validation measured (ckpt/eval_val.json, step 5): its step joins the
+    # curve in order (per task [1, 1, 0, 0] better: Binomial(4, 1/2) / 4 per resample, 0 and 1 each with
+    # p 1/16 > 2.5%: [+0.000, +1.000]); a step metrics.jsonl holds already (4) is read from there
+    os.makedirs(os.path.join(one, "ckpt"))
+    for step, rewards in ((5, [1.0, 1.0, 1.0, 1.0]), (4, [1.0, 1.0, 1.0, 1.0])):
+        with open(os.path.join(one, "ckpt", "eval_val.json"), "w") as f:
+            json.dump({"step": step, "task_rewards": rewards}, f)
+        assert compare.validation([one]).endswith("step 4 0.500 (+0.000 [+0.000, +0.000])" +
+                                                  ("; step 5 1.000 (+0.500 [+0.000, +1.000])" if step == 5 else ""))
     assert compare.main(["--validation", one, str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and os.path.join(str(tmp_path), "warmstart", "eval_val.json") in err

@@ -140,10 +140,15 @@ def tiny_model(tmp_path_factory):
 def layout(folder):
     """A copy of the repository in `folder`: a command writes where a user's would, never into the
     repository itself (a link would let it write through). Left out: dot folders at the top (.git,
-    a .venv), out/ and logs/, caches, virtual environments, checkpoints (a results folder's runs)."""
+    a .venv), out/ and logs/, caches, virtual environments, checkpoints (a results folder's runs; a
+    ckpt/ or warmstart/ folder holding only evaluations, eval*.json, as results/ keeps them, is copied)."""
+    def checkpoint(path):
+        return not all(f.startswith("eval") and f.endswith(".json") for f in os.listdir(path))
+
     def left_out(where, names):
         return {n for n in names if n in ("out", "logs", "__pycache__") or where == ROOT and n.startswith(".")
                 or os.path.isdir(os.path.join(where, n)) and (n.startswith(("ckpt", "warmstart"))
+                                                             and checkpoint(os.path.join(where, n))
                                                              or os.path.isfile(os.path.join(where, n, "pyvenv.cfg")))}
     shutil.copytree(ROOT, folder, dirs_exist_ok=True, symlinks=True, ignore=left_out)
 

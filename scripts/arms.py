@@ -13,9 +13,9 @@ Restartable: a second call continues what is left. A run whose eval.json exists 
 a checkpoint (a warm start, an RL checkpoint) is continued with --resume; a copy of warmstart/ that a stop
 cut short is made again. A call whose config or ARGS would give a run in RESULTS another value of a key
 than the one it ran with is refused, naming the run and the key, before anything starts (its figures
-would be printed as this call's). Each run's output goes to RESULTS/<run>.log, and its last line there says its wall time and peak resident
-size (a --resume counts from the continuation); a run that fails prints
-its own error line here too, naming its log. Ctrl-C or SIGTERM reaches the running train.py (each saves
+would be printed as this call's). Each run's output goes to RESULTS/<run>.log, whose last line says the
+run's wall time and peak resident size (a --resume counts from the continuation); a run that fails
+prints its own error line here too, naming its log. Ctrl-C or SIGTERM reaches the running train.py (each saves
 what it has, as train.py does alone), then this exits 130; the same command continues.
 """
 import filecmp

@@ -774,8 +774,9 @@ def validation(runs):
         steps += [(m["step"], m["val_task_rewards"]) for m in read_json_lines(os.path.join(run, "metrics.jsonl"))
                   if "val_task_rewards" in m]
         last = os.path.join(run, "ckpt", "eval_val.json")      # evaluate.py --validation on the latest checkpoint
-        if os.path.isfile(last) and read_json(last)["step"] not in dict(steps):
-            steps.append((read_json(last)["step"], read_json(last)["task_rewards"]))
+        last = read_json(last) if os.path.isfile(last) else None
+        if last and last["step"] not in dict(steps):
+            steps.append((last["step"], last["task_rewards"]))
         curves[run] = dict(sorted(steps))
     lines = []
     for run, curve in curves.items():

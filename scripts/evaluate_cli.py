@@ -181,8 +181,9 @@ def measure(args, cfg, model, tokenizer, tasks, fmt, setting, rehearser, warm):
         path = checkpoint_in(args.ckpt)
         with autocast(cfg, pick_device(cfg)):
             metrics = evaluate(model, tokenizer, tasks, cfg, fmt, setting, seed=cfg["seed"], rehearser=rehearser)
-        print(f"validation ({len(tasks)} tasks), step {checkpoint_step(path)}: {summary(metrics)}")
-        write(path, "eval_val.json", {**metrics, "step": checkpoint_step(path)})
+        step = checkpoint_step(path)
+        print(f"validation ({len(tasks)} tasks), step {step}: {summary(metrics)}")
+        write(path, "eval_val.json", {**metrics, "step": step})
         print(f"written to {os.path.join(path, 'eval_val.json')}")
     else:
         metrics = evaluate(model, tokenizer, tasks, cfg, fmt, setting, seed=cfg["seed"], rehearser=rehearser)

@@ -773,8 +773,8 @@ def validation(runs):
         steps = [(0, read_json(path)["task_rewards"])]
         steps += [(m["step"], m["val_task_rewards"]) for m in read_json_lines(os.path.join(run, "metrics.jsonl"))
                   if "val_task_rewards" in m]
-        last = os.path.join(run, "ckpt", "eval_val.json")      # evaluate.py --validation on the latest checkpoint
-        last = read_json(last) if os.path.isfile(last) else None
+        last_path = os.path.join(run, "ckpt", "eval_val.json")      # evaluate.py --validation on the latest checkpoint
+        last = read_json(last_path) if os.path.isfile(last_path) else None
         if last and last["step"] not in dict(steps):
             steps.append((last["step"], last["task_rewards"]))
         curves[run] = dict(sorted(steps))

@@ -30,13 +30,13 @@ official grouping) gives the actor rows of a task one baseline and its rehearse 
 A mean is over rows, so an episode with more calls weighs more in its rehearse group. With
 inline rehearsal every row holds both roles and one reward, so the two groupings are the same.
 
-Dynamic sampling (max_sample_rounds > 1, train.sample_step) keeps a task's G episodes when their
-rewards vary (`varied_groups` over task ids), then only the row groups that vary. Every episode
-has an actor row, so a task varies exactly when its actor group (task_role) or its one group
-(task) does. Under task_role its rehearse group may still be all-equal, since only the episodes
-that made calls have rehearse rows: G = 3, a rewarded 1 (two calls), b 1 (one call), c 0 (no
-call): the actor rows (1, 1, 0) vary, the rehearse rows a.r1, a.r2, b.r1 (1, 1, 1) do not and
-are left out (their advantages would be 0).
+Dynamic sampling (max_sample_rounds > 1, formats/dynamic_sampling.py) keeps a task's G episodes
+when their rewards vary (`varied_groups` over task ids). Every episode has an actor row, so a task
+varies exactly when its actor group (task_role) or its one group (task) does. Under task_role its
+rehearse group may still be all-equal, since only the episodes that made calls have rehearse rows:
+G = 3, a rewarded 1 (two calls), b 1 (one call), c 0 (no call): the actor rows (1, 1, 0) vary, the
+rehearse rows a.r1, a.r2, b.r1 (1, 1, 1) do not: their advantages are 0 and they add nothing to
+the gradient (they count in the token normaliser, as every trained token of the batch does).
 """
 from collections import Counter
 

@@ -5,9 +5,10 @@ same policy writes the environment's response to it (rehearsal), and the next ac
 on that response. This file samples a batch of such episodes in lock step: at every step each row appends
 one sampled token and then every forced id queued behind it (a hand-off, a planned call, a real
 observation: a run), so all rows share one KV cache and one forward per step, whatever role each
-row is in (the shorter runs' slots are masked holes). The batch decoder
-(kvcache.Decoder) prefills a task's G rows once, feeds forced ids in the same forward, and drops
-finished rows once a quarter of them are done (docs/speed.md).
+row is in (the shorter runs' slots are masked holes). Finished rows leave the cache once a
+quarter of them are done. The batch decoder is kvcache.decoder's pick: the plainest one
+(transformers' DynamicCache) for the demo's short prompts, one with speed tricks for a chat
+model's long ones (docs/speed.md).
 
 Per-row state machine (the sampler forces every hand-off; no role ever writes another's tag):
 
@@ -52,7 +53,6 @@ from machinery import kvcache
 import rehearse
 import world as toy_world
 from envace import ACT, ENV_MODES, OBS, PROMPT, REHEARSE, TAG, NonFiniteError, decoded, encode, tag_ids
-from machinery.faults import stop_point
 
 
 # the config keys that bound an episode (the sampler's settings of the same names)
@@ -162,6 +162,7 @@ def sample_episodes(policy, tokenizer, prompts, env_mode="rehearse", *, env_mode
     s = merged_settings(settings)
     tags = s["tags"] or tag_ids(tokenizer)
     worlds = world if isinstance(world, list) else [world] * len(prompts)
+    prompts = [p["prompt"] if isinstance(p, dict) else p for p in prompts]      # a task: its prompt
     rows = [new_row(p if isinstance(p, list) else tags["bos"] + encode(tokenizer, p), w, plan=plan, tags=tags,
                     tokenizer=tokenizer) for p, plan, w in zip(prompts, plans or [None] * len(prompts), worlds)]
     limits = {k: s[k] for k in LIMITS + ("rehearse_check",)}
@@ -183,7 +184,6 @@ def sample_rows(policy, tokenizer, rows, env_mode, env_model, tags, limits, temp
     decoders = _start_decoders(policy, env_model, rows, tags["pad"])
     live = list(range(len(rows)))      # the rows still in the caches, in cache order
     for _ in range(max_new):
-        stop_point()                   # a signal during an RL step: StepAbandoned (faults.stop_point)
         logits = decoders[0].logits
         if env_model is not None:      # rows in the env phase sample from the simulator
             in_env = torch.tensor([rows[i]["phase"] == "env" for i in live], device=logits.device)
@@ -196,14 +196,17 @@ def sample_rows(policy, tokenizer, rows, env_mode, env_model, tags, limits, temp
         dropped = [j for j in range(len(live)) if j not in set(running)] if (
             not running or len(running) <= 0.75 * len(live)) else []
         for j in dropped:              # a quarter finished (or all): they leave the caches
-            _save_paused(rows[live[j]], decoders[0], j, len(runs[j]))
+            if rows[live[j]]["cause"] == "call":      # (separate layout: an actor row paused at its call)
+                _save_paused(rows[live[j]], decoders[0], j, len(runs[j]))
         if not running:
             break
         if dropped:
             index = torch.tensor(running, device=logits.device)
+            # dropped, not fed holes to the end: test_shared_prompt_prefill_and_dropped_rows_match_a_full_forward
             for dec in decoders:
                 dec.keep(index)
             live, runs = [live[j] for j in running], [runs[j] for j in running]
+        # a forward per run, not per id: test_forced_runs_in_one_forward_match_a_full_forward
         for dec in decoders:
             dec.step(runs)
     for row in rows:
@@ -219,21 +222,20 @@ def _start_decoders(policy, env_model, rows, pad_id):
     did: separate rounds), and in frozen mode the simulator's, fed the same tokens."""
     saved = [r.pop("saved_kv", None) for r in rows]  # separate rounds: actor rows keep their cache
     saved = saved if all(saved) and env_model is None else None
-    decoders = [kvcache.Decoder(policy, [r["ids"] for r in rows], pad_id, saved and [s["cache"] for s in saved])]
+    decoders = [kvcache.decoder(policy, [r["ids"] for r in rows], pad_id, saved and [s["cache"] for s in saved])]
     if saved:                          # feed what was appended to the rows since their cache was saved
         decoders[0].step([r["ids"][s["fed"]:] for r, s in zip(rows, saved)])
     if env_model is not None:          # frozen mode: a second cache, fed the same tokens
-        decoders.append(kvcache.Decoder(env_model, [r["ids"] for r in rows], pad_id))
+        decoders.append(kvcache.decoder(env_model, [r["ids"] for r in rows], pad_id))
     return decoders
 
 
 def _save_paused(row, decoder, j, unfed):
     """A separate-layout actor row paused at its call (cause "call") keeps its cache (row j of
     `decoder`) for the next round, and how many of its ids are in it (its last `unfed` are not)."""
-    if row.get("stop_at") == "call" and row["cause"] == "call":
-        cache = decoder.save(j)
-        if cache is not None:
-            row["saved_kv"] = {"cache": cache, "fed": len(row["ids"]) - unfed}
+    cache = decoder.save(j)
+    if cache is not None:
+        row["saved_kv"] = {"cache": cache, "fed": len(row["ids"]) - unfed}
 
 
 def _append_run(row, sampled, logp, env_mode, tags, tokenizer, limits):

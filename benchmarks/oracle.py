@@ -29,7 +29,7 @@ from chat.chat_reward import chat_reward
 from machinery.checkpoint import write_file
 from machinery.config import DEFAULTS, ArgumentParser, ConfigError, check_value
 from chat.executor import is_error
-from machinery.faults import StopRequest, error_line
+from machinery.faults import error_line, sigterm_as_interrupt
 
 RESULT = "oracle.json"      # not eval.json: --out_dir may be a run of train.py, whose eval.json stays
 
@@ -88,13 +88,13 @@ def main(argv):
         return 2
     phase = "the oracle's replay"
     try:
-        with StopRequest(immediate=True):         # SIGTERM too: KeyboardInterrupt at once
-            result = run_oracle(args.test_file, args.tool_timeout)
-            for f in result["failures"]:
-                why = f"first error response {f['first_error'][:120]}" if f["first_error"] else "no error response"
-                print(f"{args.test_file} line {f['line']}: reward {f['reward']:.3f} ({why})")
-            phase, path = "writing the result", os.path.join(args.out_dir, RESULT)
-            write_file(path, json.dumps(result, indent=1))      # whole or not at all
+        sigterm_as_interrupt()                # SIGTERM too: KeyboardInterrupt at once
+        result = run_oracle(args.test_file, args.tool_timeout)
+        for f in result["failures"]:
+            why = f"first error response {f['first_error'][:120]}" if f["first_error"] else "no error response"
+            print(f"{args.test_file} line {f['line']}: reward {f['reward']:.3f} ({why})")
+        phase, path = "writing the result", os.path.join(args.out_dir, RESULT)
+        write_file(path, json.dumps(result, indent=1))      # whole or not at all
     except KeyboardInterrupt:
         print(f"\ninterrupted during {phase}: nothing written", file=sys.stderr)
         return 130

@@ -15,10 +15,16 @@
 `setup(cfg, tokenizer, splits, device)` looks at these keys once and returns (fmt, setting): the
 format module and its setting (formats/setting.py, a dataclass). Every format module defines the same functions with the
 same signatures (INTERFACE; tests/test_layout.py checks it), each but setup taking the setting first;
-train.py and evaluate.py call them (`fmt.rl_sample(setting, ...)`) and never branch on the format
-or the layout. What each function does: formats/format_plain.py's docstring.
+evaluate.py calls them (`fmt.sample(setting, ...)`) and never branches on the format or the layout;
+train.py's RL loop calls the sampler and reward `sampler_and_reward` chose (the toy with inline
+rehearsal, the demo: rollout.sample_episodes and reward.task_reward themselves; another layout its
+module's `rl_sample` and `reward` through `layout_sampler`), and the step's diagnostics
+`step_diagnostics` chose (none in the demo). What each function does: formats/format_plain.py's docstring.
 Here too: the splits (`build_tasks`) and the tiny model's vocabulary (`tiny_words`).
 """
+import contextlib
+import functools
+
 from chat import setup as chat_setup
 from formats import format_chat
 from formats import format_chat_separate
@@ -27,7 +33,10 @@ from formats import format_plain
 from formats import format_plain_separate
 from formats import format_uncertain
 from worldmodel import separate
+from formats import dynamic_sampling
 from machinery import taskfiles
+from machinery.distributed import gathered
+import rollout
 import world
 from worlds import choice as world_choice
 from worlds import uncertain as world_uncertain
@@ -96,3 +105,59 @@ def setup(cfg, tokenizer, splits, device="cpu"):
     every call of the format takes first: fmt.inputs(setting, tasks, G)."""
     fmt = choose(cfg)
     return fmt, fmt.setup(cfg, tokenizer, splits, device)
+
+
+def sampler_and_reward(fmt, setting, cfg, rl_tasks, amp, task_rng, simulator=None):
+    """RL's sampler and reward, chosen once at setup, for train.py's loop: `sample(model,
+    prompts=tasks, generator=...)` -> one episode per task given (each task group_size times), in
+    env_mode's world (`simulator`: the frozen warm start that plays it in frozen mode), and
+    `reward(episode, task)`. The toy with inline rehearsal (the demo) gets the paper's sampler
+    itself, rollout.sample_episodes bound with its settings, and reward.task_reward; another layout
+    its module's (`layout_sampler`, fmt.reward). Under bf16 autocast or FSDP the sampler runs inside
+    both (`in_context`); max_sample_rounds > 1 wraps it in DAPO's dynamic sampling, which draws its
+    extra rounds of tasks from `task_rng` (formats/dynamic_sampling.py)."""
+    if fmt.rl_sample is format_plain.rl_sample and fmt.inputs is format_plain.inputs:    # the toy, inline
+        sample = functools.partial(rollout.sample_episodes, tokenizer=setting.tokenizer, env_mode=setting.env_mode,
+                                   world=setting.world, env_model=simulator,
+                                   settings={**setting.sampling, "tags": setting.tags})
+    else:
+        sample = functools.partial(layout_sampler, fmt=fmt, setting=setting, simulator=simulator)
+    # (format_plain.task_reward is reward.task_reward, the name the toy's evaluation reads too)
+    reward = format_plain.task_reward if fmt.reward is format_plain.reward else functools.partial(fmt.reward, setting)
+    if not isinstance(amp, contextlib.nullcontext) or cfg["fsdp"]:
+        sample = functools.partial(in_context, sample=sample, amp=amp, simulator=simulator)
+    if cfg["max_sample_rounds"] > 1:
+        sample = functools.partial(dynamic_sampling.sample_until_varied, sample=sample, reward=reward,
+                                   rl_tasks=rl_tasks, task_rng=task_rng, cfg=cfg)
+    return sample, reward
+
+
+def layout_sampler(model, prompts, generator, fmt, setting, simulator):
+    """A layout's RL sampler with the demo's signature: `prompts` are the tasks, which the format
+    turns into its sampler's inputs (fmt.inputs: prompt ids, a world per row, the tags)."""
+    inputs, worlds, tags = fmt.inputs(setting, prompts, 1)
+    return fmt.rl_sample(setting, model, setting.tokenizer, inputs, worlds, tags, simulator, generator)
+
+
+def in_context(model, prompts, generator, sample, amp, simulator):
+    """`sample` under the run's autocast (bf16) and, under FSDP, with the policy's and the
+    simulator's weights gathered once for the whole sampling (distributed.gathered)."""
+    with amp, gathered(model), gathered(simulator):
+        return sample(model, prompts=prompts, generator=generator)
+
+
+def step_diagnostics(fmt, setting, cfg, amp):
+    """The RL step's diagnostics beside its metrics line, chosen once: None when there are none (the
+    demo: replay_fidelity false, the toy world), else `diagnose(model, episodes, tasks)` -> {"replay":
+    this rank's fidelity and collusion sums against a real replay of the rehearsed calls (fmt.diagnostics,
+    when the policy or the frozen warm start played the world and replay_fidelity), "world": the
+    world's own figures (fmt.step_extras: the uncertain world's truth probe)}. Nothing of it is trained."""
+    replay = setting.rehearsed and cfg["replay_fidelity"]
+    if not replay and fmt.step_extras is format_plain.step_extras:
+        return None
+
+    def diagnose(model, episodes, tasks):
+        with amp, gathered(model):
+            extras = fmt.step_extras(setting, model, episodes, tasks)
+        return {"replay": fmt.diagnostics(setting, episodes, tasks) if replay else {}, "world": extras}
+    return diagnose

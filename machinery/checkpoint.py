@@ -6,9 +6,9 @@ A checkpoint is written whole by `save_checkpoint` (machinery/savefiles.py: to <
 swapped in by two renames; a refused write is a CheckpointError naming the path) and a damaged one
 is named by `damaged_file`; `find_checkpoint` falls back to a whole <path>.old. `save_state` adds what `--resume` needs to continue
 the same run exactly: the step, the optimizer, every rank's RNG states and the counters; a
-finished warm start is resumed only under the keys that made it (`check_warm_start`). Ctrl-C
-or SIGTERM (faults.StopRequest) during RL saves the last step applied and exits 0 (the RL
-loop's stops: `drop_step`, `leave_evaluation`, `stop_saved`, each saving and saying so).
+finished warm start is resumed only under the keys that made it (`check_warm_start`). The RL
+loop saves every save_every steps and at its last; Ctrl-C or SIGTERM ends a run at once, and
+--resume continues from the last checkpoint, redoing the steps after it exactly.
 """
 import copy
 import os
@@ -19,7 +19,6 @@ import numpy as np
 import torch
 import yaml
 
-from machinery import faults
 from machinery.config import DEFAULTS, ConfigError
 from machinery.realmodel import ModelFileError, local_folder
 from machinery.savefiles import (CheckpointError, damaged_file, file_in_the_way, find_checkpoint, is_checkpoint,  # noqa: F401
@@ -207,17 +206,16 @@ def reference_model(model, cfg, device, world_size, warmstart_path, fresh, neede
 
 def rl_state(model, tokenizer, cfg, state, before, rank, log):
     """(optimizer, the sampler's generator, the task RNG, progress counters, first step): new ones
-    saved as checkpoint 0 after the warm start (faults.saved notes it), or those of the checkpoint
+    saved as checkpoint 0 after the warm start, or those of the checkpoint
     being resumed."""
     opt = adamw(model, cfg["lr"], cfg)
     generator = torch.Generator().manual_seed(cfg["seed"] * 1000 + rank)   # each rank its own stream
     task_rng = random.Random(cfg["seed"])                                   # the same on every rank
-    progress = {"skipped_steps": 0, "nonfinite_steps": 0, "nonfinite_in_a_row": 0}
+    progress = {"updated": 0, "skipped": 0, "nonfinite": 0, "nonfinite_in_a_row": 0}
     if state is None:
         progress.update(before=before, real_success=before["success"])
         save_state(cfg["out_dir"], model, tokenizer, opt, 0, yaml.safe_dump(cfg, sort_keys=False), progress,
                    generator, task_rng)
-        faults.saved("ckpt", 0)
         return opt, generator, task_rng, progress, 1
     load_optimizer_state(model, opt, state["optimizer"])
     progress.update(state["progress"])
@@ -337,42 +335,9 @@ def save_warm_start(model, tokenizer, cfg):
     from_rank0(save)
 
 
-# ----------------------------------------------------------------------------- the RL loop's saves, and its stops
+# ----------------------------------------------------------------------------- the RL loop's saves
 
 def save_step(cfg, model, tokenizer, opt, generator, task_rng, step, progress):
-    """RL step `step`'s checkpoint in out_dir/ckpt (save_state: weights, optimizer, `progress`, every
-    RNG), noted as saved for the fault lines (faults.saved)."""
+    """RL step `step`'s checkpoint in out_dir/ckpt (save_state: weights, optimizer, `progress`, every RNG)."""
     save_state(cfg["out_dir"], model, tokenizer, opt, step, yaml.safe_dump(cfg, sort_keys=False), progress,
                generator, task_rng)
-    faults.saved("ckpt", step)
-
-
-def drop_step(save, step, start, generator, task_rng, progress, cfg, log):
-    """A signal during RL step `step` before its update was applied (StepAbandoned: the weights and
-    the optimizer as the step found them): every RNG back to `start` (where the step found them:
-    (rng_states, the task RNG's state)), the step before saved unless it already is (`save(step,
-    progress)`: save_step with the run's model, optimizer and RNGs), its line. Returns the exit
-    status, 0 (--resume redoes the step)."""
-    restore_rngs(start[0], generator)       # before the save: the checkpoint holds these states
-    task_rng.setstate(start[1])
-    if faults.position.step != step - 1:
-        save(step - 1, progress)
-    log(faults.rl_stop_line(cfg, step - 1, False, dropped=True))
-    return 0
-
-
-def leave_evaluation(save, step, record, progress, cfg, log):
-    """A signal before or during the evaluation after RL step `step` (eval_every): the step saved
-    with its metrics line `record` as progress's "eval_left", which --resume evaluates and writes
-    first (metrics.evaluation_left); its line. Returns the exit status, 0."""
-    save(step, {**progress, "eval_left": record})
-    log(faults.rl_stop_line(cfg, step, False, eval_left=True))
-    return 0
-
-
-def stop_saved(save, step, progress, failing, cfg, log):
-    """After RL step `step`, a signal on any rank or its third non-finite step in a row (`failing`):
-    the step saved, its line. Returns the exit status: 1 failing, else 0."""
-    save(step, progress)
-    log(faults.rl_stop_line(cfg, step, failing))
-    return 1 if failing else 0

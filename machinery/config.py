@@ -36,6 +36,8 @@ from envace import ENV_MODES
 # toy world, warm start, RL with rehearsal, evaluation), then each extension's keys under a heading.
 DEFAULTS = {
     "out_dir": "out/run", "seed": 1, "device": "auto", "bf16": True, "save_every": 50,
+    # threads: torch's intra-op threads per process (0: torch's default, one per core); set once at setup
+    "threads": 0,
     # model: "tiny" builds a small Llama from n_layer/n_embd/n_head; else a path or hub name
     "model": "tiny", "n_layer": 4, "n_embd": 128, "n_head": 4,
     # data: tasks from the toy world (world.py), generated from data_seed
@@ -133,7 +135,7 @@ POSITIVE = {"n_layer", "n_embd", "n_head", "n_logged", "n_rl_tasks", "n_test", "
             "eval_batch_size"}
 
 
-NON_NEGATIVE = {"seed", "data_seed", "n_new_logged", "snippet_repeats", "sft_steps", "rl_steps", "save_every",
+NON_NEGATIVE = {"seed", "data_seed", "n_new_logged", "snippet_repeats", "sft_steps", "rl_steps", "save_every", "threads",
                 "weight_decay", "grad_clip", "eps_low", "eps_high", "kl_coef", "act_coef",
                 "rehearse_coef", "eval_temperature", "eval_every", "min_fidelity", "rehearsal_budget",
                 "imagine_temperature", "kl_rehearse_coef", "n_collusion", "grounding_examples",

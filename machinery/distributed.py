@@ -147,7 +147,12 @@ def from_rank0(fn):
             failed = e
             box = [("interrupted" if isinstance(e, KeyboardInterrupt) else "failed",
                     ((str(e).strip().splitlines() or [""])[0], isinstance(e, ConfigError)))]
-    dist.broadcast_object_list(box, src=0)
+    try:
+        dist.broadcast_object_list(box, src=0)
+    except Exception:                     # another rank already ended (a signal reaches every rank): rank 0
+        if dist.get_rank() == 0 and box[0][0] != "done":      # says what stopped it, not the lost connection
+            raise failed from None
+        raise
     outcome, value = box[0]
     if outcome == "done":
         return value
@@ -156,6 +161,11 @@ def from_rank0(fn):
     if outcome == "interrupted":
         raise KeyboardInterrupt
     raise RankFailed(*value)
+
+
+def summed_over_ranks(sums):
+    """A dict of metric sums added up over ranks (add_up of every rank's; itself in one process)."""
+    return add_up(all_gather(sums)) if dist.is_initialized() else sums
 
 
 def add_up(dicts):
@@ -354,22 +364,16 @@ def in_step(batches, lengths, ddp_model):
     gradient all-reduce fires on the last micro-batch only (nanoGPT's flag: no_sync() would
     split this loop in two). Under FSDP every backward reduce-scatters, the same number of times
     on every rank: set_requires_gradient_sync(False) would keep whole unsharded gradients, the
-    memory that FSDP is there to save."""
+    memory that FSDP is there to save. After each micro-batch's forward and backward the CPU heap's
+    freed pages go back to the system (`release_freed_memory`: it changes no number)."""
     batches = [b for b in batches if b]          # micro_batches([]) is [[]]: a rank with no kept rows
-    n = int(all_max(len(batches)))
+    n = len(batches) if not dist.is_initialized() else int(all_max(len(batches)))
     for j in range(n):
         if isinstance(ddp_model, DDP):
             ddp_model.require_backward_grad_sync = j == n - 1
         index = batches[j] if j < len(batches) else (batches + [[0]])[0]
         yield torch.tensor(index), max(lengths[i] for i in index), float(j < len(batches))
-
-
-def reuse_sampler_logprobs(cfg, device):
-    """The sampler recorded every sampled token's fp32 logprob at the sampling temperature from
-    the same weights: the old-logprob forward would recompute the same numbers (within 1e-5,
-    tested), so it is skipped. Not under bf16 autocast, where a cached one-token decode and a
-    full forward round differently: there the forward is redone."""
-    return cfg["reuse_sampler_logprobs"] and not isinstance(autocast(cfg, device), torch.autocast)
+        release_freed_memory()
 
 
 def load_device(cfg, device, world_size):

@@ -1,6 +1,21 @@
-"""The sampler's batch decoder and its KV cache (docs/speed.md): `Decoder` advances a batch of
-rows by one run of tokens each per forward (rollout.sample_episodes drives it), over a cache that
-grows in place; rows of a batch's cache can be saved and restored (separate rounds: no re-prefill).
+"""The sampler's batch decoders and their KV caches (docs/speed.md). The sampler asks `decoder` for
+one per sampling call (rollout._start_decoders), which picks it from the rows' prefixes:
+
+    PlainDecoder  prefixes shorter than PLAIN_BELOW ids (the demo's toy prompts: 3-8 ids):
+                  transformers' own DynamicCache, every row prefilled whole (left-padded), each
+                  step's runs right-aligned in one forward, finished rows dropped (`keep`)
+    Decoder       longer prefixes (a chat model's system turn and tool schemas: hundreds to
+                  thousands of ids), and rows restored from a separate round's saved cache: the
+                  same steps, with the speed tricks below
+
+Both feed every row the same ids at the same positions (tests/test_kvcache.py: the same sampled
+tokens and logprobs). Why the demo takes the plain one: the tricks below pay with the prompt's
+length, and at the demo's they pay nothing. A demo-shaped random Llama (1.06M parameters), 16
+prefixes x 8 rows then 40 one-id steps, took plain / Decoder 0.93x the time at 5-id prefixes,
+1.06x at 8, 1.12x at 16, 1.57x at 64, 2.90x at 256 (most of it Decoder's one prefill per distinct
+prefix); the demo's own sampling of 16 tasks x 8 (a trained warm start), the two timed in turn,
+0.95x in rehearse mode and 0.96x in real mode, the same episodes bit for bit (docs/speed.md:
+1 thread, 2 AMD EPYC cores, 2026-12-07).
 
 transformers' DynamicLayer concatenates the whole cache at every decode step (a copy of every
 layer's keys and values per step); at 2k-token chat prompts that copy was a third of a sampling
@@ -11,19 +26,19 @@ and writes each step into it.
 A step feeds each row its run of ids in one [B, longest run] forward. Where a few rows run a long
 one (a forced real response, ~25 ids) while the others feed one id, that forward computes a hole
 for every other row at each of its positions: in real-mode evaluation of the separate layout's
-SmolLM2 warm start (40 test tasks, 1 thread) 28 such steps took 131.5 of 218 s. `step` runs them
-as two forwards (every row's first id, then the longer runs on a copy of their rows' cache,
-`_step_rows`): 46.7 s, the same episodes. Only where the holes cost more than a second forward
-(SPLIT_COST): on the demo's 1M-parameter model they do not (its run equals one with the split
-switched off), and splitting there saved nothing (the whole demo side by side, one thread each:
-184.15 s CPU split, 183.31 s not) while the other matmul shapes moved its sampled tokens'
-logprobs by up to 2.6e-6, and so its figures.
+SmolLM2 warm start (40 test tasks, 1 thread) 28 such steps took 131.5 of 218 s. `Decoder.step`
+runs them as two forwards (every row's first id, then the longer runs on a copy of their rows'
+cache, `_step_rows`): 46.7 s, the same episodes. Only where the holes cost more than a second
+forward (SPLIT_COST): on the demo's 1M-parameter model they do not, and splitting there saved
+nothing (the whole demo side by side, one thread each: 184.15 s CPU split, 183.31 s not) while
+the other matmul shapes moved its sampled tokens' logprobs by up to 2.6e-6, and so its figures.
 
 save_row / restore_rows keep the cache of a separate-layout actor row paused at its call
 (rollout._save_paused) for the next round of separate.sample_separate, which then feeds it only
 the ids appended since (the copied response), where it was re-prefilled every round before
-(test_actor_rows_keep_their_cache_across_rounds: 3 prefills instead of 7). Only for caches of
-full-attention layers (else the rows are prefilled again).
+(test_actor_rows_keep_their_cache_across_rounds: 3 prefills instead of 7). Both decoders save;
+restored rows go to Decoder. Only for caches of full-attention layers (else the rows are
+prefilled again).
 """
 import torch
 import torch.nn.functional as F
@@ -31,6 +46,58 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from machinery.sharedprefix import shared_prefix_length
+
+# ids: `decoder` gives shorter prefixes to PlainDecoder. 16 is MIN_SHARED (Decoder runs no shared
+# prefix below it); below it the plain one took 0.93-1.12x Decoder's time, on the demo's 0.95x (above)
+PLAIN_BELOW = 16
+
+
+def decoder(model, prefixes, pad_id, saved=None):
+    """The sampler's decoder over `prefixes` (id lists): PlainDecoder where every prefix is shorter
+    than PLAIN_BELOW ids, else Decoder, whose speed tricks pay on long prompts; rows restored
+    from `saved` (separate rounds' kept caches, save_row) go to Decoder."""
+    if saved is None and max(map(len, prefixes)) < PLAIN_BELOW:
+        return PlainDecoder(model, prefixes, pad_id)
+    return Decoder(model, prefixes, pad_id, saved)
+
+
+class PlainDecoder:
+    """A batch of rows and their KV cache (transformers' DynamicCache), advanced by one run of ids
+    per row per step: a sampled token and the forced ids queued after it; a finished row none.
+    The runs are right-aligned in one [B, longest run] forward; the shorter runs' slots (and the
+    prefill's left pads) are holes, masked out and never attended to, so every row's cache holds
+    exactly its own ids at its own positions. The prefill is the first step: the prefixes."""
+
+    def __init__(self, model, prefixes, pad_id):
+        self.model, self.pad_id, self.cache = model, pad_id, DynamicCache(config=model.config)
+        device = next(model.parameters()).device
+        self.mask = torch.zeros(len(prefixes), 0, dtype=torch.long, device=device)   # 1 an id, 0 a hole
+        self.pos = torch.zeros(len(prefixes), dtype=torch.long, device=device)       # each row's next position
+        self.step([list(p) for p in prefixes])
+
+    @torch.no_grad()
+    def step(self, runs):
+        """Append each row's run of ids (a list per row); returns the logits after each row's last
+        id [B, V]: the LM head runs on that position only (test fakes take no `logits_to_keep`)."""
+        width = max(map(len, runs))
+        ids = torch.tensor([[self.pad_id] * (width - len(r)) + r for r in runs], device=self.mask.device)
+        new = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in runs], device=self.mask.device)
+        self.mask = torch.cat([self.mask, new], 1)
+        positions = self.pos[:, None] + (new.cumsum(1) - 1).clamp(min=0)     # a hole's: any (masked)
+        last = {"logits_to_keep": 1} if isinstance(self.model, PreTrainedModel) else {}
+        out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=positions, cache=self.cache,
+                         use_cache=True, **last)
+        self.logits, self.pos = out.logits[:, -1].float(), self.pos + new.sum(1)
+        return self.logits
+
+    def keep(self, index):
+        """Keep the batch rows at `index` (a LongTensor); the others leave the cache."""
+        self.cache.batch_select_indices(index)
+        self.mask, self.pos, self.logits = self.mask[index], self.pos[index], self.logits[index]
+
+    def save(self, j):
+        """Row j's cache as plain tensors (save_row), for a Decoder to restore."""
+        return save_row(self.cache, self.mask, self.pos, j)
 
 
 class GrowingLayer(DynamicLayer):
@@ -107,16 +174,16 @@ def n_parameters(model):
 
 
 class Decoder:
-    """A batch of left-padded prefixes and their KV cache, advanced by one run of tokens per row per
-    step. Identical prefixes (a task's G samples) are prefilled once and their cache rows copied;
-    the ids that all prefixes start with (a chat prompt's system turn and tool schemas, the same for
-    every task) are prefilled once as one row, copied, and each prefix's rest fed as a step; and
-    `keep` drops finished rows from the cache, so that they cost nothing afterwards. A step feeds
-    each row its run (a sampled token and the forced ids queued after it; a finished row none),
-    right-aligned in one [B, longest run] forward (or two, `step`): the shorter runs' slots are
-    holes, masked out and never attended to, so every row's cache holds exactly its own ids. Rows
-    can also be restored from the KV `save` kept for them (separate rounds: no re-prefill), or
-    taken over from a cache filled elsewhere (`resume`)."""
+    """PlainDecoder's rows and steps with the speed tricks of long prompts (`decoder` picks it for
+    the sampler; worldmodel/honesty.py's greedy decoding uses it directly). Identical prefixes (a
+    task's G samples) are prefilled once and their cache rows copied; the ids that all prefixes
+    start with (a chat prompt's system turn and tool schemas, the same for every task) are
+    prefilled once as one row, copied, and each prefix's rest fed as a step; the cache grows in
+    place (GrowingLayer); a step whose holes would cost more than a second forward runs as two
+    (`step`, SPLIT_COST). As in PlainDecoder, `keep` drops finished rows and a step's runs are
+    right-aligned, the shorter runs' slots masked holes. Rows can also be restored from the KV
+    `save` kept for them (separate rounds: no re-prefill), or taken over from a cache filled
+    elsewhere (`resume`)."""
 
     def __init__(self, model, prefixes, pad_id, saved=None):
         self.model, self.pad_id = model, pad_id

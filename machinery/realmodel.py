@@ -222,12 +222,12 @@ def main(argv=None):
     except (ModelFileError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from machinery.faults import StopRequest
+    from machinery.faults import sigterm_as_interrupt
     out = args.out or os.path.join(cache_dir(), os.path.splitext(os.path.basename(path))[0])
     earlier = os.path.isdir(out)
     try:
-        with StopRequest(immediate=True):         # SIGTERM too: KeyboardInterrupt at once
-            out = local_folder(PREFIX + args.gguf) if args.out is None else convert(path, args.out)
+        sigterm_as_interrupt()                # SIGTERM too: KeyboardInterrupt at once
+        out = local_folder(PREFIX + args.gguf) if args.out is None else convert(path, args.out)
     except (ModelFileError, ConfigError) as e:    # ConfigError: a write refused (savefiles.CheckpointError)
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -465,6 +465,60 @@ def paired_bootstrap(a, b=None, n_boot=4000, seed=0, level=0.95):
     return mean, float(low), float(high), b is not None and (low > 0 or high < 0)
 
 
+# the t distribution's 97.5% quantile by degrees of freedom (seed_t_interval)
+T_975 = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706, 6: 2.4469, 7: 2.3646, 8: 2.3060, 9: 2.2622, 10: 2.2281}
+
+
+def crossed_mean(table, seeds, tasks):
+    """One crossed resample's mean: `table` [seed, task] (outcomes or differences, every seed on the
+    same test tasks in the same order), `seeds` the seed rows drawn, `tasks` the task columns drawn
+    ONCE for all of them: the mean over the drawn seeds of each one's mean over the drawn tasks."""
+    return float(table[seeds][:, tasks].mean())
+
+
+def crossed_bootstrap(a, b=None, n_boot=4000, seed=0, level=0.95):
+    """As paired_bootstrap, but for seeds that share their test tasks: each resample draws the seeds
+    with replacement and ONE draw of the test tasks that every drawn seed takes (`crossed_mean`), so
+    a task that is hard (or gains) in every seed moves every seed's mean together, as it does in the
+    data; drawing tasks apart per seed treats those as independent and makes the interval too
+    narrow. Returns (mean, low, high, called)."""
+    import numpy as np
+    seeds = sorted(a)
+    if b is not None and (sorted(b) != seeds or any(len(a[s]) != len(b[s]) for s in seeds)):
+        raise ValueError("crossed_bootstrap needs the same seeds and test tasks in both arms")
+    if len({len(a[s]) for s in seeds}) != 1:
+        raise ValueError("crossed_bootstrap needs every seed on the same test tasks")
+    table = np.stack([np.asarray(a[s], float) - (np.asarray(b[s], float) if b is not None else 0.0) for s in seeds])
+    rng = np.random.default_rng(seed)
+    n_seeds, n_tasks = table.shape
+    means = np.array([crossed_mean(table, rng.integers(n_seeds, size=n_seeds), rng.integers(n_tasks, size=n_tasks))
+                      for _ in range(n_boot)])
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(table.mean()), float(low), float(high), b is not None and (low > 0 or high < 0)
+
+
+def seed_t_interval(a, b=None):
+    """The t-interval (95%) over the seeds' means of a (or of a - b): mean +- t(n-1) x sd / sqrt(n),
+    n the number of seeds (the seed level alone, tasks taken as fixed). (mean, low, high); None for
+    one seed or more than 11."""
+    means = [statistics.mean(a[s]) - (statistics.mean(b[s]) if b is not None else 0.0) for s in sorted(a)]
+    if len(means) - 1 not in T_975:
+        return None
+    mean, half = statistics.mean(means), T_975[len(means) - 1] * statistics.stdev(means) / len(means) ** 0.5
+    return mean, mean - half, mean + half
+
+
+def pooled_cell(a, b, what):
+    """The pooled line's figures for several seeds on one test set: the crossed bootstrap (seeds and
+    tasks resampled, one task draw for every seed), **called** only where it excludes 0, and beside
+    it the t-interval over the seeds' means, naming how many seeds it rests on."""
+    diff, low, high, called = crossed_bootstrap(a, b)
+    t = seed_t_interval(a, b)
+    over = f"; t-interval over the {len(a)} seed means [{t[1]:+.3f}, {t[2]:+.3f}]" if t else ""
+    return (f"{diff:+.3f} [{low:+.3f}, {high:+.3f}]{' (called)' if called else ''} "
+            f"(crossed bootstrap: {what} resampled, one task draw shared by all{over})")
+
+
 def cell(a, b=None):
     """A table cell: 'mean [low, high]' of one arm, or '+diff [low, high]' (with **called** when the
     interval excludes 0) of a - b; '-' where a seed has no task (an empty subset)."""
@@ -706,11 +760,11 @@ def uncertain(results):
     return text
 
 
-def before_after(runs):
+def before_after(runs, families=False):
     """Each run's eval.json: real-world success before RL (the warm start, `before`) and after, and
     the paired bootstrap of after - before over its test tasks; for several runs (seeds of one
-    config, the same test tasks), a last line pooling them: the bootstrap resamples seeds, then
-    test tasks within each (paired_bootstrap)."""
+    config, the same test tasks), a last line pooling them (`pooled_cell`: the crossed bootstrap,
+    seeds resampled and one task draw shared by all, and the t-interval over the seed means)."""
     check_once(runs)
     results = [read_eval(run) for run in runs]
     check_seeds(list(zip(runs, results)))
@@ -723,20 +777,46 @@ def before_after(runs):
                      f"{len(after['task_rewards'])} test tasks; after - before {diff:+.3f} [{low:+.3f}, {high:+.3f}]"
                      f"{' (called)' if called else ''}")
     if len(runs) > 1:
-        diff, low, high, called = paired_bootstrap(afters, befores)
         mean = {name: sum(sum(r) / len(r) for r in rewards.values()) / len(runs)
                 for name, rewards in (("before", befores), ("after", afters))}
         lines.append(f"{len(runs)} runs pooled: real-world success {mean['before']:.3f} -> {mean['after']:.3f}; "
-                     f"after - before {diff:+.3f} [{low:+.3f}, {high:+.3f}]{' (called)' if called else ''} "
-                     "(resampling runs, then test tasks)")
+                     f"after - before {pooled_cell(afters, befores, 'runs')}")
+        if families:
+            lines += ["per family, before -> after; after - before:"] + by_family(afters, befores, test_families(runs[0]))
     return "\n".join(lines)
 
 
-def difference(runs):
+def test_families(run):
+    """The family of each test task of a run, in its eval.json's order: the test split its saved
+    config makes (formats/features.build_tasks; generated or read from its files)."""
+    from formats import features
+    from machinery.config import load_config
+    return [t.get("family", "file") for t in features.build_tasks(load_config(os.path.join(run, "config.yaml")))["test"]]
+
+
+def by_family(a, b, families, what="runs"):
+    """Lines per task family of pooled seeds: a's and b's mean success (b: before RL, or the other
+    arm) and a - b with `pooled_cell`'s crossed bootstrap over the family's tasks. a, b: {seed:
+    [outcome per test task]}; families: the family of each test task. The toy's purchase families
+    (buy*) are also pooled as one line, "purchases"."""
+    groups = {f: [i for i, x in enumerate(families) if x == f] for f in sorted(set(families))}
+    buys = [i for i, x in enumerate(families) if x.startswith("buy")]
+    if buys and len(groups) > 1:
+        groups["purchases (buy*)"] = buys
+    lines = []
+    for name, idx in groups.items():
+        pick = lambda arm: {k: [v[i] for i in idx] for k, v in arm.items()}        # noqa: E731
+        mean = lambda arm: sum(sum(v) for v in arm.values()) / (len(arm) * len(idx))    # noqa: E731
+        lines.append(f"  {name} ({len(idx)} tasks): {mean(pick(b)):.3f} -> {mean(pick(a)):.3f}; "
+                     f"{pooled_cell(pick(a), pick(b), what)}")
+    return lines
+
+
+def difference(runs, families=False):
     """After RL, run A minus run B for each pair (A, B) of `runs` (two arms of one seed on one test
     set, e.g. real and rehearse continued from one warm start): the paired bootstrap over the test
-    tasks; for several pairs (seeds), a last line pooling them: the bootstrap resamples pairs, then
-    test tasks within each (paired_bootstrap)."""
+    tasks; for several pairs (seeds), a last line pooling them (`pooled_cell`: the crossed
+    bootstrap, pairs resampled and one task draw shared by all, and the t-interval over the pairs)."""
     check_once(runs)
     results = [read_eval(run) for run in runs]
     pairs = list(zip(zip(runs[0::2], results[0::2]), zip(runs[1::2], results[1::2])))
@@ -751,9 +831,9 @@ def difference(runs):
         lines.append(f"{run_a} - {run_b}: real-world success {result_a['success']:.3f} - {result_b['success']:.3f} "
                      f"on {len(a[k])} test tasks = {diff:+.3f} [{low:+.3f}, {high:+.3f}]{' (called)' if called else ''}")
     if len(pairs) > 1:
-        diff, low, high, called = paired_bootstrap(a, b)
-        lines.append(f"{len(pairs)} pairs pooled: {diff:+.3f} [{low:+.3f}, {high:+.3f}]{' (called)' if called else ''} "
-                     "(resampling pairs, then test tasks)")
+        lines.append(f"{len(pairs)} pairs pooled: {pooled_cell(a, b, 'pairs')}")
+        if families:
+            lines += ["per family, B -> A; A - B:"] + by_family(a, b, test_families(runs[0]), "pairs")
     return "\n".join(lines)
 
 
@@ -763,7 +843,7 @@ def validation(runs):
     (metrics.jsonl's val_task_rewards) and at the latest checkpoint's step where evaluate.py
     --validation measured it (ckpt/eval_val.json), each step minus step 0 with the paired bootstrap over the
     validation tasks. For several runs (seeds or recipes on one split), a line per step that every
-    run reached, pooling them: the bootstrap resamples runs, then validation tasks within each."""
+    run reached, pooling them (`pooled_cell`: the crossed bootstrap and the t-interval over the runs)."""
     check_once(runs)
     curves = {}
     for run in runs:
@@ -789,10 +869,9 @@ def validation(runs):
     if len(runs) > 1:
         shared = sorted(set.intersection(*(set(curve) for curve in curves.values())) - {0})
         for step in shared:
-            diff, low, high, called = paired_bootstrap({k: c[step] for k, c in enumerate(curves.values())},
-                                                       {k: c[0] for k, c in enumerate(curves.values())})
-            lines.append(f"{len(runs)} runs pooled, step {step} minus step 0: {diff:+.3f} [{low:+.3f}, {high:+.3f}]"
-                         f"{' (called)' if called else ''} (resampling runs, then validation tasks)")
+            lines.append(f"{len(runs)} runs pooled, step {step} minus step 0: "
+                         + pooled_cell({k: c[step] for k, c in enumerate(curves.values())},
+                                       {k: c[0] for k, c in enumerate(curves.values())}, "runs"))
     return "\n".join(lines)
 
 
@@ -808,6 +887,11 @@ def main(argv=None):
                        help="pairs RUN_A RUN_B: A - B after RL, paired over test tasks; several pairs (seeds) pooled")
     group.add_argument("--validation", metavar="RUN", nargs="+",
                        help="each run's validation curve (n_val > 0): every step minus step 0, paired; runs pooled")
+    group.add_argument("--curves", metavar="RUN", nargs="+",
+                       help="draw the runs' curves (real-world success, reward, clip_frac) on one figure: --out")
+    parser.add_argument("--out", default="curves.png", help="--curves: the PNG to write (default curves.png)")
+    parser.add_argument("--by_family", action="store_true",
+                        help="--before_after, --difference: the pooled figures per task family too")
     try:
         args = parser.parse_args(argv)            # (--help prints and exits 0 here)
         for option, results in (("--compare", args.compare), ("--uncertain", args.uncertain)):
@@ -823,18 +907,28 @@ def main(argv=None):
         for run in args.validation or []:
             if not os.path.isdir(run):
                 raise ConfigError(f"--validation {run}: no such folder")
+        for run in args.curves or []:
+            if not os.path.isfile(os.path.join(run, "metrics.jsonl")):
+                raise ConfigError(f"--curves {run}: " + ("no metrics.jsonl in it (a train.py run with RL steps has one)"
+                                                         if os.path.isdir(run) else "no such folder"))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        if args.validation:
+        if args.curves:
+            from reporting.metrics import draw_curves
+            draw_curves(args.curves, args.out, [os.path.basename(os.path.normpath(r)) for r in args.curves])
+            print(f"the curves of {len(args.curves)} run(s) written to {args.out}")
+        elif args.validation:
             print(validation(args.validation))
         elif args.before_after or args.difference:
-            print(before_after(args.before_after) if args.before_after else difference(args.difference))
+            print(before_after(args.before_after, args.by_family) if args.before_after
+                  else difference(args.difference, args.by_family))
         else:
             print(compare(args.compare) if args.compare else uncertain(args.uncertain))
     except (OSError, KeyError, json.JSONDecodeError, PoolError) as e:
-        where = args.compare or args.uncertain or " ".join(args.before_after or args.difference or args.validation)
+        where = args.compare or args.uncertain or " ".join(args.before_after or args.difference or args.validation
+                                                          or args.curves)
         print(f"error: cannot compare the runs in {where}: {e}",
               file=sys.stderr)
         return 2

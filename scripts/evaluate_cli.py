@@ -26,7 +26,7 @@ from machinery.config import ArgumentParser, ConfigError, check_lengths, load_co
 from machinery.distributed import autocast, pick_device
 from envace import NonFiniteError
 from evaluate import evaluate, imagined_summary, summary
-from machinery.faults import StopRequest, error_line
+from machinery.faults import error_line, sigterm_as_interrupt
 
 
 def rehearsal_sweep(model, tokenizer, tasks, cfg, fmt, setting, rehearsers, budgets=(0, 1, 2, 4),
@@ -115,8 +115,8 @@ def main(argv=None):
         return oracle.main(overrides)
     phase = ["loading the checkpoint"]
     try:
-        with StopRequest(immediate=True):         # SIGTERM too: KeyboardInterrupt at once
-            return run_main(args, overrides, phase)
+        sigterm_as_interrupt()                # SIGTERM too: KeyboardInterrupt at once
+        return run_main(args, overrides, phase)
     except KeyboardInterrupt:
         print(f"\ninterrupted during {phase[0]}: no result written", file=sys.stderr)
         return 130

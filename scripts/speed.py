@@ -51,16 +51,15 @@ from chat.toytokenizer import chat_tokenizer
 import world
 from machinery.checkpoint import build_tokenizer, damaged_file, file_in_the_way, load_policy, write_file
 from machinery.config import DEFAULTS, ArgumentParser, ConfigError
-from machinery.faults import StopRequest
+from machinery.faults import sigterm_as_interrupt
 from machinery.realmodel import ModelFileError, gguf_file
-from machinery.distributed import memory_estimate
-from envace import ACT, PROMPT, TAG, encode, first_target, tag_ids
-from machinery.sharedprefix import batch_logprobs, token_logprobs
+from machinery.distributed import autocast, memory_estimate
+from envace import ACT, PROMPT, TAG, encode, first_target, micro_batches, padded_fraction, tag_ids
+from machinery.sharedprefix import token_logprobs
 import rollout
 from rollout import append_token, new_row, sample_episodes
 from worldmodel.separate import SEPARATE_WORDS, sample_separate
-import train
-from train import accumulate_gradients, make_batch, rl_step
+from train import chosen_logprobs, make_batch, rl_step
 
 RL_TASKS = 200          # the toy shop's RL split that the toy and chat workloads take their tasks from
 QWEN3_1_7B = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
@@ -227,8 +226,7 @@ def bench_update(model, tokenizer, episodes, cfg, group_size, args):
     """The old-logprob forward over the batch (what reuse_sampler_logprobs skips), one RL step;
     on CUDA the step's peak memory, MFU and memory_estimate."""
     rewards = [float(i % 2) for i in range(len(episodes))]  # every group mixed
-    groups = [i // group_size for i in range(len(episodes))]
-    batch = make_batch(episodes, rewards, groups, cfg, tokenizer.pad_token_id)
+    batch = make_batch(episodes, rewards, {**cfg, "group_size": group_size}, tokenizer.pad_token_id)
     n_tok, device = sum(batch["lengths"]), args.device
     ids = batch["ids"].to(device)
     times, _ = timed(lambda: token_logprobs(model, ids).sum().item(), device, args.repeats, args.min_seconds)
@@ -236,12 +234,13 @@ def bench_update(model, tokenizer, episodes, cfg, group_size, args):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-7)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    train.token_logprobs = train.chosen_logprobs(cfg)      # the logprobs train.py's setup binds for this config
-    times, (sums, _) = timed(lambda: rl_step(model, model, opt, episodes, rewards, groups, cfg,
-                                             tokenizer.pad_token_id), device, args.repeats, args.min_seconds)
+    amp = autocast(cfg, device)             # the logprobs and autocast train.py's setup chooses for this config
+    times, _ = timed(lambda: rl_step(model, model, opt, batch, cfg, amp, chosen_logprobs(cfg)), device, args.repeats,
+                     args.min_seconds)
     model.eval()
     n_params = sum(p.numel() for p in model.parameters())
-    res["train_step"] = figure(times, n_tok, pad_frac=sums["pad_frac"])
+    parts = micro_batches(batch["lengths"], cfg["micro_batch_tokens"], batch["tools"])   # as rl_step packs them
+    res["train_step"] = figure(times, n_tok, pad_frac=padded_fraction(batch["lengths"], parts))
     estimate = memory_estimate(n_params, {**cfg, "tasks_per_step": len(episodes) // group_size,
                                           "group_size": group_size}, model.config,
                                first_target=first_target(batch["mask"]))   # the batch's shortest prompt
@@ -254,30 +253,23 @@ def bench_update(model, tokenizer, episodes, cfg, group_size, args):
 
 
 def update_sharing(model, episodes, cfg, group_size, pad_id, args):
-    """The RL update's forward and backward over the rows (accumulate_gradients: every micro-batch,
-    no optimizer step), timed with share_prefix true and false side by side on the same batch."""
+    """The RL update (train.rl_step: every micro-batch's forward and backward, then an AdamW step of lr
+    0, which leaves the weights as they were), timed with share_prefix true and false side by side on
+    the same batch."""
     rewards = [float(i % 2) for i in range(len(episodes))]  # every group mixed
-    batch = make_batch(episodes, rewards, [i // group_size for i in range(len(episodes))], cfg, pad_id)
-    batch["n_tokens"] = max(batch["n_tokens"], 1)
+    batch = make_batch(episodes, rewards, {**cfg, "group_size": group_size}, pad_id)
     device = args.device
-    old = batch_logprobs(model, batch["ids"].to(device), batch["lengths"], batch["mask"].to(device), cfg["temperature"],
-                         cfg["micro_batch_tokens"], share_prefix=cfg["share_prefix"])
-    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.0, weight_decay=0.0)
 
-    def update(share):
-        model.zero_grad(set_to_none=True)
-        train.token_logprobs = train.chosen_logprobs({**cfg, "share_prefix": share})     # as train.py's setup binds it
-        return accumulate_gradients(model, batch, old, None, {**cfg, "share_prefix": share})
+    def update(share, bf16=False):
+        step_cfg = {**cfg, "share_prefix": share, "cpu_bf16": bf16}
+        return rl_step(model, model, opt, batch, step_cfg, autocast(step_cfg, device), chosen_logprobs(step_cfg))
     times = timed_in_turn([lambda: update(True), lambda: update(False)], device, args.repeats)
     res = {"update_shared": figure(summary(times[0]), sum(batch["lengths"])),
            "update_plain": figure(summary(times[1]), sum(batch["lengths"])),
            "shared_vs_plain": ratio_in_turn(times[0], times[1])}
     if args.cpu_bf16 and device == "cpu":     # the same shared update under bf16 autocast (cfg cpu_bf16)
-        def update_bf16():
-            model.zero_grad(set_to_none=True)
-            train.token_logprobs = train.chosen_logprobs({**cfg, "share_prefix": True})
-            return accumulate_gradients(model, batch, old, None, {**cfg, "share_prefix": True, "cpu_bf16": True})
-        times, _ = timed(update_bf16, device, args.repeats, args.min_seconds)
+        times, _ = timed(lambda: update(True, bf16=True), device, args.repeats, args.min_seconds)
         res["update_shared_bf16"] = figure(times, sum(batch["lengths"]))
         res["bf16_vs_fp32"] = res["update_shared"]["seconds"] / res["update_shared_bf16"]["seconds"]
     model.eval()
@@ -535,9 +527,9 @@ def main(argv=None):
     args.size = args.size or ("1.7b" if cuda else "tiny")
     args.peak_tflops = args.peak_tflops or (989.0 if cuda else None)
     try:
-        with StopRequest(immediate=True):         # SIGTERM too: KeyboardInterrupt at once
-            results = run_workloads(args, workloads)
-            write_file(args.out, json.dumps(results, indent=1))   # whole, or the earlier file as it was
+        sigterm_as_interrupt()                # SIGTERM too: KeyboardInterrupt at once
+        results = run_workloads(args, workloads)
+        write_file(args.out, json.dumps(results, indent=1))   # whole, or the earlier file as it was
     except ConfigError as e:                      # a checkpoint that does not load, a refused write
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -64,8 +64,8 @@ def point(cfg, arm, rows):
     fmt, setting = features.setup(cfg, tokenizer, splits, "cpu")
     sequences = rehearse_sequences(fmt.warm_start_sequences(setting))
     t0 = time.time()
-    train.token_logprobs = train.chosen_logprobs(cfg)          # as train.py's setup binds it (lean_logprobs)
-    train.warm_start(model, model, sequences, cfg, tokenizer.pad_token_id, roles=(REHEARSE,))
+    train.warm_start(model, model, sequences, cfg, tokenizer.pad_token_id, roles=(REHEARSE,),
+                     logprobs=train.chosen_logprobs(cfg))      # as train.py's setup chooses it (lean_logprobs)
     seconds = time.time() - t0
     tasks, episodes = chat_setup.expert_episodes(tokenizer, setting.tags, splits["test"])
     pairs = fmt.would_rehearse(setting, model, tokenizer, tasks, episodes)
@@ -259,10 +259,10 @@ def main(argv=None):
             print(table(read_points(args.out)), end="")
             return 0
         if args.copy_split is not None:     # (a data file the checkpoint's config.yaml names, not here: one line too)
-            from machinery.faults import StopRequest
+            from machinery.faults import sigterm_as_interrupt
             try:
-                with StopRequest(immediate=True):         # SIGTERM too: KeyboardInterrupt at once
-                    split = copy_split(args.copy_split)
+                sigterm_as_interrupt()                # SIGTERM too: KeyboardInterrupt at once
+                split = copy_split(args.copy_split)
             except KeyboardInterrupt:
                 print("interrupted: nothing written (the copy split only reads)", file=sys.stderr)
                 return 130
@@ -275,19 +275,19 @@ def main(argv=None):
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from machinery.faults import StopRequest
+    from machinery.faults import sigterm_as_interrupt
     from machinery.savefiles import write_file
     try:
-        with StopRequest(immediate=True):         # SIGTERM too: KeyboardInterrupt at once
-            for arm in arms:
-                for r in rows:
-                    points = read_points(args.out)
-                    if any(p["arm"] == arm and p["rows"] == r for p in points):
-                        continue
-                    p = point(cfg, arm, r)
-                    print(f"{arm} {r} rows: fidelity {p['fidelity']} | covered {p['fidelity_by_cache']['seen']} | "
-                          f"not covered {p['fidelity_by_cache']['unseen']} | {p['warm_start_seconds']:.0f}s", flush=True)
-                    write_file(args.out, "".join(json.dumps(q) + "\n" for q in points + [p]))
+        sigterm_as_interrupt()                # SIGTERM too: KeyboardInterrupt at once
+        for arm in arms:
+            for r in rows:
+                points = read_points(args.out)
+                if any(p["arm"] == arm and p["rows"] == r for p in points):
+                    continue
+                p = point(cfg, arm, r)
+                print(f"{arm} {r} rows: fidelity {p['fidelity']} | covered {p['fidelity_by_cache']['seen']} | "
+                      f"not covered {p['fidelity_by_cache']['unseen']} | {p['warm_start_seconds']:.0f}s", flush=True)
+                write_file(args.out, "".join(json.dumps(q) + "\n" for q in points + [p]))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

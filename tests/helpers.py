@@ -501,10 +501,13 @@ def without_seconds(value):
 
 
 def wrap_train_logprobs(wrap, setattr=setattr):
-    """Wrap train.token_logprobs by `wrap(fn) -> fn`, both as it is now (a step called directly) and
-    as a run's setup chooses it (train.chosen_logprobs: the plain definition or the lean pass).
-    `setattr`: monkeypatch.setattr in a test (undone after it); the builtin in a torchrun worker."""
+    """Wrap the logprob pass of train.py by `wrap(fn) -> fn` as a run's setup chooses it
+    (train.chosen_logprobs: the plain definition or the lean pass), and return the plain definition
+    wrapped, for a test that calls train.warm_start or train.rl_step itself (their `logprobs`
+    argument). `setattr`: monkeypatch.setattr in a test (undone after it); the builtin in a
+    torchrun worker."""
+    import envace
     import train
     chosen = train.chosen_logprobs
-    setattr(train, "token_logprobs", wrap(train.token_logprobs))
     setattr(train, "chosen_logprobs", lambda cfg: wrap(chosen(cfg)))
+    return wrap(envace.token_logprobs)

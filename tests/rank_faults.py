@@ -1,28 +1,39 @@
-"""train.py on each rank of a 2-rank job with a fault (tests/test_distributed.py runs main in
-ranks forked by helpers.fork_ranks): on rank 0, a write refused for a full disk or a signal during
-the evaluation; or a signal to rank 1 alone while rank 0 evaluates (sigterm_rank1_eval), at its
-first sampled token of RL step 1 (sigterm_rank1_sampling) or its first micro-batch of step 1's
-update (sigterm_rank1_update). By hand:
+"""train.py with a fault patched in, for the tests that stop a run: in one process
+(tests/test_interrupts.py, tests/test_resume.py) or on each rank of a 2-rank job
+(tests/test_distributed.py, ranks forked as torchrun starts them). A fault is a refused write on
+rank 0 (a full disk), or a point where the run pauses (`pause_at`) until the test sends the
+signal: a user's Ctrl-C or a scheduler's SIGTERM from another process, at a moment the test
+chose. By hand (the run pauses; Ctrl-C it):
 
-    ENVACE_FAULT=metrics torchrun --nproc_per_node=2 tests/rank_faults.py --config c.yaml
+    ENVACE_FAULT=sampling:3:1 torchrun --nproc_per_node=2 tests/rank_faults.py --config c.yaml
 """
 import builtins
 import errno
+import io
 import json
 import os
 import signal
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from formats import features  # noqa: E402
 from formats import format_plain  # noqa: E402
 from machinery import checkpoint  # noqa: E402
-from machinery import faults  # noqa: E402
+from machinery import config  # noqa: E402
+from machinery import savefiles  # noqa: E402
 from reporting import metrics  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
-from helpers import wrap_train_logprobs  # noqa: E402
 
 TORCH_FULL_DISK = "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"
+WAIT = 60       # the longest a paused run waits for the test's signal (seconds): never a hang
+
+
+def parity_reward():
+    """Reward episode-length parity (a few warm-start steps answer nothing right): groups have
+    reward variance, so RL steps really update and the optimizer state matters for a resume."""
+    format_plain.task_reward = lambda e, t: float(len(e["ids"]) % 2)
 
 
 def full_disk_for(name, modes="wa"):
@@ -38,8 +49,8 @@ def full_disk_for(name, modes="wa"):
 
 def full_disk_from_save(call):
     """torch.save of trainer_state.pt fails as on a full disk from its `call`-th save on (1:
-    checkpoint 0); torch.save of anything else (collectives pickle with it) is left alone."""
-    real_save, calls = checkpoint.torch.save, []
+    checkpoint 0); torch.save of anything else is left alone."""
+    real_save, calls = savefiles.torch.save, []
 
     def patched(obj, f, *a, **k):
         if str(f).endswith("trainer_state.pt"):
@@ -47,102 +58,181 @@ def full_disk_from_save(call):
             if len(calls) >= call:
                 raise RuntimeError(TORCH_FULL_DISK)
         return real_save(obj, f, *a, **k)
-    checkpoint.torch.save = patched
+    savefiles.torch.save = patched
 
 
-def signal_in_from_rank0(call, signum):
-    """For rank 1, which waits while rank 0 evaluates: `signum` as it enters its `call`-th wait
-    (faults.from_rank0: the evaluations' waits, the warm start's first)."""
-    real, calls = faults.from_rank0, []
-
-    def patched(fn):
-        calls.append(1)
-        if len(calls) == call:
-            os.kill(os.getpid(), signum)
-        return real(fn)
-    faults.from_rank0 = patched
+def say_ready(ready):
+    """Say that the run is at the chosen point: the file `ready`, holding this pid."""
+    with open(ready + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(ready + ".tmp", ready)
 
 
-def signal_in_evaluate(call, signum):
-    real, calls = metrics.evaluate, []
+def wait_for_signal(ready):
+    """say_ready, then wait there for the test's signal, which raises KeyboardInterrupt out of the
+    sleep at once."""
+    say_ready(ready)
+    time.sleep(WAIT)
+
+
+def on_call(module, name, call, act, counted=lambda *a, **k: True):
+    """module.name runs act(*a, **k) at its `call`-th call among those `counted` accepts, before
+    its work; returns the list of counted calls (its length: how many started)."""
+    real, calls = getattr(module, name), []
 
     def patched(*a, **k):
-        calls.append(1)
-        if len(calls) == call:
-            os.kill(os.getpid(), signum)
+        if counted(*a, **k):
+            calls.append(1)
+            if len(calls) == call:
+                act(*a, **k)
         return real(*a, **k)
-    metrics.evaluate = patched
+    setattr(module, name, patched)
+    return calls
 
 
-def signal_in_first_call(module, name, signum, counted=lambda *a, **k: True):
-    """`signum` to this process as the first call of module.name that `counted` accepts starts
-    (train.token_logprobs: as a run's setup chooses it, wrap_train_logprobs)."""
-    calls = []
+def rl_steps_started():
+    """The RL steps started so far, as a one-element list (rollout.sample_episodes, the RL sampler
+    features.sampler_and_reward binds at setup, counts them; the evaluations sample otherwise)."""
+    started, real = [0], rollout.sample_episodes
 
-    def signalling(real):
-        def patched(*a, **k):
-            if counted(*a, **k):
+    def sample_episodes(*a, **k):
+        started[0] += 1
+        return real(*a, **k)
+    rollout.sample_episodes = sample_episodes
+    return started
+
+
+def pause_at(point, call, ready, step=None):
+    """Patch the run to pause (wait_for_signal(ready)) at the `call`-th time it reaches `point`
+    (of RL step `step` where the point is inside one); returns the list of counted calls, whose
+    length after the run says that nothing of the kind ran after the signal. Points:
+      setup: load_config, build_tasks, build_policy (the calls train.py makes, where it looks them up)
+      warm_start       a warm-start forward (train.chosen_logprobs' logprobs, no entropy asked)
+      evaluate         an evaluation (1: the warm start's; then eval_every's, the final one)
+      sampling         a token the RL sampler samples (rollout.sample_token) in step `step`
+      update           a forward of step `step`'s update (the logprobs with entropy)
+      epoch_end        the check that ends a PPO epoch of step `step` (train.nonfinite, before
+                       its optimizer step: call 2 is after epoch 1 was applied)
+      save_write       writing a checkpoint's trainer_state.pt (torch.save as savefiles calls it;
+                       1: checkpoint 0): half of it is written, then the pause
+      save_rename      the rename of ckpt.tmp to ckpt (after ckpt was renamed to ckpt.old)
+      eval_wait        on a rank but 0, entering the wait for rank 0's evaluation
+                       (reporting.metrics.from_rank0; 1: the warm start's): the pause comes first
+      eval_waiting     the same, but the rank says it is there and goes into the wait (a
+                       collective, which holds it until rank 0 broadcasts) instead of pausing"""
+    def wait(*a, **k):
+        wait_for_signal(ready)
+    if point in ("eval_wait", "eval_waiting"):
+        return on_call(metrics, "from_rank0", call, wait if point == "eval_wait" else lambda *a, **k: say_ready(ready))
+    if point in ("load_config", "build_tasks", "build_policy"):
+        module = {"load_config": train if hasattr(train, "load_config") else config, "build_tasks": features,
+                  "build_policy": checkpoint}[point]
+        return on_call(module, point, call, wait)
+    if point == "evaluate":
+        return on_call(metrics, "evaluate", call, wait)
+    if point in ("warm_start", "update"):
+        started, chosen, calls = rl_steps_started(), train.chosen_logprobs, []
+
+        def counted(*a, **k):
+            return ("with_entropy" not in k) if point == "warm_start" else (k.get("with_entropy") and
+                                                                           started[0] == step)
+
+        def chosen_logprobs(cfg):
+            logprobs = chosen(cfg)
+
+            def patched(*a, **k):
+                if counted(*a, **k):
+                    calls.append(1)
+                    if len(calls) == call:
+                        wait()
+                return logprobs(*a, **k)
+            return patched
+        train.chosen_logprobs = chosen_logprobs
+        return calls
+    if point == "sampling":
+        started, inside = rl_steps_started(), []
+        real_sample = rollout.sample_episodes
+
+        def sample_episodes(*a, **k):
+            inside.append(1)
+            try:
+                return real_sample(*a, **k)
+            finally:
+                inside.pop()
+        rollout.sample_episodes = sample_episodes
+        return on_call(rollout, "sample_token", call, wait, lambda *a, **k: inside and started[0] == step)
+    if point == "epoch_end":
+        started = rl_steps_started()
+        return on_call(train, "nonfinite", call, wait, lambda *a, **k: started[0] == step)
+    if point == "save_write":
+        real_save, calls = savefiles.torch.save, []
+
+        def half_written(obj, f, *a, **k):
+            if str(f).endswith("trainer_state.pt"):
                 calls.append(1)
-                if len(calls) == 1:
-                    os.kill(os.getpid(), signum)
-            return real(*a, **k)
-        return patched
-    if (module, name) == (train, "token_logprobs"):
-        wrap_train_logprobs(signalling)
-    else:
-        setattr(module, name, signalling(getattr(module, name)))
+                if len(calls) == call:
+                    whole = io.BytesIO()
+                    real_save(obj, whole, *a, **k)
+                    with open(f, "wb") as out:
+                        out.write(whole.getvalue()[:len(whole.getvalue()) // 2])
+                    wait()
+            return real_save(obj, f, *a, **k)
+        savefiles.torch.save = half_written          # (torch.save itself: this process only)
+        return calls
+    if point == "save_rename":
+        return on_call(savefiles.os, "replace", call, wait, lambda src, dst: str(src).endswith("ckpt.tmp"))
+    raise ValueError(f"no such point: {point}")
 
 
-def count_updates():
-    """Per RL update (train.accumulate_gradients), [forwards run, this rank's micro-batches]."""
-    updates = []
-    accumulate, in_step = train.accumulate_gradients, train.until_signalled
-
-    def counted_accumulate(*a, **k):
-        updates.append([0, 0])
-        return accumulate(*a, **k)
-
-    def counted_in_step(batches, lengths, model):
-        if updates:                             # (not the warm start's)
-            updates[-1][1] = len(batches)
-        return in_step(batches, lengths, model)
-
-    def counted(forward):
-        def counted_forward(*a, **k):
-            if k.get("with_entropy"):
-                updates[-1][0] += 1
-            return forward(*a, **k)
-        return counted_forward
-    train.accumulate_gradients, train.until_signalled = counted_accumulate, counted_in_step
-    wrap_train_logprobs(counted)
-    return updates
+def own_tqdm_lock():
+    """Give this forked process tqdm write locks of its own. tqdm's lock is a multiprocessing lock
+    shared with the process this one was forked from (the test's), plus a thread lock copied at
+    the fork: a signal that stops this process while it holds the first (a bar's update) would
+    leave the test hanging at its next bar, and a fork while the test's monitor thread held the
+    second would leave this process hanging at its first."""
+    import multiprocessing
+    import threading
+    from tqdm import tqdm
+    from tqdm.std import TqdmDefaultWriteLock
+    TqdmDefaultWriteLock.mp_lock, TqdmDefaultWriteLock.th_lock = multiprocessing.RLock(), threading.RLock()
+    tqdm.set_lock(TqdmDefaultWriteLock())
 
 
-def main(argv, fault, passes=None):
-    """train.main(argv) on this rank (RANK set, as torchrun sets it), with `fault` (on rank 0, or
-    one of the sigterm_rank1_* on rank 1) patched in first; returns its exit status. `passes`: a
-    path prefix, where each rank writes its RL updates' counts (count_updates) as PREFIX.<rank>."""
-    rank = int(os.environ["RANK"])
-    updates = count_updates()
-    if rank == 0:
-        {"metrics": lambda: full_disk_for("metrics.jsonl", "a"),      # step 1's line
-         "eval_json": lambda: full_disk_for(os.path.join("run", ".tmp.eval.json")),   # the final evaluation's
-         "ckpt": lambda: full_disk_from_save(2),                          # step 1's checkpoint
-         "sigint_eval": lambda: signal_in_evaluate(1, signal.SIGINT),     # the warm start's evaluation
-         "": lambda: None}.get(fault, lambda: None)()
-    elif fault == "sigterm_rank1_eval":       # the warm start's evaluation
-        signal_in_from_rank0(1, signal.SIGTERM)
-    elif fault == "sigterm_rank1_sampling":   # rank 1 samples in RL alone (rank 0 evaluates alone)
-        signal_in_first_call(rollout, "sample_token", signal.SIGTERM)
-    elif fault == "sigterm_rank1_update":
-        format_plain.task_reward = lambda e, t: float(sum(e["ids"]) % 2)    # groups with variance: an update
-        signal_in_first_call(train, "token_logprobs", signal.SIGTERM, lambda *a, **k: k.get("with_entropy"))
+def run_train(argv, fault=None, ready=None, record=None, step=None):
+    """train.main(argv) in this process (a forked `python train.py`, or a rank of a job: RANK
+    set), its RL reward the parity one, with `fault` patched in first: a refused write on rank 0
+    ("metrics", "eval_json", "ckpt"), or (POINT, CALL) paused at on every rank (pause_at: the file
+    `ready` + ".<rank>"), or a list of those, one per rank (None: none on that rank). `record`: a
+    path where the run writes how many calls of the paused kind started (as `record`.<rank>).
+    Returns the exit status."""
+    rank = int(os.environ.get("RANK", 0))
+    own_tqdm_lock()
+    parity_reward()
+    calls = []
+    if isinstance(fault, list):
+        fault = fault[rank]
+    if fault in ("metrics", "eval_json", "ckpt"):
+        if rank == 0:
+            {"metrics": lambda: full_disk_for("metrics.jsonl", "a"),                 # step 1's line
+             "eval_json": lambda: full_disk_for(os.path.join("run", ".tmp.eval.json")),  # the final evaluation's
+             "ckpt": lambda: full_disk_from_save(2)}[fault]()                       # step 1's checkpoint
+    elif fault is not None:
+        point, call = fault
+        calls = pause_at(point, call, f"{ready}.{rank}", step)
     rc = train.main(argv)
-    if passes:
-        with open(f"{passes}.{rank}", "w") as f:
-            json.dump(updates, f)
+    for signum in (signal.SIGINT, signal.SIGTERM):   # a signal sent to a run already ended: its exit status stays
+        signal.signal(signum, signal.SIG_IGN)
+    if record:
+        with open(f"{record}.{rank}", "w") as f:
+            json.dump(len(calls), f)
     return rc
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:], os.environ.get("ENVACE_FAULT", "")))
+    # ENVACE_FAULT=POINT:CALL[:STEP] (pause_at; the ready files are ./ready.<rank>) or a refused write
+    spec = os.environ.get("ENVACE_FAULT", "")
+    parts = spec.split(":")
+    if len(parts) > 1:
+        sys.exit(run_train(sys.argv[1:], (parts[0], int(parts[1])), "ready",
+                           step=int(parts[2]) if len(parts) > 2 else None))
+    sys.exit(run_train(sys.argv[1:], spec or None))

@@ -3,6 +3,7 @@ model's chat template (chat_separate.rehearse_prompt_ids). Roles and shifted mas
 its rehearse rows, the result copied into the actor row as the template's tool response (OBS),
 examples limited by grounding_examples, warm-start rows equal to the sampler's, would-rehearse
 asked in the separate rows, and train.py / evaluate.py end to end on a tiny random Qwen2."""
+import contextlib
 import functools
 import itertools
 import json
@@ -18,7 +19,8 @@ from chat import chat_reward
 from worldmodel import chat_separate
 from chat import setup as chat_setup
 from chat import tasks as chat_tasks
-from machinery import config, sharedprefix
+from machinery import config, distributed, sharedprefix
+from reporting import metrics
 import envace
 import evaluate
 from scripts import evaluate_cli
@@ -279,10 +281,12 @@ def test_separate_warm_start_teaches_the_rows_the_sampler_then_writes():
         assert e["cause"] == "answer" and e["answer"] == "4" and e["responses"] == ["6", "4"]
         for sampled, logged_row in zip([e] + e["rehearsals"], group["rows"]):
             assert sampled["ids"] == logged_row["ids"] and sampled["roles"] == logged_row["roles"]
-    rows, rewards, groups = reward.training_rows(episodes, [1.0, 0.0, 1.0, 0.0], [0, 0, 0, 0])
-    sums, status = train.rl_step(model, model, torch.optim.AdamW(model.parameters(), lr=1e-3), rows, rewards,
-                                 groups, {**cfg, "temperature": 0.3}, TOK.pad_token_id)
-    assert status == "updated" and sums["tokens_rehearse"] == 4 * 2 * 2 and sums["rows_updated"] == 12
+    step_cfg = {**cfg, "temperature": 0.3, "group_size": 4}
+    batch = train.make_batch(episodes, [1.0, 0.0, 1.0, 0.0], step_cfg, TOK.pad_token_id)
+    assert len(batch["lengths"]) == 4 + 4 * 2 and int((batch["roles"][:, 1:] == REHEARSE).sum()) == 4 * 2 * 2
+    stats = train.rl_step(model, model, torch.optim.AdamW(model.parameters(), lr=1e-3), batch, step_cfg,
+                          contextlib.nullcontext())
+    assert stats["status"] == "updated" and stats["rows_updated"] == 12
 
 
 def test_chat_rehearse_rows_logprobs_equal_a_teacher_forced_forward():
@@ -317,8 +321,8 @@ def test_rl_step_on_chat_separate_rows(monkeypatch):
     assert rewards == [1.0, 0.0]
     rows, row_rewards, groups = reward.training_rows([e1, e2], rewards, [0, 0])
     assert groups == [0, 1, 1, 0, 1, 1] and row_rewards == [1, 1, 1, 0, 0, 0]
-    cfg = {**config.DEFAULTS, "reuse_sampler_logprobs": False, "micro_batch_tokens": 4096}
-    batch = train.make_batch(rows, row_rewards, groups, cfg, TOK.pad_token_id)
+    cfg = {**config.DEFAULTS, "reuse_sampler_logprobs": False, "micro_batch_tokens": 4096, "group_size": 2}
+    batch = train.make_batch([e1, e2], rewards, cfg, TOK.pad_token_id)      # (training_rows inside)
     assert batch["n_tokens"] == 2 * 42 + 4 * 2
     adv, mask = batch["advantages"], batch["mask"]
     assert [sorted(set(adv[i][mask[i]].tolist())) for i in range(6)] == [[0.5], [0.5], [0.5], [-0.5], [-0.5], [-0.5]]
@@ -327,9 +331,10 @@ def test_rl_step_on_chat_separate_rows(monkeypatch):
     monkeypatch.setattr(train, "micro_batches", lambda *a: packed.append(envace.micro_batches(*a)) or packed[-1])
     model = tiny_qwen(TOK)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    sums, status = train.rl_step(model, model, opt, rows, row_rewards, groups, cfg, TOK.pad_token_id)
+    stats = train.rl_step(model, model, opt, batch, cfg, contextlib.nullcontext())
     assert packed == [[[0, 3], [2, 5, 1, 4]]]      # longest first: a second call's rows hold the first in their dialogue
-    assert status == "updated" and sums["tokens_rehearse"] == 8 and sums["tokens_act"] == 84
+    sums = {**stats, **metrics.step_sums([e1, e2], rewards, batch)}      # as the step's metrics line adds them
+    assert stats["status"] == "updated" and sums["tokens_rehearse"] == 8 and sums["tokens_act"] == 84
     # ratio 1: loss = -(sum of A over trained tokens) / n_tokens = -(0.5 x (42 + 2 + 2) - 0.5 x (42 + 2 + 2)) / 92;
     # each ratio is 1 within LOGPROB_TOLERANCE (old recomputed, new from the update's forward), so the
     # loss is 0 within 0.5 x 1e-5 (a sign or a group wrong: 0.5 x 46 / 92 = 0.25)
@@ -471,10 +476,10 @@ def test_warm_start_micro_batches_run_a_tools_system_turn_once(monkeypatch):
 
     shared_logprobs = sharedprefix.token_logprobs
     monkeypatch.setattr(sharedprefix, "token_logprobs", spy)
-    monkeypatch.setattr(train, "token_logprobs", train.chosen_logprobs(cfg))      # lean_logprobs: true
-    monkeypatch.setattr(train, "adamw", lambda model, lr, cfg: Recorder(model.parameters(), lr=0.0))
+    lean = train.chosen_logprobs(cfg)                                           # lean_logprobs: true
+    monkeypatch.setattr(distributed, "adamw", lambda model, lr, cfg: Recorder(model.parameters(), lr=0.0))
     model = tiny_qwen(TOK)
-    train.warm_start(model, model, seqs, cfg, TOK.pad_token_id, roles=(ACT, REHEARSE))
+    train.warm_start(model, model, seqs, cfg, TOK.pad_token_id, roles=(ACT, REHEARSE), logprobs=lean)
     assert [n for n, _, _ in seen] == [1, 3, 2]            # the actor row, ask's 3 rows, pay's 2 rows
     for (n, prefix, text), tool in zip(seen[1:], (ASK, PAY)):
         name = tool["function"]["name"]
@@ -483,6 +488,6 @@ def test_warm_start_micro_batches_run_a_tools_system_turn_once(monkeypatch):
     by_length = envace.micro_batches
     monkeypatch.setattr(train, "micro_batches", lambda lengths, budget, groups=None: by_length(lengths, budget))
     seen.clear()
-    train.warm_start(model, model, seqs, cfg, TOK.pad_token_id, roles=(ACT, REHEARSE))
+    train.warm_start(model, model, seqs, cfg, TOK.pad_token_id, roles=(ACT, REHEARSE), logprobs=lean)
     assert len(seen) == 1 and "You play the tool" not in seen[0][2]        # one micro-batch of all six rows
     assert_same_gradients(grads[0], grads[1])

@@ -37,7 +37,7 @@ def test_compare_refuses_missing_folders_and_runs_without_eval_json(tmp_path, ca
     the loading had started."""
     (tmp_path / "run").mkdir()
     cases = [
-        ([], "one of the arguments --compare --uncertain --before_after --difference --validation is required (--help lists the options)"),
+        ([], "one of the arguments --compare --uncertain --before_after --difference --validation --curves is required (--help lists the options)"),
         (["--compare", "a", "--uncertain", "b"], "argument --uncertain: not allowed with argument --compare "
                                                  "(--help lists the options)"),
         (["--compare", str(tmp_path / "nope")], f"--compare {tmp_path / 'nope'}: no such folder (a results folder "

@@ -153,7 +153,10 @@ def test_before_after_intervals_derived_by_hand(tmp_path, capsys):
     Two runs, one better on every task (+1) and one the same (0): the pooled mean is +0.500. A
     resample draws 2 runs: both the better one (p 1/4: +1), both the other (p 1/4: 0) or one of
     each (p 1/2: +0.5), so [+0.000, +1.000]; resampling the pooled tasks without drawing runs
-    (8 tasks, half of them +1) would give [+0.125, +0.875], not drawing runs at all [+0.500, +0.500]."""
+    (8 tasks, half of them +1) would give [+0.125, +0.875], not drawing runs at all [+0.500, +0.500].
+    The crossed bootstrap draws one set of tasks for both runs, which changes nothing here (each run
+    is the same on every task). Beside it the t-interval over the 2 seed means (1 and 0): mean 0.5,
+    sd 1/sqrt(2), half-width t(1) 12.7062 x sd / sqrt(2) = 6.3531: [-5.853, +6.853]."""
     one = write_run(tmp_path / "one", after=[1.0, 0.0, 1.0, 1.0], before=[0.0, 0.0, 1.0, 1.0])
     assert compare.before_after([one]) == (f"{one}: real-world success 0.500 -> 0.750 on 4 test tasks; "
                                                "after - before +0.250 [+0.000, +0.750]")
@@ -163,7 +166,8 @@ def test_before_after_intervals_derived_by_hand(tmp_path, capsys):
         f"{better}: real-world success 0.000 -> 1.000 on 4 test tasks; after - before +1.000 [+1.000, +1.000] (called)",
         f"{same}: real-world success 0.500 -> 0.500 on 4 test tasks; after - before +0.000 [+0.000, +0.000]",
         "2 runs pooled: real-world success 0.250 -> 0.750; after - before +0.500 [+0.000, +1.000] "
-        "(resampling runs, then test tasks)"]
+        "(crossed bootstrap: runs resampled, one task draw shared by all; t-interval over the 2 seed means "
+        "[-5.853, +6.853])"]
     assert compare.main(["--before_after", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and str(tmp_path / "none") in err and len(err.splitlines()) == 1
@@ -187,7 +191,8 @@ def test_difference_between_arms_derived_by_hand(tmp_path, capsys):
     assert compare.difference([better, worse, level, even]).splitlines() == [
         f"{better} - {worse}: real-world success 1.000 - 0.000 on 4 test tasks = +1.000 [+1.000, +1.000] (called)",
         f"{level} - {even}: real-world success 0.500 - 0.500 on 4 test tasks = +0.000 [+0.000, +0.000]",
-        "2 pairs pooled: +0.500 [+0.000, +1.000] (resampling pairs, then test tasks)"]
+        "2 pairs pooled: +0.500 [+0.000, +1.000] (crossed bootstrap: pairs resampled, one task draw shared by all; "
+        "t-interval over the 2 seed means [-5.853, +6.853])"]
     assert compare.main(["--difference", real]) == 2
     assert capsys.readouterr().err == "error: --difference takes pairs of runs (RUN_A RUN_B ...), got 1 runs\n"
     other = write_run(tmp_path / "other", after=[1.0] * 5, before=[0.0] * 5, config="env_mode: rehearse\n")
@@ -214,12 +219,14 @@ def test_validation_curve_intervals_derived_by_hand(tmp_path, capsys):
     0]: +0.250 [+0.000, +0.750], Binomial(4, 1/4) draws on the better task), step 4 the same as
     step 0 (+0.000 [+0.000, +0.000]); the lines without validation (steps 1, 3) are skipped.
     Pooled: a run +1 on every task at step 2 ("two") and one at +0.500 ([1, 1, 0, 0] better,
-    "half"), neither evaluated at step 4, so one line, step 2's: (1.000 + 0.500) / 2 = +0.750. A
-    resample draws "two" twice (p 1/4: 1.000, the upper end), or "half" twice (p 1/4) with X1 + X2
-    of its 8 resampled tasks better, X ~ Binomial(4, 1/2): mean <= 0.125 has p 1/4 x 9/256 = 0.009,
-    <= 0.250 p 1/4 x 37/256 = 0.036, and a mixed draw is >= 0.5: the 2.5% point is +0.250
-    (~35 and ~144 of 4000 resamples against the 100th place). A run without its step 0 file is
-    one line."""
+    "half"), neither evaluated at step 4, so one line, step 2's: (1.000 + 0.500) / 2 = +0.750. The
+    crossed bootstrap draws the runs, then ONE set of 4 tasks for both: "two" twice (p 1/4: 1.000,
+    the upper end), or "half" twice (p 1/4) with X of the 4 drawn tasks better, X ~ Binomial(4,
+    1/2), mean X/4: 0 has p 1/4 x 1/16 = 0.016, <= 0.250 p 1/4 x 5/16 = 0.078, and a mixed draw is
+    >= 0.5: the 2.5% point is +0.250 (~62 resamples at 0 against the 100th place, ~5 standard
+    deviations). Beside it the t-interval over the two runs' means (1 and 0.5): sd 0.3536,
+    half-width 12.7062 x 0.3536 / sqrt(2) = 3.1766: [-2.427, +3.927]. A run without its step 0
+    file is one line."""
     one = write_validation(tmp_path / "one", [0.0, 0.0, 1.0, 1.0], {2: [1.0, 0.0, 1.0, 1.0], 4: [0.0, 0.0, 1.0, 1.0]})
     assert compare.validation([one]) == (f"{one}: validation success on 4 tasks, minus step 0 per step: step 0 0.500; "
                                          "step 2 0.750 (+0.250 [+0.000, +0.750]); step 4 0.500 (+0.000 [+0.000, +0.000])")
@@ -228,8 +235,9 @@ def test_validation_curve_intervals_derived_by_hand(tmp_path, capsys):
     pooled = compare.validation([two, half]).splitlines()
     assert pooled[0] == f"{two}: validation success on 4 tasks, minus step 0 per step: step 0 0.000; step 2 1.000 " \
                         "(+1.000 [+1.000, +1.000] called)"
-    assert pooled[2] == ("2 runs pooled, step 2 minus step 0: +0.750 [+0.250, +1.000] (called) (resampling runs, "
-                         "then validation tasks)") and len(pooled) == 3
+    assert pooled[2] == ("2 runs pooled, step 2 minus step 0: +0.750 [+0.250, +1.000] (called) (crossed bootstrap: "
+                         "runs resampled, one task draw shared by all; t-interval over the 2 seed means "
+                         "[-2.427, +3.927])") and len(pooled) == 3
     # a run whose last step evaluate.py --validation measured (ckpt/eval_val.json, step 5): its step joins the
     # curve in order (per task [1, 1, 0, 0] better: Binomial(4, 1/2) / 4 per resample, 0 and 1 each with
     # p 1/16 > 2.5%: [+0.000, +1.000]); a step metrics.jsonl holds already (4) is read from there
@@ -440,3 +448,46 @@ def test_a_cut_metrics_line_is_one_line_naming_file_and_line(tmp_path, capsys):
     metrics.write_text('{"step": 1}\n{"step": 2, "eval_succ')
     assert compare.main(["--compare", str(results)]) == 2
     assert the_line(capsys) == f"error: cannot compare the runs in {results}: {metrics} line 2 is not whole JSON (cut?)"
+
+
+def test_crossed_resample_means_and_the_t_interval_by_hand():
+    """crossed_mean: two seeds on three tasks, table [[1, 0, 1], [0, 0, 1]]. Drawing seed rows
+    (0, 0) and task columns (2, 2, 0): each drawn seed takes the SAME tasks: row 0 gives (1 + 1 + 1)
+    / 3 = 1, twice: 1. Rows (0, 1), tasks (1, 2, 2): row 0 (0 + 1 + 1) / 3, row 1 (0 + 1 + 1) / 3:
+    2/3. seed_t_interval of seed means 2/3 and 1/3 (a) against 0: mean 1/2, sd 0.2357, half-width
+    12.7062 x 0.2357 / sqrt(2) = 2.1177. Tasks that gain in every seed together: the crossed
+    interval is wider than the nested one of paired_bootstrap, which draws each seed's tasks apart."""
+    import numpy as np
+    table = np.array([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+    assert compare.crossed_mean(table, np.array([0, 0]), np.array([2, 2, 0])) == 1.0
+    assert compare.crossed_mean(table, np.array([0, 1]), np.array([1, 2, 2])) == pytest.approx(2 / 3, abs=1e-12)
+    mean, low, high = compare.seed_t_interval({1: [1.0, 0.0, 1.0], 2: [0.0, 0.0, 1.0]})
+    assert mean == pytest.approx(0.5) and low == pytest.approx(0.5 - 2.1177, abs=1e-4)
+    assert high == pytest.approx(0.5 + 2.1177, abs=1e-4)
+    assert compare.seed_t_interval({1: [1.0]}) is None                          # one seed: no interval
+    # 3 seeds x 40 tasks, the gain a task makes the same in every seed (half +1, half 0): nested
+    # resampling averages 3 independent task draws, the crossed one a single draw
+    gain = [1.0] * 20 + [0.0] * 20
+    after = {s: gain for s in (1, 2, 3)}
+    before = {s: [0.0] * 40 for s in (1, 2, 3)}
+    _, nested_low, nested_high, _ = compare.paired_bootstrap(after, before)
+    _, crossed_low, crossed_high, called = compare.crossed_bootstrap(after, before)
+    assert crossed_high - crossed_low > 1.4 * (nested_high - nested_low) and called
+    with pytest.raises(ValueError, match="same test tasks"):
+        compare.crossed_bootstrap({1: [1.0, 0.0], 2: [1.0]})
+
+
+def test_by_family_pools_each_family_and_the_purchases_by_hand():
+    """Two seeds on four tasks of families buy1, price, buy2, price, the same outcomes in both seeds:
+    after [1, 0, 1, 1], before [0, 0, 1, 0]. buy1 (task 0): 0 -> 1, every draw +1: [+1.000, +1.000],
+    called; buy2 (task 2): 1 -> 1, +0.000; price (tasks 1, 3: differences 0 and 1): a draw of two
+    tasks gives 0, 0.5 or 1 with p 1/4, 1/2, 1/4: [+0.000, +1.000]; the purchases (tasks 0 and 2:
+    differences 1 and 0) the same. The seeds agree, so each t-interval has no width."""
+    after = {1: [1.0, 0.0, 1.0, 1.0], 2: [1.0, 0.0, 1.0, 1.0]}
+    before = {1: [0.0, 0.0, 1.0, 0.0], 2: [0.0, 0.0, 1.0, 0.0]}
+    tail = "(crossed bootstrap: runs resampled, one task draw shared by all; t-interval over the 2 seed means "
+    assert compare.by_family(after, before, ["buy1", "price", "buy2", "price"]) == [
+        "  buy1 (1 tasks): 0.000 -> 1.000; +1.000 [+1.000, +1.000] (called) " + tail + "[+1.000, +1.000])",
+        "  buy2 (1 tasks): 1.000 -> 1.000; +0.000 [+0.000, +0.000] " + tail + "[+0.000, +0.000])",
+        "  price (2 tasks): 0.000 -> 0.500; +0.500 [+0.000, +1.000] " + tail + "[+0.500, +0.500])",
+        "  purchases (buy*) (2 tasks): 0.500 -> 1.000; +0.500 [+0.000, +1.000] " + tail + "[+0.500, +0.500])"]

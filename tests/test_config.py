@@ -465,8 +465,10 @@ def test_shipped_small_yaml_is_a_short_delta():
     import yaml
     with open(os.path.join(REPO, "small.yaml")) as f:
         keys = yaml.safe_load(f)
-    assert "base" not in keys and len(keys) <= 12
+    assert "base" not in keys and len(keys) <= 14
     assert shipped("small.yaml") == {**DEFAULTS, **keys}
+    # the demo runs one thread a process and replays nothing during RL (DEFAULTS: every core, replay on)
+    assert (keys["threads"], keys["replay_fidelity"]) == (1, False) != (DEFAULTS["threads"], DEFAULTS["replay_fidelity"])
 
 
 def test_command_line_splits_path_overrides_and_flags():

@@ -1,13 +1,19 @@
 """Several processes (gloo on CPU): 2 ranks x B/2 rows make the same update as 1 rank x B rows,
 a rank with no trained token adds nothing to the loss's token count, and a 2-process torchrun
-run of a small config finishes and writes one metrics file."""
+run of a small config finishes and writes one metrics file; a write refused on rank 0 stops every
+rank with one line; Ctrl-C or SIGTERM forwarded to every rank (as torchrun does) ends them all
+with rank 0's one line."""
 import envace
 from machinery import config
 import json
+import contextlib
 import math
 import os
 import random
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -20,8 +26,9 @@ import train
 import world
 from envace import REHEARSE, encode_episode
 import rank_faults
-from helpers import (GRAD_TOLERANCE, assert_same_gradients, fork_ranks, read_log, recording, run_command, run_ranks,
-                     step_grads, tiny_cfg, tiny_llama, toy_tokenizer)
+from helpers import (GRAD_TOLERANCE, assert_same_gradients, descendants, fork_process, fork_ranks, read_log, recording,
+                     run_command, run_ranks, stderr_tail, step_grads, tiny_cfg, tiny_llama, toy_tokenizer, wait_ranks)
+from test_interrupts import lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,10 +62,10 @@ def one_update(rank, world_size):
     ddp_model = DDP(model) if world_size > 1 else model
     opt = recording(torch.optim.SGD)(model.parameters(), lr=SGD_LR)
     share = slice(rank * 12 // world_size, (rank + 1) * 12 // world_size)    # whole groups per rank
-    cfg = {**config.DEFAULTS, "micro_batch_tokens": BUDGET, "kl_coef": 0.0}
-    _, status = train.rl_step(model, ddp_model, opt, episodes[share], rewards[share], groups[share],
-                              cfg, tok.pad_token_id)      # (the world size from the process group)
-    assert status == "updated"
+    cfg = {**config.DEFAULTS, "micro_batch_tokens": BUDGET, "kl_coef": 0.0, "group_size": 3}
+    batch = train.make_batch(episodes[share], rewards[share], cfg, tok.pad_token_id)
+    stats = train.rl_step(model, ddp_model, opt, batch, cfg, contextlib.nullcontext())   # (world size: the group's)
+    assert stats["status"] == "updated"
     return model, step_grads(model, opt)
 
 
@@ -115,13 +122,14 @@ def zero_token_update(rank, world_size):
                 for k in (1, 2, 3)]
     model = tiny_llama(tok, seed=0)
     ddp_model = DDP(model) if world_size > 1 else model
-    cfg = {**config.DEFAULTS, "act_coef": 0.0, "kl_coef": 0.0, "reuse_sampler_logprobs": False}
-    batch = train.make_batch(episodes, [1.0, 0.0, 0.0], [rank] * 3, cfg, tok.pad_token_id)
+    cfg = {**config.DEFAULTS, "act_coef": 0.0, "kl_coef": 0.0, "reuse_sampler_logprobs": False, "group_size": 3}
+    batch = train.make_batch(episodes, [1.0, 0.0, 0.0], cfg, tok.pad_token_id)
     opt = recording(torch.optim.SGD)(model.parameters(), lr=0.0)
-    sums, status = train.rl_step(model, ddp_model, opt, episodes, [1.0, 0.0, 0.0], [rank] * 3, cfg,
-                                 tok.pad_token_id)
-    assert status == "updated"
-    return sums, batch, step_grads(model, opt)
+    stats = train.rl_step(model, ddp_model, opt, batch, cfg, contextlib.nullcontext())
+    assert stats["status"] == "updated"
+    targets = batch["roles"][:, 1:]            # trained (REHEARSE) and context (OBS) targets of this rank
+    counts = {"tokens_rehearse": int((targets == REHEARSE).sum()), "tokens_obs": int((targets == envace.OBS).sum())}
+    return {**stats, **counts}, batch, step_grads(model, opt)
 
 
 def test_a_rank_without_trained_tokens_adds_nothing_to_the_token_count(tmp_path):
@@ -163,23 +171,22 @@ def test_torchrun_two_processes_write_one_metrics_file(tmp_path):
 
 
 def ranks_with_fault(tmp_path, fault, **kw):
-    """tests/rank_faults.py on 2 ranks (forked as torchrun would start them: helpers.fork_ranks)
-    with `fault` on rank 0: (cfg, each rank's exit status, our lines on stderr). A rank left
-    waiting at a collective fails the test after fork_ranks' timeout instead of hanging. Each
-    rank's RL updates' counts (rank_faults.count_updates) are in tmp_path/passes.<rank>."""
+    """train.py on 2 ranks (forked as torchrun would start them: helpers.fork_ranks) with `fault`
+    on rank 0 (rank_faults.run_train): (cfg, each rank's exit status, our lines on stderr). A rank
+    left waiting at a collective fails the test after fork_ranks' timeout instead of hanging."""
     cfg = tiny_cfg(tmp_path, sft_steps=2, n_test=2, rl_steps=1, **kw)
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    rcs, err = fork_ranks(rank_faults.main, (["--config", str(path)], fault, str(tmp_path / "passes")), tmp_path)
+    rcs, err = fork_ranks(rank_faults.run_train, (["--config", str(path)], fault), tmp_path)
     ours = [line for line in err if line.startswith(("error", "rank ", "interrupted", "warning"))]
     return cfg, rcs, ours
 
 
-@pytest.mark.parametrize("fault, file", [("ckpt", "ckpt"), ("metrics", "metrics.jsonl"), ("eval_json", "eval.json")])
+@pytest.mark.parametrize("fault, file", [("ckpt", "ckpt"), ("eval_json", "eval.json")])
 def test_a_write_refused_on_rank0_stops_every_rank_with_one_line(tmp_path, fault, file):
-    """Rank 0 alone writes; its full disk (the step-1 checkpoint, a metrics line, the final
-    eval.json) is one `error:` line naming the file and exit 2 on BOTH ranks: before, rank 1 went
-    on to the next collective and died of rank 0's closed connection (its own line, exit 1)."""
+    """Rank 0 alone writes; its full disk in a write every rank waits for (the step-1 checkpoint,
+    the final eval.json: distributed.from_rank0) is one `error:` line naming the file and exit 2
+    on BOTH ranks, rank 1 told by from_rank0 instead of dying of rank 0's closed connection."""
     cfg, rcs, ours = ranks_with_fault(tmp_path, fault)
     assert rcs == [2, 2], (rcs, ours)
     assert len(ours) == 1 and ours[0].startswith("error: cannot ") and f"{cfg['out_dir']}/{file}" in ours[0], ours
@@ -190,44 +197,167 @@ def test_a_write_refused_on_rank0_stops_every_rank_with_one_line(tmp_path, fault
     assert not os.path.exists(os.path.join(cfg["out_dir"], "eval.json"))
 
 
-@pytest.mark.parametrize("fault", ["sigint_eval", "sigterm_rank1_eval"])
-def test_a_signal_during_rank0s_evaluation_stops_every_rank_with_one_line(tmp_path, fault):
-    """Ctrl-C reaching rank 0 while it runs the warm start's evaluation alone, or SIGTERM reaching
-    rank 1 alone while it waits for it: exit 130 on both ranks, rank 0's one line naming the saved
-    warm start (the final evaluation goes the same way, real_world_eval); before, one rank died of
-    the other's closed connection with a second line and exit 1."""
-    cfg, rcs, ours = ranks_with_fault(tmp_path, fault)
-    assert rcs == [130, 130], (rcs, ours)
+def start_ranks(target, args, log_dir, world_size=2):
+    """The pids of `world_size` ranks of one gloo job running target(*args), started as
+    helpers.fork_ranks starts them (the variables torchrun sets; output in log_dir/rank<N>.out,
+    .err), for a test that signals them before it waits (helpers.wait_ranks)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [fork_process(target, args, log_dir, f"rank{rank}",
+                         {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                          "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+            for rank in range(world_size)]
+
+
+ANSWER = 10     # seconds from the signal to the last rank's exit, at most (it takes a fraction of one)
+
+
+def signalled_ranks(tmp_path, signum, faults, to=(1, 0), settle=0.0, one_by_one=False, step=None, **kw):
+    """train.py on 2 ranks, rank r paused at faults[r] (rank_faults.pause_at; None: not paused).
+    Once every paused rank is there (and `settle` seconds more), this process sends `signum` to the
+    ranks `to` in that order, as torchrun forwards a Ctrl-C or a SIGTERM to its workers (rank 1's
+    first by default: a rank that waits for rank 0 then holds its own signal before rank 0 can act
+    on its; `one_by_one`: each after the one before has exited). Returns (cfg, each rank's exit
+    status, the seconds from the first signal to the last exit, each rank's stderr lines but the
+    bars, each rank's count of calls of its paused kind)."""
+    cfg = tiny_cfg(tmp_path, threads=1, sft_steps=2, n_test=2, rl_steps=2, save_every=1, **kw)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    ready, record = str(tmp_path / "ready"), str(tmp_path / "calls")
+    pids = start_ranks(rank_faults.run_train, (["--config", str(path)], faults, ready, record, step), tmp_path)
+
+    def ended(pid):
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    deadline = time.monotonic() + 120
+    while not all(os.path.exists(f"{ready}.{r}") for r in (0, 1) if faults[r]) and time.monotonic() < deadline:
+        if any(ended(pid) for pid in pids):
+            break
+        time.sleep(0.01)
+    time.sleep(settle)
+    sent = time.monotonic()
+    for r in to:
+        os.kill(pids[r], signum)
+        while one_by_one and not ended(pids[r]) and time.monotonic() < sent + 30:
+            time.sleep(0.01)
+    rcs = wait_ranks(pids, tmp_path, 60)
+    seconds = time.monotonic() - sent
+    err = [lines(read_log(tmp_path, f"rank{r}")[1]) for r in (0, 1)]
+    assert all(os.path.exists(f"{ready}.{r}") for r in (0, 1) if faults[r]), (rcs, err)
+    calls = [json.load(open(f"{record}.{r}")) if os.path.exists(f"{record}.{r}") else None for r in (0, 1)]
+    return cfg, rcs, seconds, err, calls
+
+
+def interrupted_line(cfg, what):
+    return (f"interrupted: {what} is saved; continue with: python train.py --config {cfg['out_dir']}/config.yaml "
+            f"--resume")
+
+
+@pytest.mark.parametrize("signum, point, call", [(signal.SIGINT, "sampling", 3), (signal.SIGTERM, "update", 1)],
+                         ids=["SIGINT-sampling", "SIGTERM-update"])
+def test_a_signal_to_every_rank_inside_an_rl_step_ends_both_with_one_line(tmp_path, signum, point, call):
+    """Both ranks inside RL step 2 (each sampling its own share, at its third token; or at the
+    first forward of the update), the signal sent to both as torchrun forwards it: both exit 130
+    within seconds, nothing of the kind runs after it on either, rank 0 alone prints its one line
+    naming the checkpoint of step 1 (save_every 1), rank 1 prints nothing."""
+    cfg, rcs, seconds, err, calls = signalled_ranks(tmp_path, signum, [(point, call)] * 2, step=2)
+    assert rcs == [130, 130] and seconds < ANSWER, (rcs, seconds, err)
+    out = cfg["out_dir"]
+    assert err == [[interrupted_line(cfg, f"the checkpoint of RL step 1 in {out}/ckpt")], []], err
+    assert calls == [call, call]
+    assert torch.load(os.path.join(out, "ckpt", "trainer_state.pt"), weights_only=False)["step"] == 1
+    assert [json.loads(line)["step"] for line in open(os.path.join(out, "metrics.jsonl"))] == [1]
+
+
+@pytest.mark.parametrize("signum, to", [
+    (signal.SIGINT, (0,)),
+    (signal.SIGTERM, (1, 0)),
+], ids=["rank0-alone", "both"])
+def test_a_signal_during_rank0s_evaluation_ends_both_ranks(tmp_path, signum, to):
+    """Rank 0 runs the warm start's evaluation alone while rank 1 waits for its result inside a
+    collective (distributed.from_rank0's broadcast; the signal comes a second after rank 1 went
+    in). The signal to rank 0 alone, or to both as torchrun forwards it (rank 1's own then waits
+    in the collective, which no signal interrupts, until rank 0 broadcasts): both exit 130 within
+    seconds, rank 1 by the KeyboardInterrupt from_rank0 raises on hearing that rank 0 was
+    interrupted (or its own, pending); rank 0's one line names the saved warm start, rank 1 prints
+    nothing, no RL checkpoint is written."""
+    cfg, rcs, seconds, err, calls = signalled_ranks(tmp_path, signum, [("evaluate", 1), ("eval_waiting", 1)], to,
+                                                    settle=1.0)
+    assert rcs == [130, 130] and seconds < ANSWER, (rcs, seconds, err)
     warm = os.path.join(cfg["out_dir"], "warmstart")
-    assert ours == [f"interrupted during evaluation: the finished warm start is saved in {warm}; continue from "
-                    f"it (evaluation, gate, RL) with: python train.py --config {cfg['out_dir']}/config.yaml "
-                    f"--resume"], ours
+    assert err == [[interrupted_line(cfg, f"the finished warm start in {warm}")], []], err
+    assert calls == [1, 1]
     assert checkpoint.find_checkpoint(warm) == warm and not os.path.exists(os.path.join(cfg["out_dir"], "ckpt"))
 
 
-@pytest.mark.parametrize("fault", ["sigterm_rank1_sampling", "sigterm_rank1_update"])
-def test_a_signal_to_one_rank_inside_an_rl_step_drops_it_on_every_rank(tmp_path, fault):
-    """SIGTERM reaching rank 1 alone at its first sampled token of RL step 1 (rank 1 stops
-    sampling there; rank 0 samples on, then both agree before anything else) or at the first
-    micro-batch of its update (both stop before their second): the step is dropped on both ranks
-    (no update ran, or one micro-batch of several; counted on each rank), exit 0 on both, rank 0's
-    one line; the checkpoint of step 0 stays the last, nothing half-saved."""
-    cfg, rcs, ours = ranks_with_fault(tmp_path, fault, micro_batch_tokens=60)
-    assert rcs == [0, 0], (rcs, ours)
+def test_a_signal_to_both_ranks_while_rank1_is_not_yet_in_its_wait(tmp_path):
+    """As above, but rank 1 gets its signal in Python, on its way into the wait for rank 0's
+    evaluation (paused just before it), and has exited when rank 0 gets its own, as torchrun's
+    forwarded signals may find them: both must still exit 130, rank 0 with its one line."""
+    cfg, rcs, seconds, err, calls = signalled_ranks(tmp_path, signal.SIGINT, [("evaluate", 1), ("eval_wait", 1)],
+                                                    (1, 0), one_by_one=True)
+    assert rcs == [130, 130] and seconds < ANSWER, (rcs, seconds, err)
+    warm = os.path.join(cfg["out_dir"], "warmstart")
+    assert err == [[interrupted_line(cfg, f"the finished warm start in {warm}")], []], err
+
+
+def test_ctrl_c_to_torchrun_ends_both_workers_with_one_line_and_resume_continues(tmp_path):
+    """The real launcher: `torchrun --nproc_per_node=2 train.py` (gloo on CPU) gets Ctrl-C (SIGINT)
+    once RL has written a metrics line, at no chosen point of a step (save_every 0: checkpoint 0 is
+    the last, and no save is running then). torchrun
+    forwards it to both workers (its log says so); each ends at once, rank 0 with its one line
+    naming checkpoint 0. torchrun itself then raises its own SignalException (its traceback, torch's
+    elastic agent's, not train.py's) and exits with status 1, not the workers' 130: a script reads
+    torchrun's 1 and rank 0's line. No worker is left running, and --resume on 2 ranks continues
+    from checkpoint 0. A worker's exit takes a few seconds here (the interpreter's final garbage
+    collection of torch's modules), hence the 60 s bound."""
+    cfg = tiny_cfg(tmp_path, threads=1, sft_steps=2, n_test=2, rl_steps=1000, save_every=0)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
     out = cfg["out_dir"]
-    said = [line for line in read_log(tmp_path, "rank0")[0].splitlines() if line.startswith("interrupted")]
-    assert said == [f"interrupted during RL step 1 (dropped: --resume redoes it): checkpoint of step 0 saved in "
-                    f"{out}/ckpt. Resume with:"], said
-    assert read_log(tmp_path, "rank1")[0] == ""
-    updates = [json.load(open(tmp_path / f"passes.{rank}")) for rank in (0, 1)]
-    if fault == "sigterm_rank1_sampling":
-        assert updates == [[], []]
-    else:
-        # every rank runs as many micro-batches as the rank with most (distributed.in_step)
-        assert [forwards for (forwards, _), in updates] == [1, 1] and max(n for (_, n), in updates) >= 2, updates
-    assert torch.load(os.path.join(out, "ckpt", "trainer_state.pt"), weights_only=False)["step"] == 0
-    assert open(os.path.join(out, "metrics.jsonl")).read() == ""
-    assert sorted(os.listdir(out)) == ["ckpt", "config.yaml", "metrics.jsonl", "warmstart"]
+    metrics_file = os.path.join(out, "metrics.jsonl")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
+    with open(tmp_path / "torchrun.out", "w") as stdout, open(tmp_path / "torchrun.err", "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                                 "train.py", "--config", str(path)], cwd=ROOT, env=env, stdout=stdout, stderr=stderr)
+    workers = []
+    try:
+        deadline = time.monotonic() + 180
+        while proc.poll() is None and time.monotonic() < deadline:
+            workers = descendants(proc.pid) or workers
+            if os.path.exists(metrics_file) and open(metrics_file).read().count("\n") >= 1:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, f"torchrun ended before RL: {proc.returncode}"
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:                     # (a hang: everything it started killed, never left running)
+            for pid in descendants(proc.pid) + [proc.pid]:
+                os.kill(pid, signal.SIGKILL)
+            proc.wait()
+    err = open(tmp_path / "torchrun.err").read()
+    assert rc == 1 and "SignalException: Process" in err and "got signal: 2" in err, (rc, stderr_tail(err))
+    assert err.count("Traceback") == 1                          # torchrun's own; none from a worker
+    assert err.count("closing signal SIGINT") == 2              # forwarded to both workers
+    assert len(workers) == 2 and not [w for w in workers if alive(w)]
+    ours = [line for line in lines(err) if line.startswith(("interrupted", "error", "rank ", "warning"))]
+    assert ours == [interrupted_line(cfg, f"the checkpoint of RL step 0 in {out}/ckpt")], ours
+
+    rcs, _ = fork_ranks(train.main, (["--config", f"{out}/config.yaml", "--resume", "--rl_steps=1"],), tmp_path)
+    assert rcs == [0, 0], read_log(tmp_path, "rank0")[1][-3000:]
+    assert f"resumed from {out}/ckpt at step 0" in read_log(tmp_path, "rank0")[0]
+    assert [json.loads(line)["step"] for line in open(metrics_file)] == [1]
+    assert torch.load(os.path.join(out, "ckpt", "trainer_state.pt"), weights_only=False)["step"] == 1
+
+
+def alive(pid):
+    """Whether process `pid` still runs (not gone, not a zombie left for its parent to reap)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def _deadlocked_rank(rank, init_file):
@@ -283,21 +413,30 @@ def dynamic_sampling_update(rank, world_size, only=None):
     """max_sample_rounds 2, tasks_per_step 4, group_size 2 (test_dynamic_sampling's scripted format:
     B, D, F vary, A, C, E, H do not). Round 1 draws B D A C: rank 0 samples B D (both vary), rank
     1 A C (none): 2 of 4; round 2 draws F A E H: rank 0's F varies, rank 1's E H do not: 3, and
-    the rounds are spent. Both ranks: 2 rounds, 3 groups kept, rank 0's B D F (ids 0, 1, 2), rank 1
-    none (an idle row). Then one SGD rl_step; `only`: one process updating on those rows alone."""
-    from test_dynamic_sampling import step
+    the rounds are spent. Both ranks: 2 rounds, 3 groups kept, rank 0's B D F, rank 1 none (an idle
+    row). Then one SGD rl_step on the batch of what the sampler returned, as train.py's loop makes
+    it; `only`: one process updating on those episodes and rewards alone."""
+    from types import SimpleNamespace
+    from formats import features
+    from test_dynamic_sampling import G, TASKS, ScriptedDraws, ScriptedFormat
     tok = toy_tokenizer()
-    names, sampled, kept, counts, _ = step(["BDAC", "FAEH"], rounds=2, tasks_per_step=4)   # ranks: the process group's
-    cfg = {**config.DEFAULTS, "tasks_per_step": 4, "group_size": 2, "max_sample_rounds": 2, "kl_coef": 0.0,
+    cfg = {**config.DEFAULTS, "tasks_per_step": 4, "group_size": G, "max_sample_rounds": 2, "kl_coef": 0.0,
            "reuse_sampler_logprobs": False}
-    rows, rewards, groups = train.update_rows(sampled, kept, counts["groups_kept"], cfg, tok.pad_token_id)
+    fmt, rng = ScriptedFormat(), ScriptedDraws("BDAC", "FAEH")
+    sample, reward = features.sampler_and_reward(fmt, SimpleNamespace(tokenizer=None), cfg, TASKS,
+                                                 contextlib.nullcontext(), rng)       # ranks: the process group's
+    prompts = [t for t in rng.sample(TASKS, 4)[rank * 2:(rank + 1) * 2] for _ in range(G)]   # the loop's slice
+    episodes = sample(None, prompts=prompts, generator=None)
+    rewards = [reward(e, t) for e, t in zip(episodes, prompts)]
     if only is not None:
-        rows, rewards, groups = only
+        episodes, rewards = only
     model = tiny_llama(tok, seed=0)
     ddp_model = DDP(model) if world_size > 1 else model
     opt = recording(torch.optim.SGD)(model.parameters(), lr=0.1)
-    sums, status = train.rl_step(model, ddp_model, opt, rows, rewards, groups, cfg, tok.pad_token_id)
-    return {"names": names, "kept": kept, "counts": counts, "rows": (rows, rewards, groups), "status": status,
+    stats = train.rl_step(model, ddp_model, opt, train.make_batch(episodes, rewards, cfg, tok.pad_token_id), cfg,
+                          contextlib.nullcontext())
+    return {"names": fmt.sampled, "kept": [e["name"] if "name" in e else e["cause"] for e in episodes[::G]],
+            "counts": episodes[0]["sampling"], "episodes": (episodes, rewards), "status": stats["status"],
             "grads": step_grads(model, opt)}
 
 
@@ -314,9 +453,9 @@ def test_two_ranks_draw_as_many_rounds_and_update_on_the_groups_kept(tmp_path):
     assert r0["names"] == [["B", "D"], ["F", "A"]] and r1["names"] == [["A", "C"], ["E", "H"]]
     assert r0["counts"] == r1["counts"] == {"sample_rounds": 2, "groups_sampled": 8, "episodes_sampled": 16,
                                             "groups_kept": 3}
-    assert (r0["kept"], r1["kept"]) == ([0, 1, 2], [])
-    assert [len(r0["rows"][0]), len(r1["rows"][0])] == [6, 1] and r1["rows"][2] == [-1]
+    assert (r0["kept"], r1["kept"]) == (["B", "D", "F"], ["idle"])
+    assert [len(r0["episodes"][0]), len(r1["episodes"][0])] == [6, 1]
     assert r0["status"] == r1["status"] == "updated"
-    alone = dynamic_sampling_update(0, 1, only=r0["rows"])
+    alone = dynamic_sampling_update(0, 1, only=r0["episodes"])
     assert_same_gradients(alone["grads"], r0["grads"])
     assert_same_gradients(r0["grads"], r1["grads"])

@@ -1,28 +1,30 @@
-"""DAPO's dynamic sampling (max_sample_rounds, train.sample_step): how many rounds a step draws,
-which groups its update keeps, the metrics it logs, the paper's one-round step left as it was,
-and --resume / a dropped step across a step of several rounds.
+"""DAPO's dynamic sampling (max_sample_rounds, formats/dynamic_sampling.py): how many rounds a step
+draws, which groups' episodes it returns for the update, the counts it logs, the paper's one-round
+step left as it was (no wrapper at all), and --resume across steps of several rounds.
 
 The rounds are checked twice: with a scripted format (no model: a task's episodes get the rewards
-its script names, the task draws are scripted too), and in train.run on the toy with a scripted
-reward (a task of VARIED gets reward 1 on its first episode of each group, every other task 0)."""
+its script names, the task draws are scripted too) through the sampler setup chooses
+(features.sampler_and_reward), and in train.run on the toy with a scripted reward (a task of
+VARIED gets reward 1 on its first episode of each group, every other task 0)."""
 import collections
 import contextlib
 import json
 import os
 import random
-import signal
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+import rollout
 import train
-from envace import ACT, PROMPT
+from envace import ACT, PROMPT, REHEARSE
+from formats import dynamic_sampling
 from formats import features
 from formats import format_plain
 from machinery import config
-from reward import group_advantages
 from helpers import tiny_cfg, without_seconds
-from test_resume import count_rl_passes, metrics, saved_rngs_and_weights
+from test_resume import metrics, saved_rngs_and_weights
 
 
 # ----------------------------------------------------------------------------- a scripted format
@@ -31,12 +33,14 @@ G = 2
 SCRIPTS = {"A": [1.0, 1.0], "B": [0.0, 1.0], "C": [0.0, 0.0], "D": [1.0, 0.0], "E": [0.0, 0.0],
            "F": [1.0, 0.0], "H": [0.0, 0.0]}          # B, D, F vary
 TASKS = [{"name": name, "rewards": rewards} for name, rewards in SCRIPTS.items()]
+FP32 = contextlib.nullcontext()
 
 
 class ScriptedFormat:
-    """A format module for sample_step without a model: task t's k-th episode of a group gets t's
-    k-th scripted reward; its ids (a prompt token, two ACT tokens) differ by task and k, so that
-    an update's rows do not cancel. `sampled`: the task names each rl_sample call got, one per group."""
+    """A format module for features.sampler_and_reward without a model: task t's k-th episode of a
+    group gets t's k-th scripted reward; its ids (a prompt token, two ACT tokens) differ by task and
+    k, so that an update's rows do not cancel. `sampled`: the task names each rl_sample call got,
+    one per group."""
 
     def __init__(self):
         self.sampled = []
@@ -50,6 +54,8 @@ class ScriptedFormat:
                 for i, p in enumerate(prompts)]
 
     def reward(self, setting, episode, task):
+        if episode.get("cause") == "idle":     # no answer: 0, as every format's reward gives it
+            return 0.0
         return task["rewards"][episode["k"]]
 
 
@@ -65,103 +71,138 @@ class ScriptedDraws:
         return [next(t for t in population if t["name"] == name) for name in names]
 
 
-def step(draws, rounds=3, tasks_per_step=2):
-    """sample_step with the scripted format: (sampled names per round, sampled, kept, counts, draws left)."""
-    fmt, rng = ScriptedFormat(), ScriptedDraws(*draws)
-    cfg = {**config.DEFAULTS, "tasks_per_step": tasks_per_step, "group_size": G, "max_sample_rounds": rounds}
-    sampled, kept, counts = train.sample_step(fmt, None, None, None, TASKS, rng, cfg, None, None,
-                                              contextlib.nullcontext())
-    return fmt.sampled, sampled, kept, counts, rng.draws
-
-
-def test_rounds_are_drawn_until_tasks_per_step_groups_vary():
-    """tasks_per_step 2: round 1 (A all 1, B varies) keeps B; round 2 (C all 0, D varies) keeps D:
-    2 groups, so round 3 is never drawn. Task ids run on over rounds: B is 1, D is 3."""
-    names, (episodes, rewards, episode_tasks, task_ids), kept, counts, left = step(["AB", "CD", "EF"])
-    assert names == [["A", "B"], ["C", "D"]] and left == [["E", "F"]]
-    assert task_ids == [0, 0, 1, 1, 2, 2, 3, 3] and kept == [1, 3]
-    assert rewards == [1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0]
-    assert [t["name"] for t in episode_tasks] == ["A", "A", "B", "B", "C", "C", "D", "D"]
-    assert counts == {"sample_rounds": 2, "groups_sampled": 4, "episodes_sampled": 8, "groups_kept": 2}
-
-
-def test_a_round_with_more_groups_than_needed_keeps_the_first():
-    """Round 1 keeps B; round 2's D and F both vary, one is needed: D (drawn first)."""
-    _, _, kept, counts, left = step(["AB", "DF", "EH"])
-    assert kept == [1, 2] and left == [["E", "H"]]
-    assert counts == {"sample_rounds": 2, "groups_sampled": 4, "episodes_sampled": 8, "groups_kept": 2}
-
-
-def test_the_rounds_end_at_max_sample_rounds():
-    """Three rounds, one group varies (F, task id 5): kept alone; no fourth round."""
-    _, sampled, kept, counts, left = step(["AC", "EH", "CF", "BD"])
-    assert kept == [5] and left == [["B", "D"]]
-    assert counts == {"sample_rounds": 3, "groups_sampled": 6, "episodes_sampled": 12, "groups_kept": 1}
-    rows, rewards, groups = train.update_rows(sampled, kept, counts["groups_kept"], step_cfg(3), pad_id=0)
-    assert [r["name"] for r in rows] == ["F", "F"] and rewards == [1.0, 0.0] and groups == [10, 10]  # task_role: 2t
-
-
 def step_cfg(rounds, **kw):
     return {**config.DEFAULTS, "tasks_per_step": 2, "group_size": G, "max_sample_rounds": rounds, **kw}
 
 
-def test_a_step_with_no_group_varying_takes_every_row_and_is_skipped():
-    """Three rounds of all-equal groups: nothing kept; the update gets every sampled row (6
-    groups, all equal) and rl_step skips it, as a one-round step with no signal is skipped."""
-    _, sampled, kept, counts, _ = step(["AC", "EH", "CA"])
-    assert kept == [] and counts["groups_kept"] == 0 and counts["sample_rounds"] == 3
-    rows, rewards, groups = train.update_rows(sampled, kept, 0, step_cfg(3), pad_id=0)
-    assert len(rows) == 12 and groups == [2 * (i // 2) for i in range(12)]        # task_role: actor rows 2t
-    sums, status = train.rl_step(None, None, None, rows, rewards, groups, step_cfg(3), 0)
-    assert status == "skipped" and sums["all_equal_groups"] == 6
+def step(draws, rounds=3):
+    """One RL step's sampling as train.py's loop runs it, with the scripted format and task draws:
+    round 1's tasks drawn, each group_size times, then the sampler and reward setup chose. Returns
+    (names sampled per round, the episodes returned, the loop's task list after the call, their
+    rewards as the loop computes them, the draws left)."""
+    fmt, rng = ScriptedFormat(), ScriptedDraws(*draws)
+    sample, reward = features.sampler_and_reward(fmt, SimpleNamespace(tokenizer=None), step_cfg(rounds), TASKS, FP32,
+                                                 rng)
+    prompts = [t for t in rng.sample(TASKS, 2) for _ in range(G)]
+    episodes = sample(None, prompts=prompts, generator=None)
+    return fmt.sampled, episodes, prompts, [reward(e, t) for e, t in zip(episodes, prompts)], rng.draws
+
+
+def names(episodes):
+    return "".join(e["name"] for e in episodes)
+
+
+def test_rounds_are_drawn_until_tasks_per_step_groups_vary():
+    """tasks_per_step 2: round 1 (A all 1, B varies) keeps B; round 2 (C all 0, D varies) keeps D:
+    2 groups, so round 3 is never drawn. Only the kept groups' episodes come back, and the loop's
+    task list holds their tasks, so that each episode is rewarded against its own task."""
+    sampled, episodes, prompts, rewards, left = step(["AB", "CD", "EF"])
+    assert sampled == [["A", "B"], ["C", "D"]] and left == [["E", "F"]]
+    assert names(episodes) == "BBDD" and [t["name"] for t in prompts] == ["B", "B", "D", "D"]
+    assert rewards == [0.0, 1.0, 1.0, 0.0]
+    assert all(e["sampling"] == {"sample_rounds": 2, "groups_sampled": 4, "episodes_sampled": 8, "groups_kept": 2}
+               for e in episodes)
+
+
+def test_a_round_with_more_groups_than_needed_keeps_the_first():
+    """Round 1 keeps B; round 2's D and F both vary, one is needed: D (drawn first)."""
+    _, episodes, prompts, _, left = step(["AB", "DF", "EH"])
+    assert names(episodes) == "BBDD" and names(prompts) == "BBDD" and left == [["E", "H"]]
+    assert episodes[0]["sampling"] == {"sample_rounds": 2, "groups_sampled": 4, "episodes_sampled": 8,
+                                       "groups_kept": 2}
+
+
+def test_the_rounds_end_at_max_sample_rounds():
+    """Three rounds, one group varies (F, round 3): kept alone; no fourth round. Its batch is one
+    group of two rows with rewards 1, 0: A = +0.5, -0.5 on their two ACT targets."""
+    _, episodes, prompts, rewards, left = step(["AC", "EH", "CF", "BD"])
+    assert names(episodes) == "FF" and names(prompts) == "FF" and left == [["B", "D"]]
+    assert episodes[0]["sampling"] == {"sample_rounds": 3, "groups_sampled": 6, "episodes_sampled": 12,
+                                       "groups_kept": 1}
+    batch = train.make_batch(episodes, rewards, step_cfg(3), pad_id=0)
+    assert batch["advantages"].tolist() == [[0.5, 0.5], [-0.5, -0.5]]
+    assert (batch["n_groups"], batch["all_equal_groups"], batch["n_tokens"]) == (1, 0, 4)
+
+
+def test_a_step_with_no_group_varying_returns_every_episode_and_is_skipped():
+    """Three rounds of all-equal groups: nothing kept; every sampled episode comes back with its
+    task (6 groups, all equal) and rl_step skips the step, as a one-round step with no signal is
+    skipped, before it runs the model or touches the optimizer (a model of one weight, no optimizer)."""
+    _, episodes, prompts, rewards, _ = step(["AC", "EH", "CA"])
+    assert names(episodes) == names(prompts) == "AACCEEHHCCAA"
+    assert episodes[0]["sampling"]["groups_kept"] == 0 and episodes[0]["sampling"]["sample_rounds"] == 3
+    batch = train.make_batch(episodes, rewards, step_cfg(3), pad_id=0)
+    assert (batch["n_groups"], batch["all_equal_groups"]) == (6, 6) and not batch["advantages"].any()
+    model = torch.nn.Linear(1, 1)
+    before = model.weight.clone()
+    assert train.rl_step(model, model, None, batch, step_cfg(3), FP32) == {"status": "skipped"}
+    assert torch.equal(model.weight, before)
 
 
 def test_one_round_is_the_papers_step():
-    """max_sample_rounds 1: one draw, every group in the update (A and C, all equal, too: their rows
-    count in the token mean and the KL), groups_kept counts those that vary."""
-    _, sampled, kept, counts, left = step(["AB", "CD"], rounds=1)
-    assert left == [["C", "D"]] and kept == [0, 1]
-    assert counts == {"sample_rounds": 1, "groups_sampled": 2, "episodes_sampled": 4, "groups_kept": 1}
-    _, _, groups = train.update_rows(sampled, kept, 1, step_cfg(1), pad_id=0)
-    assert groups == [0, 0, 2, 2]
-    _, _, kept, counts, _ = step(["AC", "BD"], rounds=1)
-    assert kept == [0, 1] and counts["groups_kept"] == 0
+    """max_sample_rounds 1: setup chooses the plain sampler (no dynamic sampling at all): one draw,
+    every group in the update (A's all-equal one too: its rows count in the token mean and the
+    KL), the loop's task list as drawn, no sampling counts on the episodes."""
+    cfg = step_cfg(1)
+    sample, _ = features.sampler_and_reward(ScriptedFormat(), None, cfg, TASKS, FP32, None)
+    assert sample.func is features.layout_sampler
+    assert features.sampler_and_reward(ScriptedFormat(), None, step_cfg(2), TASKS, FP32, None)[0].func \
+        is dynamic_sampling.sample_until_varied
+    sampled, episodes, prompts, rewards, left = step(["AB", "CD"], rounds=1)
+    assert sampled == [["A", "B"]] and left == [["C", "D"]]
+    assert names(episodes) == names(prompts) == "AABB" and not any("sampling" in e for e in episodes)
+    batch = train.make_batch(episodes, rewards, cfg, pad_id=0)
+    assert (batch["n_groups"], batch["all_equal_groups"], batch["n_tokens"]) == (2, 1, 8)
 
 
-def rehearsed(name, reward, n_rehearsals):
-    """An episode of task `name` with separate rehearse rows (rehearsal_context separate)."""
-    row = {"ids": [1, 2], "roles": [PROMPT, ACT]}
-    return {**row, "name": name, "rehearsals": [{**row, "name": f"{name}.r{i + 1}"} for i in range(n_rehearsals)]}
+def rehearsed(name, n_rehearsals):
+    """An episode of task `name` (an ACT target) with separate rehearse rows (a REHEARSE target each)."""
+    return {"ids": [1, 2], "roles": [PROMPT, ACT], "name": name,
+            "rehearsals": [{"ids": [1, 3], "roles": [PROMPT, REHEARSE], "name": f"{name}.r{i + 1}"}
+                           for i in range(n_rehearsals)]}
 
 
-def test_kept_rows_under_per_role_groups():
+def test_rows_under_per_role_groups():
     """Task 0: a (reward 1, two calls), b (1, one call), c (0, no call); task 1: d (1, one call),
-    e (0, one call), f (1, no call). Both tasks vary. task_role: task 0's rehearse rows a.r1,
-    a.r2, b.r1 are all 1 (group 1 all-equal: left out); task 1's d.r1, e.r1 (1, 0) vary (group 3).
-    task: one group per task, each varies: all 11 rows."""
-    episodes = [rehearsed("a", 1, 2), rehearsed("b", 1, 1), rehearsed("c", 0, 0),
-                rehearsed("d", 1, 1), rehearsed("e", 0, 1), rehearsed("f", 1, 0)]
-    sampled = (episodes, [1.0, 1.0, 0.0, 1.0, 0.0, 1.0], [None] * 6, [0, 0, 0, 1, 1, 1])
-    rows, rewards, groups = train.update_rows(sampled, [0, 1], 2, step_cfg(2), pad_id=0)
-    assert [r["name"] for r in rows] == ["a", "b", "c", "d", "d.r1", "e", "e.r1", "f"]
-    assert groups == [0, 0, 0, 2, 3, 2, 3, 2] and rewards == [1, 1, 0, 1, 1, 0, 0, 1]
-    assert train.all_equal_row_groups(sampled, step_cfg(2)) == 1
-    rows, _, groups = train.update_rows(sampled, [0, 1], 2, step_cfg(2, advantage_groups="task"), pad_id=0)
-    assert len(rows) == 11 and groups == [0] * 6 + [1] * 5
-    assert train.all_equal_row_groups(sampled, step_cfg(2, advantage_groups="task")) == 0
-    # one definition of a group with signal: group_advantages counts the same all-equal groups
-    all_rows = train.update_rows(sampled, [0, 1], 2, step_cfg(1), pad_id=0)
-    assert group_advantages(all_rows[1], all_rows[2])[1] == 1
+    e (0, one call), f (1, no call); group_size 3. task_role: task 0's actor rows a, b, c (1, 1, 0:
+    A = 1/3, 1/3, -2/3) and its rehearse rows a.r1, a.r2, b.r1 (all 1: group all-equal, the rows
+    stay in the batch with A = 0); task 1's actor rows (1, 0, 1: 1/3, -2/3, 1/3) and rehearse rows
+    d.r1, e.r1 (1, 0: +1/2, -1/2). task: one group per task (task 0: 5 of 6 rows rewarded, mean
+    5/6; task 1: 3 of 5, mean 3/5), neither all-equal: all 11 rows."""
+    episodes = [rehearsed("a", 2), rehearsed("b", 1), rehearsed("c", 0),
+                rehearsed("d", 1), rehearsed("e", 1), rehearsed("f", 0)]
+    rewards = [1.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    batch = train.make_batch(episodes, rewards, step_cfg(1, group_size=3), pad_id=0)
+    # training_rows' order: each episode's own row, then its rehearse rows
+    # a, a.r1, a.r2, b, b.r1, c, d, d.r1, e, e.r1, f
+    want = [1 / 3, 0, 0, 1 / 3, 0, -2 / 3, 1 / 3, 1 / 2, -2 / 3, -1 / 2, 1 / 3]
+    assert batch["advantages"][:, 0].tolist() == pytest.approx(want)
+    assert (batch["n_groups"], batch["all_equal_groups"], batch["n_tokens"]) == (4, 1, 11)
+    batch = train.make_batch(episodes, rewards, step_cfg(1, group_size=3, advantage_groups="task"), pad_id=0)
+    want = [1 / 6] * 5 + [-5 / 6] + [2 / 5, 2 / 5, -3 / 5, -3 / 5, 2 / 5]
+    assert batch["advantages"][:, 0].tolist() == pytest.approx(want)
+    assert (batch["n_groups"], batch["all_equal_groups"]) == (2, 0)
 
 
-def test_a_rank_that_kept_nothing_gets_an_idle_row():
-    """Another rank kept groups, this one none: one row with no trained target (0 tokens), so that
-    its update runs as many passes as the others' and adds nothing."""
-    _, sampled, kept, _, _ = step(["AC", "EH", "CA"])
-    rows, rewards, groups = train.update_rows(sampled, kept, 2, step_cfg(3), pad_id=7)
-    assert rows == [{"ids": [7, 7], "roles": [PROMPT, PROMPT]}] and rewards == [0.0] and groups == [-1]
-    batch = train.make_batch(rows, rewards, groups, step_cfg(3), 7)
-    assert batch["n_tokens"] == 0 and not batch["advantages"].any()
+def test_a_rank_that_kept_nothing_gets_an_idle_row(monkeypatch):
+    """Rank 1 of 2 (1 task a round each), its groups all equal, while rank 0 finds one varied group a
+    round: after 2 rounds the step has its 2 groups, none of them here. This rank returns one idle
+    row (no trained target: 0 tokens) with round 1's first task, so that its update runs as many
+    passes as rank 0's and adds nothing; the counts are the step's over both ranks."""
+    monkeypatch.setattr(dynamic_sampling, "world", lambda: (1, 2))
+    monkeypatch.setattr(dynamic_sampling, "all_sum", lambda values: [a + b for a, b in zip(values, [1, 0])])
+    fmt, rng = ScriptedFormat(), ScriptedDraws(["H", "A"], ["E", "C"], ["B", "D"])   # (this rank: A, C)
+    sample, reward = features.sampler_and_reward(fmt, SimpleNamespace(tokenizer=None), step_cfg(3), TASKS, FP32, rng)
+    prompts = [t for t in rng.sample(TASKS, 2)[1:] for _ in range(G)]              # the loop's draw, rank 1's slice
+    episodes = sample(None, prompts=prompts, generator=None)
+    assert fmt.sampled == [["A"], ["C"]] and rng.draws == [["B", "D"]]
+    assert [(e["ids"], e["roles"], e["cause"]) for e in episodes] == [([0, 0], [PROMPT, PROMPT], "idle")]
+    assert names(prompts) == "A"
+    assert episodes[0]["sampling"] == {"sample_rounds": 2, "groups_sampled": 4, "episodes_sampled": 8,
+                                       "groups_kept": 2}
+    batch = train.make_batch(episodes, [reward(e, t) for e, t in zip(episodes, prompts)], step_cfg(3), 7)
+    assert batch["n_tokens"] == 0 and not batch["advantages"].any() and batch["lengths"] == [2]
+    assert (batch["n_groups"], batch["all_equal_groups"]) == (1, 1)
 
 
 @pytest.mark.parametrize("rank, others, need, varied, want", [
@@ -174,8 +215,8 @@ def test_ranks_keep_the_first_groups_in_the_global_order(monkeypatch, rank, othe
     """first_needed on rank `rank` of 2: the other rank's count (`others`, the all_sum of the
     one-hot counts, this rank's own slot added) decides which of this rank's groups are among the
     round's first `need`, and how many the round keeps over both ranks."""
-    monkeypatch.setattr(train, "all_sum", lambda values: [a + b for a, b in zip(values, others)])
-    assert train.first_needed(varied, need, rank, 2) == want
+    monkeypatch.setattr(dynamic_sampling, "all_sum", lambda values: [a + b for a, b in zip(values, others)])
+    assert dynamic_sampling.first_needed(varied, need, rank, 2) == want
 
 
 # ----------------------------------------------------------------------------- train.run on the toy
@@ -200,22 +241,23 @@ def scripted_reward(monkeypatch, rl):
 
 
 def tagged_passes(monkeypatch):
-    """[(names of the tasks sampled, per rl_sample call)], [(names of the tasks of the update's rows,
-    per rl_step)]: each episode tagged with its prompt's index in the RL split."""
-    sampled, updated, real_sample, real_step = [], [], format_plain.rl_sample, train.rl_step
+    """[(the tasks sampled, per sampler call: one per group)], [(the tasks of the update's episodes,
+    per make_batch)]: each episode tagged with its task's prompt. RL's sampler on the toy is
+    rollout.sample_episodes, bound at setup (its `prompts`: task dicts, each group_size times)."""
+    sampled, updated, real_sample, real_batch = [], [], rollout.sample_episodes, train.make_batch
 
-    def rl_sample(setting, model, tokenizer, prompts, *a, **k):
-        episodes = real_sample(setting, model, tokenizer, prompts, *a, **k)
-        sampled.append(prompts[::4])
-        for e, p in zip(episodes, prompts, strict=True):
-            e["prompt"] = p
+    def sample_episodes(*args, prompts, **kwargs):
+        episodes = real_sample(*args, prompts=prompts, **kwargs)
+        sampled.append([t["prompt"] for t in prompts[::4]])
+        for e, t in zip(episodes, prompts, strict=True):
+            e["prompt"] = t["prompt"]
         return episodes
 
-    def rl_step(model, ddp_model, opt, episodes, *a, **k):
+    def make_batch(episodes, *args, **kwargs):
         updated.append([e["prompt"] for e in episodes])
-        return real_step(model, ddp_model, opt, episodes, *a, **k)
-    monkeypatch.setattr(format_plain, "rl_sample", rl_sample)
-    monkeypatch.setattr(train, "rl_step", rl_step)
+        return real_batch(episodes, *args, **kwargs)
+    monkeypatch.setattr(rollout, "sample_episodes", sample_episodes)
+    monkeypatch.setattr(train, "make_batch", make_batch)
     return sampled, updated
 
 
@@ -230,12 +272,13 @@ def dynamic_cfg(path, **kw):
 def test_a_run_with_dynamic_sampling(tmp_path, monkeypatch, capsys):
     """tasks_per_step 4, 3 rounds at most, seed 1's draws (DRAWS) and VARIED:
     step 1: draws 1, 2 ([8 36 4 16]: 36 varies; [7 31 28 30]: all vary): 36, 7, 31, 28 kept, 30
-            not (4 are enough); 2 rounds, 32 episodes, 5 rewarded; 8 groups, 3 all-equal
+            not (4 are enough); 2 rounds, 32 episodes; the update's 16 episodes, 4 rewarded
     step 2: draws 3-5 ([24 13 6 31]: 31; [1 24 27 38]: none; [0 28 17 14]: 28): 2 kept; 48
-            episodes, 2 rewarded; 12 groups, 10 all-equal
-    step 3: draws 6-8: none varies: skipped after 3 rounds (48 episodes, 12 all-equal groups)
-    With kl_coef > 0 every row of the update gets a gradient (KL): rows_updated = 4 x kept groups;
-    the task RNG saved has made 8 draws."""
+            episodes sampled; the update's 8, 2 rewarded
+    step 3: draws 6-8: none varies: skipped after 3 rounds (all 48 episodes, 12 all-equal groups)
+    The line's reward and all_equal_groups are the update's episodes'. With kl_coef > 0 every row
+    of the update gets a gradient (KL): rows_updated = 4 x kept groups; the task RNG saved has made
+    8 draws."""
     cfg = dynamic_cfg(tmp_path)
     rl = rl_split(cfg)
     scripted_reward(monkeypatch, rl)
@@ -249,7 +292,7 @@ def test_a_run_with_dynamic_sampling(tmp_path, monkeypatch, capsys):
     fields = ("status", "sample_rounds", "groups_sampled", "episodes_sampled", "groups_kept", "all_equal_groups",
               "reward", "skipped_steps")
     assert [tuple(line[k] for k in fields) for line in lines] == [
-        ("updated", 2, 8, 32, 4, 3, 5 / 32, 0), ("updated", 3, 12, 48, 2, 10, 2 / 48, 0),
+        ("updated", 2, 8, 32, 4, 0, 4 / 16, 0), ("updated", 3, 12, 48, 2, 0, 2 / 8, 0),
         ("skipped", 3, 12, 48, 0, 12, 0.0, 1)]
     assert [line.get("rows_updated") for line in lines] == [16, 8, None]
     draws = random.Random(cfg["seed"])
@@ -264,8 +307,8 @@ def test_a_run_with_dynamic_sampling(tmp_path, monkeypatch, capsys):
 
 def test_one_round_is_the_step_it_always_was(tmp_path, monkeypatch):
     """max_sample_rounds 1, the same reward: one draw a step (DRAWS 1-3), every group in the
-    update with KL (rows_updated 16, the all-equal groups' rows too); groups_kept counts the
-    groups that vary (36; all four; 31)."""
+    update with KL (rows_updated 16, the all-equal groups' rows too); no sampling counts in the
+    line (the plain sampler: nothing counts rounds)."""
     cfg = dynamic_cfg(tmp_path, max_sample_rounds=1)
     rl = rl_split(cfg)
     scripted_reward(monkeypatch, rl)
@@ -274,17 +317,18 @@ def test_one_round_is_the_step_it_always_was(tmp_path, monkeypatch):
     index = {t["prompt"]: i for i, t in enumerate(rl)}
     assert [[index[p] for p in names] for names in sampled] == DRAWS[:3]
     assert [[index[p] for p in rows[::4]] for rows in updated] == DRAWS[:3]
-    fields = ("status", "sample_rounds", "groups_sampled", "episodes_sampled", "groups_kept", "all_equal_groups",
-              "rows_updated", "reward")
-    assert [tuple(line[k] for k in fields) for line in metrics(cfg)] == [
-        ("updated", 1, 4, 16, 1, 3, 16, 1 / 16), ("updated", 1, 4, 16, 4, 0, 16, 4 / 16),
-        ("updated", 1, 4, 16, 1, 3, 16, 1 / 16)]
+    fields = ("status", "all_equal_groups", "rows_updated", "reward")
+    lines = metrics(cfg)
+    assert [tuple(line[k] for k in fields) for line in lines] == [
+        ("updated", 3, 16, 1 / 16), ("updated", 0, 16, 4 / 16), ("updated", 3, 16, 1 / 16)]
+    assert not any(k in line for line in lines for k in ("sample_rounds", "groups_kept"))
 
 
-def test_resume_and_a_dropped_step_across_several_rounds_are_exact(tmp_path, monkeypatch):
-    """The run of test_a_run_with_dynamic_sampling, never stopped; stopped after step 1 and resumed;
-    and signalled during step 2's second round (the 4th rl_sample call: its first sampled token),
-    which drops step 2 (its first round's draws and samples rewound), saves step 1, and resumes.
+def test_resume_across_steps_of_several_rounds_is_exact(tmp_path, monkeypatch):
+    """The run of test_a_run_with_dynamic_sampling, never stopped; stopped after step 1 and
+    resumed; and interrupted inside step 2's second round (a KeyboardInterrupt from the 4th sampler
+    call, as Ctrl-C there raises it), which ends the run at once with step 1's checkpoint on the
+    disk (save_every 1): --resume redoes step 2 from it, its first round's draws and samples too.
     Both write the metrics, weights, RNGs and task RNG of the run never stopped."""
     cfg = dynamic_cfg(tmp_path / "whole")
     scripted_reward(monkeypatch, rl_split(cfg))
@@ -296,16 +340,24 @@ def test_resume_and_a_dropped_step_across_several_rounds_are_exact(tmp_path, mon
     assert train.run(part) == 0
     assert train.run({**part, "rl_steps": 3}, resume=True) == 0
 
-    dropped = dynamic_cfg(tmp_path / "dropped")
+    stopped = dynamic_cfg(tmp_path / "stopped", save_every=1)
+    calls, real_sample = [], rollout.sample_episodes
+
+    def interrupted_at_the_4th(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real_sample(*args, **kwargs)
     with monkeypatch.context() as m:
-        ran = count_rl_passes(m, signal_at=(4, "token", 1), signum=signal.SIGTERM)
-        assert train.run(dropped) == 0
-    assert [p["tokens"] for p in ran][3] == 1 and len(ran) == 4        # step 2's round 2 stopped at once
-    assert saved_rngs_and_weights(dropped)[0]["step"] == 1 and len(metrics(dropped)) == 1
-    assert train.run(dropped, resume=True) == 0
+        m.setattr(rollout, "sample_episodes", interrupted_at_the_4th)
+        with pytest.raises(KeyboardInterrupt):
+            train.run(stopped)
+    assert len(calls) == 4
+    assert saved_rngs_and_weights(stopped)[0]["step"] == 1 and len(metrics(stopped)) == 1
+    assert train.run(stopped, resume=True) == 0
 
     (a, a_weights) = saved_rngs_and_weights(cfg)
-    for other in (part, dropped):
+    for other in (part, stopped):
         assert metrics(other) == whole
         b, b_weights = saved_rngs_and_weights(other)
         assert b["step"] == 3 and b["task_rng"] == a["task_rng"]

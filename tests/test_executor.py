@@ -453,9 +453,11 @@ def test_success_wording_with_and_without_an_executor():
     assert evaluate.summary({**m, "executed_tasks": 10}).startswith("success 0.300 on 10")
     assert evaluate.success_name({**m, "executed_tasks": 4}) == \
         "success (real-world on 4 of 10 tasks, rehearsed on the rest)"
-    progress = {"before": {**m, "executed_tasks": 0}, "skipped_steps": 0, "nonfinite_steps": 0}
+    progress = {"before": {**m, "executed_tasks": 0}, "updated": 150, "skipped": 49, "nonfinite": 1}
     line = metrics.final_report(progress, {**m, "success": 0.5, "executed_tasks": 0}, {**config.DEFAULTS}, 3)
     assert "rehearsed success (no executor) 0.300 -> 0.500 (rehearse mode" in line and "real-world" not in line
+    # DEFAULTS' 200 RL steps, 150 of them updated: 75%
+    assert "(rehearse mode, 200 steps: 150 updated (75%), 49 skipped, 1 non-finite, 3s)" in line
 
 
 # ----------------------------------------------------------------------------- train.py end to end

@@ -1,5 +1,6 @@
-"""Faults: non-finite steps are skipped without touching weights or optimizer and three in a row
-stop the run with the last good state (RL and warm start; several PPO epochs are undone whole);
+"""Faults: a non-finite step's optimizer step is skipped without touching weights or optimizer
+state (an earlier PPO epoch of the step stays applied) and three in a row stop the run (RL and
+warm start);
 non-finite weights are never saved and non-finite logits stop sampling with one line; malformed
 data files stop the run before training with the line and what is wrong; bf16 autocast only on CUDA.
 Then the executor, oracle and BFCL paths: user code that exits or raises (a constructor, a tools
@@ -13,12 +14,11 @@ from machinery import distributed
 from machinery import config
 from machinery import checkpoint
 from machinery import faults
-import copy
+import contextlib
 import json
 import math
 import os
 import warnings
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -31,6 +31,7 @@ from envace import REHEARSE, encode_episode
 from helpers import tiny_cfg, tiny_llama, toy_tokenizer, wrap_train_logprobs
 
 TOK = toy_tokenizer()
+FP32 = contextlib.nullcontext()          # rl_step's autocast context on the CPU in fp32
 
 
 def nan_loss_on(monkeypatch, calls):
@@ -46,41 +47,45 @@ def nan_loss_on(monkeypatch, calls):
     monkeypatch.setattr(train, "clipped_pg_loss", patched)
 
 
-def one_group():
+def one_group(cfg):
+    """One group of 4 rehearsed episodes (rewards 1, 0, 0, 1: every row has A != 0) as rl_step's batch."""
     eps = [encode_episode(TOK, "price apple", ["price apple"], [r], "3", env_role=REHEARSE) for r in "3456"]
-    return eps, [1.0, 0.0, 0.0, 1.0], [0, 0, 0, 0]
+    return train.make_batch(eps, [1.0, 0.0, 0.0, 1.0], {**cfg, "group_size": 4}, TOK.pad_token_id)
 
 
 def test_nonfinite_step_leaves_weights_and_optimizer_untouched(monkeypatch):
     model = tiny_llama(TOK)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     cfg = {**config.DEFAULTS, "micro_batch_tokens": 24}      # one 14-token row per micro-batch
-    eps, rewards, groups = one_group()
-    assert train.rl_step(model, model, opt, eps, rewards, groups, cfg, TOK.pad_token_id)[1] == "updated"
+    batch = one_group(cfg)
+    assert train.rl_step(model, model, opt, batch, cfg, FP32)["status"] == "updated"
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     adam = {k: v.clone() for k, v in opt.state[next(iter(model.parameters()))].items()}
     nan_loss_on(monkeypatch, {1})               # the second of the four micro-batches
-    sums, status = train.rl_step(model, model, opt, eps, rewards, groups, cfg, TOK.pad_token_id)
-    assert status == "nonfinite"
+    stats = train.rl_step(model, model, opt, batch, cfg, FP32)
+    assert stats["status"] == "nonfinite" and stats["rows_updated"] == 4
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
     after = opt.state[next(iter(model.parameters()))]
     assert all(torch.equal(adam[k], after[k]) for k in adam)
     assert all(p.grad is None for p in model.parameters())
 
 
-def test_three_nonfinite_steps_in_a_row_stop_with_the_last_good_state(tmp_path, monkeypatch, capsys):
+def test_three_nonfinite_steps_in_a_row_stop_the_run_with_one_line(tmp_path, monkeypatch, capsys):
+    """Every RL step non-finite: the loop stops after the third with one line, exit 1; the metrics
+    hold the three steps; the last checkpoint is step 0's (save_every 50), the warm start's weights,
+    which no step changed."""
     monkeypatch.setattr(format_plain, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
     nan_loss_on(monkeypatch, None)
-    cfg = tiny_cfg(tmp_path, rl_steps=10)
-    assert train.run(cfg) == 1
-    assert "3 non-finite steps in a row" in capsys.readouterr().out
-    lines = [json.loads(line) for line in open(os.path.join(cfg["out_dir"], "metrics.jsonl"))]
+    assert train.main(["--config", config_file(tmp_path, rl_steps=10)]) == 1
+    assert one_error_line(capsys).startswith("error: 3 non-finite RL steps in a row (up to step 3)")
+    out = str(tmp_path / "run")
+    lines = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [line["status"] for line in lines] == ["nonfinite"] * 3
-    assert lines[-1]["nonfinite_steps"] == 3
-    state = torch.load(os.path.join(cfg["out_dir"], "ckpt", "trainer_state.pt"), weights_only=False)
-    assert state["step"] == 3
-    saved = checkpoint.load_policy(os.path.join(cfg["out_dir"], "ckpt"))[0].state_dict()
-    warm = checkpoint.load_policy(os.path.join(cfg["out_dir"], "warmstart"))[0].state_dict()
+    assert [line["nonfinite_steps"] for line in lines] == [1, 2, 3]
+    state = torch.load(os.path.join(out, "ckpt", "trainer_state.pt"), weights_only=False)
+    assert state["step"] == 0
+    saved = checkpoint.load_policy(os.path.join(out, "ckpt"))[0].state_dict()
+    warm = checkpoint.load_policy(os.path.join(out, "warmstart"))[0].state_dict()
     assert all(torch.equal(saved[k], warm[k]) for k in saved)
 
 
@@ -140,7 +145,6 @@ def test_bf16_autocast_on_cuda_and_on_the_cpu_only_with_cpu_bf16():
     assert not isinstance(distributed.autocast(on, "cpu"), torch.autocast)
     cpu = distributed.autocast({**on, "cpu_bf16": True}, "cpu")
     assert isinstance(cpu, torch.autocast) and cpu.device == "cpu" and cpu.fast_dtype == torch.bfloat16
-    assert not distributed.reuse_sampler_logprobs({**on, "cpu_bf16": True}, "cpu")   # bf16 decode rounds apart
     assert not isinstance(distributed.autocast({**on, "bf16": False}, "cuda"), torch.autocast)
     with warnings.catch_warnings():          # a CPU-only torch warns that it disables it
         warnings.simplefilter("ignore")
@@ -152,7 +156,8 @@ def test_bf16_autocast_on_cuda_and_on_the_cpu_only_with_cpu_bf16():
 
 def nan_logprobs_on(monkeypatch, calls):
     """Make the warm start's token_logprobs NaN on the given call numbers (0-based; one call per
-    step with one micro-batch), all if None."""
+    step with one micro-batch), all if None: in a run (setup's choice) and in the returned pass,
+    for a direct call of train.warm_start."""
     count = [0]
 
     def nan_on_calls(real):
@@ -161,7 +166,7 @@ def nan_logprobs_on(monkeypatch, calls):
             count[0] += 1
             return out * float("nan") if calls is None or count[0] - 1 in calls else out
         return patched
-    wrap_train_logprobs(nan_on_calls, monkeypatch.setattr)
+    return wrap_train_logprobs(nan_on_calls, monkeypatch.setattr)
 
 
 def logged_sequences():
@@ -177,10 +182,10 @@ def warm(monkeypatch, steps, nan_calls):
     steps_taken, real_step = [], torch.optim.AdamW.step
     monkeypatch.setattr(torch.optim.AdamW, "step",
                         lambda self, *a, **k: steps_taken.append(1) or real_step(self, *a, **k))
-    nan_logprobs_on(monkeypatch, nan_calls)
+    logprobs = nan_logprobs_on(monkeypatch, nan_calls)
     cfg = {**config.DEFAULTS, "sft_steps": steps, "sft_batch_size": 4, "micro_batch_tokens": 10_000}
     try:
-        skipped = train.warm_start(model, model, logged_sequences(), cfg, TOK.pad_token_id)
+        skipped = train.warm_start(model, model, logged_sequences(), cfg, TOK.pad_token_id, logprobs=logprobs)
         return model, before, skipped, len(steps_taken)
     finally:
         monkeypatch.undo()
@@ -246,26 +251,34 @@ def test_nonfinite_warm_started_weights_are_never_saved(tmp_path, monkeypatch, c
 
 @pytest.mark.parametrize("epochs, bad_epoch", [(1, 0), (2, 0), (2, 1), (3, 2)],
                          ids=["1 epoch", "epoch 1 of 2", "epoch 2 of 2", "epoch 3 of 3"])
-def test_nonfinite_epoch_rolls_the_whole_step_back(monkeypatch, epochs, bad_epoch):
-    """One micro-batch per epoch: a bad epoch after good ones, whose updates were applied, undoes
-    the step whole. One epoch takes no snapshot: nothing was applied before its check."""
-    model = tiny_llama(TOK)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+def test_a_nonfinite_epoch_skips_its_optimizer_step_and_keeps_the_earlier_epochs(monkeypatch, epochs, bad_epoch):
+    """One micro-batch per epoch, epoch `bad_epoch` (0-based) non-finite: the step stops there with
+    status "nonfinite"; the epochs before it stay applied, so the weights and AdamW's state are
+    those of a twin model that ran the same step with ppo_epochs = bad_epoch (none: as the step
+    found them), and AdamW took bad_epoch steps in it; no gradient is kept."""
     cfg = {**config.DEFAULTS, "micro_batch_tokens": 10_000, "ppo_epochs": epochs}
-    eps, rewards, groups = one_group()
-    assert train.rl_step(model, model, opt, eps, rewards, groups, cfg, TOK.pad_token_id)[1] == "updated"
-    weights = {k: v.clone() for k, v in model.state_dict().items()}
-    adam = copy.deepcopy(opt.state_dict())
+    batch = one_group(cfg)
+    runs = []
+    for _ in range(2):                                     # the model and its twin, made and stepped alike
+        model = tiny_llama(TOK)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        assert train.rl_step(model, model, opt, batch, cfg, FP32)["status"] == "updated"
+        runs.append((model, opt))
+    (model, opt), (twin, twin_opt) = runs
+    if bad_epoch:
+        assert train.rl_step(twin, twin, twin_opt, batch, {**cfg, "ppo_epochs": bad_epoch}, FP32)["status"] == "updated"
+    found = {k: v.clone() for k, v in model.state_dict().items()}
     nan_loss_on(monkeypatch, {bad_epoch})
-    if epochs == 1:                                          # as before: no copy of weights or optimizer
-        monkeypatch.setattr(faults, "copy", SimpleNamespace(deepcopy=lambda x: pytest.fail("a snapshot")))
-    sums, status = train.rl_step(model, model, opt, eps, rewards, groups, cfg, TOK.pad_token_id)
-    assert status == "nonfinite"
-    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
-    after = opt.state_dict()
+    assert train.rl_step(model, model, opt, batch, cfg, FP32)["status"] == "nonfinite"
+    want = twin.state_dict()
+    assert all(torch.equal(want[k], v) for k, v in model.state_dict().items())
+    # the epochs before the bad one moved the weights; a bad first epoch left them as found
+    assert all(torch.equal(found[k], v) for k, v in model.state_dict().items()) == (bad_epoch == 0)
+    after, adam = opt.state_dict(), twin_opt.state_dict()
     assert after["param_groups"] == adam["param_groups"] and after["state"].keys() == adam["state"].keys()
     assert all(torch.equal(adam["state"][i][k], after["state"][i][k])
                for i in adam["state"] for k in adam["state"][i])
+    assert all(int(s["step"]) == epochs + bad_epoch for s in after["state"].values())   # the first step's + these
     assert all(p.grad is None for p in model.parameters())
 
 
@@ -294,15 +307,15 @@ def test_sample_episodes_with_nan_weights_raise_the_error():
 
 
 def test_nonfinite_logits_in_rl_stop_the_run_with_one_line(tmp_path, monkeypatch, capsys):
-    real = train.rl_state
+    real = checkpoint.rl_state
 
-    def poisoned(model, *args, **kwargs):                    # the weights break after the warm start is saved
+    def poisoned(model, *args, **kwargs):                    # the weights break after checkpoint 0 is saved
         state = real(model, *args, **kwargs)
         with torch.no_grad():
             for p in model.parameters():
                 p.fill_(float("nan"))
         return state
-    monkeypatch.setattr(train, "rl_state", poisoned)
+    monkeypatch.setattr(checkpoint, "rl_state", poisoned)
     assert train.main(["--config", config_file(tmp_path, sft_steps=2, n_test=4)]) == 1
     assert "the policy's logits are not finite (NaN or inf) while sampling" in one_error_line(capsys)
     run = tmp_path / "run"
@@ -671,13 +684,12 @@ def test_write_file_interrupted_keeps_the_earlier_file_and_leaves_no_temporary(t
 
 
 def test_user_code_exiting_in_a_run_is_one_line_exit_1(capsys):
-    """A SystemExit escaping train.py's body (user code calling sys.exit during the run) is one
-    line naming the phase, exit 1: before, the process exited with its code and printed nothing."""
-    def body():
-        faults.now("RL step 2")
+    """A SystemExit escaping train.py's run (user code calling sys.exit during the run) is one
+    line, exit 1: before, the process exited with its code and printed nothing."""
+    def run(cfg):
         raise SystemExit(0)
-    assert faults.exit_status(body) == 1
-    assert capsys.readouterr().err.strip() == "error in RL step 2: SystemExit: 0 (--debug shows the traceback)"
+    assert faults.exit_status(lambda: {"out_dir": "unused"}, run) == 1
+    assert capsys.readouterr().err.strip() == "error: SystemExit: 0 (--debug shows the traceback)"
 
 
 # BFCL's converter: needs bfcl-eval (CI installs it; without it, a skip that says so, or under CI a failure)

@@ -8,6 +8,7 @@ from machinery import distributed
 from machinery import config
 from machinery import checkpoint
 from machinery.config import ConfigError
+import contextlib
 import datetime
 import glob
 import json
@@ -25,11 +26,29 @@ from machinery.checkpoint import save_checkpoint
 from helpers import (assert_ratio_one, assert_same_gradients, recording, run_ranks, step_grads, tiny_cfg, tiny_llama,
                      toy_tokenizer)
 from rollout import sample_episodes
-from test_distributed import BUDGET, fixed_step_inputs, one_update
+from test_distributed import BUDGET, fixed_step_inputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 2 ** 30
 PROMPTS = ["price apple", "buy 2 milk and egg", "cost 3 fish", "buy tea"]
+FP32 = contextlib.nullcontext()          # rl_step's autocast context on the CPU in fp32
+
+
+def fixed_batch(cfg, share=slice(None)):
+    """test_distributed's fixed inputs (4 groups of 3 hand-made episodes, mixed rewards; `share`: a
+    rank's whole groups) as rl_step's batch."""
+    tok, episodes, rewards = fixed_step_inputs()[:3]
+    return tok, train.make_batch(episodes[share], rewards[share], {**cfg, "group_size": 3}, tok.pad_token_id)
+
+
+def one_rank_grads():
+    """The gradient of one rl_step on the whole fixed batch in one process (an SGD of lr 0 records it)."""
+    cfg = {**config.DEFAULTS, "micro_batch_tokens": BUDGET, "kl_coef": 0.0}
+    tok, batch = fixed_batch(cfg)
+    model = tiny_llama(tok, seed=0)
+    opt = recording(torch.optim.SGD)(model.parameters(), lr=0.0)
+    assert train.rl_step(model, model, opt, batch, cfg, FP32)["status"] == "updated"
+    return step_grads(model, opt)
 
 
 # ----------------------------------------------------------------------------- memory estimate
@@ -107,10 +126,9 @@ def test_memory_estimate_of_qwen3_8b_under_fsdp_8():
 # ----------------------------------------------------------------------------- gradient checkpointing
 
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
-    tok, episodes, rewards, groups = fixed_step_inputs()
     cfg = {**config.DEFAULTS, "micro_batch_tokens": BUDGET, "kl_coef": 0.0}
-    batch = train.make_batch(episodes, rewards, groups, cfg, tok.pad_token_id)
-    old = torch.zeros(batch["ids"].shape[0], batch["ids"].shape[1] - 1)
+    tok, batch = fixed_batch(cfg)
+    assert not batch["sampled_logprobs"].any()          # hand-made episodes: old logprobs 0
     results = []
     for checkpointing in (False, True):
         model = tiny_llama(tok, seed=0)
@@ -125,8 +143,10 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
             eps = sample_episodes(model, tok, PROMPTS, settings={"max_tokens": 40},
                                   generator=torch.Generator().manual_seed(3))
         assert not calls
-        totals = train.accumulate_gradients(model, batch, old, None, cfg)
-        results.append((totals["loss"], {n: p.grad for n, p in model.named_parameters()}, eps, len(calls)))
+        opt = recording(torch.optim.SGD)(model.parameters(), lr=0.0)     # the step's gradient, weights kept
+        stats = train.rl_step(model, model, opt, batch, cfg, FP32)
+        assert stats["status"] == "updated" and stats["rows_updated"] == 12
+        results.append((stats["loss"], step_grads(model, opt), eps, len(calls)))
     (loss0, grads0, eps0, _), (loss1, grads1, eps1, n_calls) = results
     assert n_calls == 2 * len(envace.micro_batches(batch["lengths"], BUDGET))     # 2 layers per forward
     # checkpointing reruns each layer's forward for the backward: the same operations on the same
@@ -140,9 +160,13 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
 
 def test_a_rank_with_no_rows_to_train_runs_weight_zero_passes(monkeypatch):
     # all its groups had equal rewards (rows left out) while another rank has 2 micro-batches:
-    # it must still run 2 forward/backward passes (row 0, weight 0), not crash on an empty batch
-    monkeypatch.setattr(distributed, "all_max", lambda n: max(n, 2))
-    steps = [(index.tolist(), n, w) for index, n, w in distributed.in_step(envace.micro_batches([], 50), [10, 12], None)]
+    # it must still run 2 forward/backward passes (row 0, weight 0), not crash on an empty batch;
+    # in one process (no process group) there is no other rank: no pass at all
+    empty = envace.micro_batches([], 50)
+    assert list(distributed.in_step(empty, [10, 12], None)) == []
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)     # a rank of a process group
+    monkeypatch.setattr(distributed, "all_max", lambda n: max(n, 2))          # whose other rank has 2
+    steps = [(index.tolist(), n, w) for index, n, w in distributed.in_step(empty, [10, 12], None)]
     assert steps == [([0], 10, 0.0), ([0], 10, 0.0)]
 
 
@@ -190,16 +214,14 @@ def _fsdp_worker(rank, world_size, init_file, out_dir):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=60))      # a collective out of step fails
     torch.set_num_threads(1)
-    tok, episodes, rewards, groups = fixed_step_inputs()
-    model = tiny_llama(tok, seed=0)
     cfg = {**config.DEFAULTS, "micro_batch_tokens": BUDGET, "kl_coef": 0.0, "fsdp": True}
+    tok, batch = fixed_batch(cfg, slice(rank * 6, (rank + 1) * 6))      # whole groups per rank
+    model = tiny_llama(tok, seed=0)
     distributed.parallel_model(model, cfg, "cpu", world_size)
     assert isinstance(model.model.layers[0], distributed.FSDPModule) and isinstance(model, distributed.FSDPModule)
     opt = recording(torch.optim.AdamW)(model.parameters(), lr=1e-3)
-    share = slice(rank * 6, (rank + 1) * 6)
-    _, status = train.rl_step(model, model, opt, episodes[share], rewards[share], groups[share], cfg,
-                              tok.pad_token_id)      # (the world size from the process group)
-    assert status == "updated"
+    stats = train.rl_step(model, model, opt, batch, cfg, FP32)      # (the world size from the process group)
+    assert stats["status"] == "updated"
     grads = step_grads(model, opt)
     with distributed.gathered(model):           # the ranks sample different numbers of steps: no collectives
         eps = sample_episodes(model, tok, PROMPTS if rank == 0 else PROMPTS[:1],
@@ -236,7 +258,7 @@ def test_fsdp_two_ranks_make_the_one_rank_update_and_save_a_normal_folder(tmp_pa
     # forked: the ranks start with the modules already imported (spawn would import torch anew)
     run_ranks(_fsdp_worker, (2, str(tmp_path / "init"), str(tmp_path)), tmp_path, timeout=180)
     fsdp_grads, fsdp_ids, fsdp_opt = torch.load(tmp_path / "rank0.pt", weights_only=False)
-    _, one_grads = one_update(0, 1)
+    one_grads = one_rank_grads()
     assert_same_gradients(one_grads, fsdp_grads)        # the first step's gradient (helpers.GRAD_TOLERANCE)
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt")
     assert saved.config.architectures == ["LlamaForCausalLM"]

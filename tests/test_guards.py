@@ -7,6 +7,7 @@ from formats import setting as formats_setting
 import envace
 from machinery import distributed
 from machinery import config
+import contextlib
 import json
 import math
 import os
@@ -23,11 +24,12 @@ import train
 import world
 from machinery.checkpoint import build_tokenizer
 from envace import ACT, PROMPT, REHEARSE, TAG, encode_episode, token_logprobs
-from helpers import ScriptedModel, assert_same_gradients, tiny_cfg, tiny_llama, toy_tokenizer
+from helpers import ScriptedModel, assert_same_gradients, recording, step_grads, tiny_cfg, tiny_llama, toy_tokenizer
 from reward import cause_counts, task_reward
 from rollout import sample_episodes
 
 TOK = toy_tokenizer()
+FP32 = contextlib.nullcontext()          # rl_step's autocast context on the CPU in fp32
 # not pear cost 3 milk: milk costs 2, pear 4; the solution's path is price -> 2, mul -> 6
 TASK = {"prompt": "not pear cost 3 milk", "answer": "6", "family": "cost",
         "calls": ["price milk", "mul 3 , 2"]}
@@ -85,15 +87,16 @@ def test_collusion_with_the_wallet_errors_and_truncation():
 
 def test_collusion_rates_add_up_over_ranks_as_counts():
     """Two ranks' sums (1 of 3 wrong, 1 of 1 wrong) make 2 / 4 = 0.5, not the mean of rates."""
-    def sums(episodes):
+    def sums(episodes):            # a rank's step sums with its replay diagnostics, as log_step adds them
         rewards = [task_reward(e, TASK) for e in episodes]
-        return {**metrics.episode_sums([dict(e, ids=[0] * 5) for e in episodes], rewards),
+        batch = {"all_equal_groups": 0, "roles": torch.full((len(episodes), 5), PROMPT),
+                 "advantages": torch.zeros(len(episodes), 4)}
+        return {**metrics.step_sums([dict(e, ids=[0] * 5) for e in episodes], rewards, batch),
                 "fidelity": honesty.replay_fidelity(episodes),
-                "collusion": honesty.collusion_counts(episodes, [TASK] * len(episodes)),
-                "all_equal_groups": 0, **{f"{k}_{r}": 0 for k in ("tokens", "adv_sum")
-                                          for r in ("act", "rehearse", "obs")}}
+                "collusion": honesty.collusion_counts(episodes, [TASK] * len(episodes))}
     total = distributed.add_up([sums([COLLUDING, HONEST_WRONG]), sums([COLLUDING])])
-    record = metrics.metrics_record(1, total, "updated", {}, {"time_step": 1.0})
+    record = metrics.metrics_record(1, {**total, "status": "updated"}, {"skipped": 0, "nonfinite": 0}, 1.0)
+    assert (record["reward"], record["mean_calls"]) == (2 / 3, 2.0)     # the colluding episodes answer 6
     assert record["collusion"] == {"calls": 6, "wrong": 4, "colluding": 2, "rate": 0.5}
     assert record["fidelity"] == {"lookup": pytest.approx(1 / 3), "compute": 1.0}
     assert record["fidelity_counts"] == {"lookup": [1, 3], "compute": [3, 3]}
@@ -220,52 +223,72 @@ def rehearsed_batch(cfg, rewards):
     tasks = [world.random_task(rng, "new") for _ in range(4)]
     eps = [encode_episode(TOK, t["prompt"], t["calls"][:k], world.replay(t["calls"][:k]), t["answer"],
                           env_role=REHEARSE) for t in tasks for k in range(1, 4)]
-    return train.make_batch(eps, rewards, [i // 3 for i in range(12)], cfg, TOK.pad_token_id)
+    return train.make_batch(eps, rewards, {**cfg, "group_size": 3}, TOK.pad_token_id)
 
 
 def test_rows_with_rehearse_kl_are_kept_and_match_the_one_batch_gradient():
     """Groups 1 and 3 have equal rewards (advantage 0). With kl_rehearse_coef alone their rows
-    still carry a loss and are kept; the update equals one forward over the whole batch with the
-    per-role coefficients. When rehearse tokens are not trained (rehearse_coef 0), there is no
-    KL on them either, and the zero-advantage rows are skipped again."""
-    model = tiny_llama(TOK)
+    still carry a loss and are kept; the update (rl_step's gradient, taken by a recording SGD of lr
+    0, the KL reference another model) equals one forward over the whole batch with the per-role
+    coefficients. When rehearse tokens are not trained (rehearse_coef 0), there is no KL on them
+    either, and the zero-advantage rows are skipped again."""
+    model, reference = tiny_llama(TOK), tiny_llama(TOK, seed=1)
     rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     for extra, kept in (({}, 12), ({"rehearse_coef": 0.0}, 6)):
         cfg = {**config.DEFAULTS, "kl_coef": 0.0, "kl_rehearse_coef": 0.5, **extra}
         batch = rehearsed_batch(cfg, rewards)
         with torch.no_grad():
             old = token_logprobs(model, batch["ids"]) + 0.1
-        ref = old - 0.3
+            ref = token_logprobs(reference, batch["ids"])
         model.zero_grad(set_to_none=True)
         new = token_logprobs(model, batch["ids"])
         loss, _ = envace.clipped_pg_loss(new, old, batch["advantages"], batch["mask"], batch["n_tokens"],
                                         ref, kl_coef=batch["kl_coefs"])
         loss.backward()
         g_all = {n: p.grad.clone() for n, p in model.named_parameters()}
-        model.zero_grad(set_to_none=True)
-        stats = train.accumulate_gradients(model, batch, old, ref, {**cfg, "micro_batch_tokens": 60})
-        assert stats["rows_updated"] == kept
+        opt = recording(torch.optim.SGD)(model.parameters(), lr=0.0)
+        stats = train.rl_step(model, model, opt, {**batch, "sampled_logprobs": old},
+                              {**cfg, "micro_batch_tokens": 60}, FP32, reference=reference)
+        assert stats["status"] == "updated" and stats["rows_updated"] == kept
         # ~300 float32 per-token terms with |values| adding up to < 3, summed in another order:
         # at most 300 x 6e-8 x 3 = 5e-5 apart (a row left out moves the loss by its whole terms)
         assert stats["loss"] == pytest.approx(loss.item(), rel=1e-5, abs=5e-5)
-        assert_same_gradients(g_all, {n: p.grad for n, p in model.named_parameters()})
+        assert_same_gradients(g_all, step_grads(model, opt))
         assert stats["kl_count_rehearse"] == (0 if extra else int((batch["roles"][:, 1:] == REHEARSE).sum()))
-    # without any KL coefficient the reference is not needed at all
-    assert not train.uses_kl(config.DEFAULTS) and train.uses_kl({**config.DEFAULTS, "kl_rehearse_coef": 0.1})
 
 
-def test_rehearse_kl_changes_the_loss_only_through_rehearse_tokens():
+@pytest.mark.parametrize("kl, passed", [({}, False), ({"kl_rehearse_coef": 0.1}, True), ({"kl_coef": 0.1}, True)])
+def test_the_kl_reference_is_built_and_passed_only_with_a_kl_coefficient(tmp_path, monkeypatch, kl, passed):
+    """A run keeps a frozen copy of the warm start for the KL only when a KL coefficient is > 0
+    (rehearse mode: no frozen simulator either): without one, rl_step gets no reference and no copy
+    of the model is made (checkpoint.reference_model returns None)."""
+    from machinery import checkpoint
+    references, made, real_step, real_reference = [], [], train.rl_step, checkpoint.reference_model
+    def rl_step(model, ddp_model, opt, batch, cfg, amp, logprobs, reference=None):
+        references.append(reference)
+        return real_step(model, ddp_model, opt, batch, cfg, amp, logprobs, reference)
+    monkeypatch.setattr(train, "rl_step", rl_step)
+    monkeypatch.setattr(checkpoint, "reference_model", lambda *a: made.append(real_reference(*a)) or made[-1])
+    assert train.run(tiny_cfg(tmp_path, sft_steps=1, rl_steps=2, n_test=2, **kl)) == 0
+    assert len(references) == 2 and all((r is not None) == passed for r in references)
+    assert (made[0] is not None) == passed and all(r is made[0] for r in references)
+
+
+def test_rehearse_kl_changes_the_loss_only_through_rehearse_tokens(monkeypatch):
+    """rl_step at ratio 1 (the old logprobs are the model's own) with the reference's logprobs set by
+    hand (train.reference_logprobs for the reference): log 2 above the old ones on every target."""
     model = tiny_llama(TOK)
     rewards = [1.0, 0.0, 0.0] * 4
-    losses = {}
+    losses, reference, real_reference = {}, torch.nn.Identity(), train.reference_logprobs
     for kl_coef, kl_rehearse in ((0.0, 0.0), (0.0, 1.0), (1.0, 0.0)):
         cfg = {**config.DEFAULTS, "kl_coef": kl_coef, "kl_rehearse_coef": kl_rehearse}
         batch = rehearsed_batch(cfg, rewards)
         with torch.no_grad():
             old = token_logprobs(model, batch["ids"])
-        ref = old + math.log(2)
-        model.zero_grad(set_to_none=True)
-        stats = train.accumulate_gradients(model, batch, old, ref, cfg)
+        monkeypatch.setattr(train, "reference_logprobs", lambda m, *a: old + math.log(2) if m is reference
+                            else real_reference(m, *a))
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        stats = train.rl_step(model, model, opt, {**batch, "sampled_logprobs": old}, cfg, FP32, reference=reference)
         losses[kl_coef, kl_rehearse] = stats["loss"]
     target_roles = batch["roles"][:, 1:]
     n = batch["n_tokens"]

@@ -2,6 +2,7 @@
 of it (the mutation named in each docstring). Expectations are computed by hand, never read back
 from the code under test."""
 from machinery import config
+import contextlib
 import math
 import os
 import random
@@ -129,7 +130,7 @@ def hand_batch(cfg):
     # targets are roles[1:]: ACT = each call's words + </act> and 'answer N </act>', REHEARSE = 'N </env>'
     n_act, n_rehearse = (3 + 3) + (3 + 3 + 3), 2 + 2 + 2
     assert [sum(r == ACT for r in e["roles"][1:]) for e in eps] == [6, 9]
-    return train.make_batch(eps, [1.0, 0.0], [0, 0], cfg, TOK.pad_token_id), n_act, n_rehearse
+    return train.make_batch(eps, [1.0, 0.0], {**cfg, "group_size": 2}, TOK.pad_token_id), n_act, n_rehearse
 
 
 def record_of(totals):
@@ -137,7 +138,15 @@ def record_of(totals):
     s = {"n_episodes": 2, "reward_sum": 1.0, "calls_sum": 3, "causes": {}, "all_equal_groups": 0,
          "n_tok": 10, **{f"{k}_{r}": 0 for k in ("tokens", "adv_sum") for r in ("act", "rehearse", "obs")},
          **totals}
-    return metrics.metrics_record(1, s, "updated", {}, {"time_step": 1.0})
+    return metrics.metrics_record(1, {**s, "status": "updated"}, {"skipped": 0, "nonfinite": 0}, 1.0)
+
+
+def update_stats(model, batch, cfg, reference=None):
+    """train.rl_step's stats on `batch` (the sampler's logprobs as the old ones; an SGD of lr 0)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    stats = train.rl_step(model, model, opt, batch, cfg, contextlib.nullcontext(), reference=reference)
+    assert stats["status"] == "updated"
+    return stats
 
 
 @pytest.mark.parametrize("row, entropy", [
@@ -148,11 +157,11 @@ def record_of(totals):
 ])
 def test_logged_entropy_is_the_hand_computed_one(row, entropy):
     """Mutations: the entropy's sign flipped in token_logprobs ((p log p).sum), or its sum taken
-    over the wrong role / a wrong count in accumulate_gradients."""
+    over the wrong role / a wrong count in train.rl_step."""
     cfg = {**config.DEFAULTS, "micro_batch_tokens": 20}              # one row per micro-batch
     batch, n_act, n_rehearse = hand_batch(cfg)
     model = FixedLogits(row)
-    totals = train.accumulate_gradients(model, batch, batch["sampled_logprobs"], None, cfg)
+    totals = update_stats(model, batch, cfg)
     assert totals["entropy_count_act"] == n_act and totals["entropy_count_rehearse"] == n_rehearse
     assert totals["entropy_act"] == pytest.approx(entropy * n_act, rel=1e-5)
     assert totals["entropy_rehearse"] == pytest.approx(entropy * n_rehearse, rel=1e-5)
@@ -161,9 +170,9 @@ def test_logged_entropy_is_the_hand_computed_one(row, entropy):
     assert record["entropy_rehearse"] == pytest.approx(entropy, rel=1e-5)
 
 
-def test_per_role_kl_is_kl_new_to_ref():
+def test_per_role_kl_is_kl_new_to_ref(monkeypatch):
     """k3 of KL(new || ref) is exp(ref - new) - (ref - new) - 1, which is not symmetric.
-    Mutation: ref and new swapped in metrics.add_micro_batch (or at its call in accumulate_gradients)."""
+    Mutation: ref and new swapped in metrics.add_micro_batch (or at its call in train.rl_step)."""
     new = torch.tensor([[-1.0, -2.0, -3.0, -0.5]])
     ref = torch.tensor([[-2.0, -1.5, -1.0, -4.0]])
     roles = torch.tensor([[ACT, REHEARSE, PROMPT, ACT]])             # PROMPT: not trained, not counted
@@ -179,11 +188,14 @@ def test_per_role_kl_is_kl_new_to_ref():
     assert record["kl_ref_act"] == pytest.approx(act / 2)
     assert record["kl_ref_rehearse"] == pytest.approx(math.exp(0.5) - 1.5)
 
-    # through the update: a uniform model (new = -log V on every target), ref = new + 1
+    # through the update: a uniform model (new = -log V on every target), the reference's
+    # logprobs set by hand (train.reference_logprobs for the reference): ref = new + 1
     cfg = {**config.DEFAULTS, "kl_coef": 0.1, "kl_rehearse_coef": 0.1}
     batch, n_act, n_rehearse = hand_batch(cfg)
-    ref = torch.full(batch["sampled_logprobs"].shape, -math.log(V) + 1.0)
-    totals = train.accumulate_gradients(FixedLogits([0.0] * V), batch, batch["sampled_logprobs"], ref, cfg)
+    reference = torch.nn.Identity()
+    monkeypatch.setattr(train, "reference_logprobs", lambda m, b, *a: torch.full(b["sampled_logprobs"].shape,
+                                                                                 -math.log(V) + 1.0))
+    totals = update_stats(FixedLogits([0.0] * V), batch, cfg, reference)
     assert totals["kl_count_act"] == n_act and totals["kl_count_rehearse"] == n_rehearse
     record = record_of(totals)
     assert record["kl_ref_act"] == pytest.approx(math.e - 2, rel=1e-5)          # d = +1

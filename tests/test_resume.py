@@ -1,6 +1,7 @@
-"""Checkpoints: a stopped-and-resumed run writes the same metrics as one never stopped; bad
---resume requests get one clear line; a crash mid-save never breaks the latest checkpoint;
-Ctrl-C during RL saves and exits 0."""
+"""Checkpoints: a stopped-and-resumed run writes the same metrics, weights and RNG states as one
+never stopped (one process or two ranks); bad --resume requests get one clear line; a crash
+mid-save never breaks the latest checkpoint; Ctrl-C or SIGTERM at any moment of RL exits 130 and
+--resume continues exactly from the last checkpoint (tests/test_interrupts.py: at chosen points)."""
 from formats import format_plain
 from machinery import config
 from machinery import checkpoint
@@ -15,8 +16,10 @@ import yaml
 
 import train
 from machinery.checkpoint import find_checkpoint, save_checkpoint
-from helpers import (fork_process, read_log, run_ranks, tiny_cfg, tiny_llama, toy_tokenizer, wait_process, without_seconds,
-                     wrap_train_logprobs)
+from helpers import (fork_process, read_log, run_ranks, stderr_tail, tiny_cfg, tiny_llama, toy_tokenizer, wait_process,
+                     without_seconds)
+from rank_faults import run_train
+from test_interrupts import lines, process_settings  # noqa: F401 (autouse: handlers, threads set back)
 
 TIMING = ("time_sample", "time_logprobs", "time_update", "time_step", "tok_per_s")
 
@@ -28,8 +31,8 @@ def parity_reward(monkeypatch):
 
 
 def metrics(cfg):
-    lines = [json.loads(line) for line in open(os.path.join(cfg["out_dir"], "metrics.jsonl"))]
-    return [{k: v for k, v in line.items() if k not in TIMING} for line in lines]
+    rows = [json.loads(line) for line in open(os.path.join(cfg["out_dir"], "metrics.jsonl"))]
+    return [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
 
 
 def test_stopped_and_resumed_run_matches_the_uninterrupted_one(tmp_path, monkeypatch):
@@ -83,32 +86,56 @@ def test_a_crash_between_the_renames_leaves_a_whole_checkpoint(tmp_path):
     assert torch.load(os.path.join(path, "trainer_state.pt"))["step"] == 2
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_during_rl_saves_and_exits_zero_then_resumes(tmp_path, signum, capsys):
-    """The signal goes to a train.py process (forked, train.main as `python train.py` calls it:
-    its own exit status and handlers; helpers.fork_process); the resume from what it saved runs in
-    this process."""
-    cfg = tiny_cfg(tmp_path, rl_steps=100000, save_every=0, n_test=4)    # (n_test: fewer evaluations to wait for)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_at_any_moment_of_rl_exits_130_and_resume_continues_the_last_checkpoint(tmp_path, monkeypatch,
+                                                                                        capsys, signum):
+    """A train.py process (forked, train.main as `python train.py` calls it: its own exit status
+    and handlers; helpers.fork_process) gets the signal from this process at a moment no one
+    chose: once RL has written 3 metrics lines, wherever the run is then (sampling, an update, a
+    save). It exits 130 within seconds with one line naming the checkpoint on the disk: the last
+    of save_every 2, whole (ckpt, or ckpt.old if the signal struck between a save's renames); the
+    steps logged after it are at most 2. --resume, the line's command with rl_steps set to that
+    step + 2, redoes the steps after it and writes exactly the metrics, weights and RNG states of a
+    run of that many steps never stopped (this process, one thread, as the forked run)."""
+    small = {"threads": 1, "sft_steps": 2, "n_test": 2, "save_every": 2, "kl_coef": 0.05}
+    cfg = tiny_cfg(tmp_path / "part", rl_steps=100000, **small)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    pid = fork_process(train.main, (["--config", str(path)],), tmp_path, "train")
-    metrics_file = os.path.join(cfg["out_dir"], "metrics.jsonl")
-    deadline = time.time() + 180
-    while time.time() < deadline and not os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
-        if os.path.exists(metrics_file) and len(open(metrics_file).readlines()) >= 2:
+    pid = fork_process(run_train, (["--config", str(path)],), tmp_path, "train")
+    out = cfg["out_dir"]
+    metrics_file = os.path.join(out, "metrics.jsonl")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+        if os.path.exists(metrics_file) and len(open(metrics_file).readlines()) >= 3:
             break
-        time.sleep(0.2)
+        time.sleep(0.02)
     os.kill(pid, signum)
-    rc = wait_process(pid, 120)
-    out, err = read_log(tmp_path, "train")
-    assert rc == 0, err[-2000:]
-    assert "interrupted" in out and "--resume" in out and "Traceback" not in err
-    step = torch.load(os.path.join(cfg["out_dir"], "ckpt", "trainer_state.pt"), weights_only=False)["step"]
-    assert step == len(open(metrics_file).readlines()) >= 2
+    sent = time.monotonic()
+    rc = wait_process(pid, 60)
+    seconds, err = time.monotonic() - sent, read_log(tmp_path, "train")[1]
+    assert rc == 130 and seconds < 10, (rc, seconds, stderr_tail(err))
+    kept = find_checkpoint(os.path.join(out, "ckpt"), state=True)
+    step = torch.load(os.path.join(kept, "trainer_state.pt"), weights_only=False)["step"]
+    assert kept in (os.path.join(out, "ckpt"), os.path.join(out, "ckpt.old")) and step % 2 == 0, (kept, step)
+    again = f"python train.py --config {out}/config.yaml --resume"
+    assert lines(err) == [f"interrupted: the checkpoint of RL step {step} in {kept} is saved; continue with: {again}"]
+    assert step <= len(open(metrics_file).readlines()) <= step + 2
+
+    parity_reward(monkeypatch)
+    whole = tiny_cfg(tmp_path / "whole", rl_steps=step + 2, **small)
+    assert train.run(whole) == 0
     capsys.readouterr()
-    assert train.main(["--config", str(path), "--resume", f"--rl_steps={step + 1}"]) == 0
-    assert f"resumed from {cfg['out_dir']}/ckpt at step {step}" in capsys.readouterr().out
-    assert [json.loads(line)["step"] for line in open(metrics_file)] == list(range(1, step + 2))
+    assert train.main(again.split()[2:] + [f"--rl_steps={step + 2}"]) == 0
+    assert f"resumed from {out}/ckpt at step {step}" in capsys.readouterr().out
+    assert [m["step"] for m in metrics(cfg)] == list(range(1, step + 3))
+    assert sum(m["status"] == "updated" for m in metrics(whole)) >= 3
+    assert metrics(cfg) == metrics(whole)
+    (a, a_weights), (b, b_weights) = (saved_rngs_and_weights(c) for c in (whole, cfg))
+    assert a["step"] == b["step"] == step + 2 and a["task_rng"] == b["task_rng"]
+    assert without_seconds(a["progress"]) == without_seconds(b["progress"])
+    assert all(torch.equal(a_weights[k], b_weights[k]) for k in a_weights)
+    assert all(torch.equal(a["rngs"][0][k], b["rngs"][0][k]) for k in ("torch", "generator"))
+    assert not [name for name in os.listdir(out) if name.endswith((".tmp", ".old"))]     # no save left half-done
 
 
 def test_resume_restores_every_rng_of_its_own_rank(tmp_path):
@@ -123,7 +150,7 @@ def test_resume_restores_every_rng_of_its_own_rank(tmp_path):
     opt = torch.optim.AdamW(model.parameters())
     random.seed(11), np.random.seed(12), torch.manual_seed(13)
     generator, task_rng = torch.Generator().manual_seed(14), random.Random(15)
-    checkpoint.save_state(cfg["out_dir"], model, tok, opt, 7, yaml.safe_dump(cfg), {"skipped_steps": 2},
+    checkpoint.save_state(cfg["out_dir"], model, tok, opt, 7, yaml.safe_dump(cfg), {"skipped": 2},
                           generator, task_rng)
 
     def draws(generator, task_rng):
@@ -138,7 +165,7 @@ def test_resume_restores_every_rng_of_its_own_rank(tmp_path):
     random.seed(1), np.random.seed(1), torch.manual_seed(1)
     _, generator, task_rng, progress, first_step = checkpoint.rl_state(
         model, tok, cfg, state, None, 1, lambda *a: None)
-    assert (first_step, progress["skipped_steps"]) == (8, 2)
+    assert (first_step, progress["skipped"]) == (8, 2)
     assert draws(generator, task_rng) == expected
 
 
@@ -221,127 +248,9 @@ def test_two_rank_run_stopped_and_resumed_matches_the_uninterrupted_one(tmp_path
     assert not torch.equal(states[0]["rngs"][0]["generator"], states[0]["rngs"][1]["generator"])
 
 
-def count_rl_passes(monkeypatch, signal_at=None, signum=signal.SIGTERM):
-    """Per RL step, what ran: {"tokens": the sampler's sampled positions, "epochs": per PPO epoch
-    [forwards, micro-batches]} (hooks on format_plain.rl_sample, rollout.sample_token,
-    train.accumulate_gradients, train.until_signalled and train.token_logprobs). `signal_at` (step, what,
-    n): this process gets `signum` at that step's n-th sampled position (what "token") or the
-    first forward of its n-th epoch (what "epoch"), before it runs."""
-    import rollout
-    steps, inside = [], set()
-
-    def wrap(module, name, before, during=None):
-        original = getattr(module, name)
-
-        def wrapped(*a, **k):
-            before(*a, **k)
-            if during:
-                inside.add(during)
-            try:
-                return original(*a, **k)
-            finally:
-                inside.discard(during)
-        monkeypatch.setattr(module, name, wrapped)
-
-    def maybe_signal(what, n):
-        if signal_at == (len(steps), what, n):
-            os.kill(os.getpid(), signum)
-
-    def token(*a, **k):
-        if "sampling" in inside:            # (not the evaluations' sampling)
-            steps[-1]["tokens"] += 1
-            maybe_signal("token", steps[-1]["tokens"])
-
-    def forward(*a, **k):
-        if k.get("with_entropy"):           # accumulate_gradients' forwards (not the warm start's)
-            steps[-1]["epochs"][-1][0] += 1
-            if steps[-1]["epochs"][-1][0] == 1:
-                maybe_signal("epoch", len(steps[-1]["epochs"]))
-
-    def micro_batches(batches, lengths, model):
-        if "update" in inside:
-            steps[-1]["epochs"][-1][1] = len(batches)
-    wrap(format_plain, "rl_sample", lambda *a, **k: steps.append({"tokens": 0, "epochs": []}), "sampling")
-    wrap(rollout, "sample_token", token)
-    wrap(train, "accumulate_gradients", lambda *a, **k: steps[-1]["epochs"].append([0, 0]), "update")
-    wrap(train, "until_signalled", micro_batches)
-    def counting(original):             # train.token_logprobs as the run's setup chooses it
-        def counted(*a, **k):
-            forward(*a, **k)
-            return original(*a, **k)
-        return counted
-    wrap_train_logprobs(counting, monkeypatch.setattr)
-    return steps
-
-
 def saved_rngs_and_weights(cfg):
     state = torch.load(os.path.join(cfg["out_dir"], "ckpt", "trainer_state.pt"), weights_only=False)
     return state, checkpoint.load_policy(os.path.join(cfg["out_dir"], "ckpt"))[0].state_dict()
-
-
-@pytest.mark.parametrize("where", ["sampling", "update", "second epoch", "evaluation"])
-def test_a_signal_inside_an_rl_step_stops_it_at_once_and_resume_is_exact(tmp_path, monkeypatch, capsys, where):
-    """A real model's RL step is minutes of sampled positions and micro-batches. A signal during
-    step 2 (its first sampled position; the first micro-batch of its update; of its second PPO
-    epoch, the first applied) stops it there: its other positions / micro-batches never run
-    (counted), the step is dropped (weights, optimizer and RNGs as step 1 left them) and step 1
-    is saved, exit 0, one line. A signal during the evaluation after step 2 (eval_every) stops
-    it at once: step 2 is saved, its evaluation and metrics line left to --resume. Either way
-    --resume then writes exactly the metrics, weights and RNG states of the run never stopped
-    (before, the signal waited for the step's end: minutes)."""
-    parity_reward(monkeypatch)
-    kw = dict(rl_steps=3, kl_coef=0.05, ppo_epochs=2 if where == "second epoch" else 1, micro_batch_tokens=60,
-              save_every=0, eval_every=1, n_test=4)
-    whole = tiny_cfg(tmp_path / "whole", **kw)
-    with monkeypatch.context() as m:
-        ran = count_rl_passes(m)
-        assert train.run(whole) == 0
-    assert [m["status"] for m in metrics(whole)] == ["updated"] * 3
-    tokens, epochs = ran[1]["tokens"], ran[1]["epochs"]      # step 2, never stopped
-    micro = epochs[0][1]
-    assert tokens >= 5 and micro >= 3 and epochs == [[micro, micro]] * kw["ppo_epochs"]
-
-    cfg = tiny_cfg(tmp_path / "part", **kw)
-    path = tmp_path / "part.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    out = cfg["out_dir"]
-    with monkeypatch.context() as m:
-        if where == "evaluation":
-            from reporting import metrics as metrics_module
-            from test_interrupts import signal_on_call
-            ran = count_rl_passes(m)
-            signal_on_call(m, metrics_module, "evaluate", call=3, signum=signal.SIGTERM)  # warm start's, steps 1, 2
-        else:
-            ran = count_rl_passes(m, {"sampling": (2, "token", 1), "update": (2, "epoch", 1),
-                                      "second epoch": (2, "epoch", 2)}[where])
-        capsys.readouterr()
-        assert train.main(["--config", str(path)]) == 0
-    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("interrupted")]
-    saved = 2 if where == "evaluation" else 1
-    assert said == [f"interrupted during the evaluation after step 2 (--resume redoes it): checkpoint of step 2 "
-                    f"saved in {out}/ckpt. Resume with:" if where == "evaluation" else
-                    f"interrupted during RL step 2 (dropped: --resume redoes it): checkpoint of step 1 saved in "
-                    f"{out}/ckpt. Resume with:"], said
-    assert len(ran) == 2
-    assert ran[1] == {"sampling": {"tokens": 1, "epochs": []},
-                      "update": {"tokens": tokens, "epochs": [[1, micro]]},
-                      "second epoch": {"tokens": tokens, "epochs": [[micro, micro], [1, micro]]},
-                      "evaluation": {"tokens": tokens, "epochs": [[micro, micro]]}}[where]
-    assert sorted(os.listdir(out)) == ["ckpt", "config.yaml", "metrics.jsonl", "warmstart"]   # no .tmp, no .old
-    state = torch.load(os.path.join(out, "ckpt", "trainer_state.pt"), weights_only=False)
-    assert state["step"] == saved and metrics(cfg) == metrics(whole)[:1]
-
-    assert train.main(["--config", str(path), "--resume"]) == 0
-    assert metrics(cfg) == metrics(whole)
-    (a, a_weights), (b, b_weights) = (saved_rngs_and_weights(c) for c in (whole, cfg))
-    assert a["step"] == b["step"] == 3 and a["progress"].keys() == b["progress"].keys()
-    for key in a["progress"]:       # the evaluation before RL, as every eval.json, holds its wall times
-        assert without_seconds(a["progress"][key]) == without_seconds(b["progress"][key])
-    assert all(torch.equal(a_weights[k], b_weights[k]) for k in a_weights)
-    assert all(torch.equal(a["rngs"][0][k], b["rngs"][0][k]) for k in ("torch", "generator"))
-    assert a["rngs"][0]["python"] == b["rngs"][0]["python"] and a["task_rng"] == b["task_rng"]
-    results = [json.load(open(os.path.join(d, "eval.json"))) for d in (whole["out_dir"], out)]
-    assert without_seconds(results[0]) == without_seconds(results[1])
 
 
 def test_a_loaded_policy_holds_its_weights_as_a_model_built_in_memory_does(tmp_path):

@@ -16,6 +16,7 @@ from benchmarks import bfcl
 from chat import format as chat
 from chat import tasks as chat_tasks
 from formats import features
+from machinery import checkpoint
 from machinery.config import DEFAULTS, ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -132,7 +133,7 @@ def test_the_example_files_the_toy_tools_and_a_converted_bfcl_schema_pass():
 def test_train_stops_with_one_line_before_any_model_is_built(tmp_path, capsys, monkeypatch, params, message):
     def no_model(*args, **kwargs):
         raise AssertionError("a model was built")
-    monkeypatch.setattr(train, "build_policy", no_model)
+    monkeypatch.setattr(checkpoint, "build_policy", no_model)      # (train.setup builds through it)
     path = write(tmp_path, [task(SCHEMA), task(params)])
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"format: chat\nmodel: {tmp_path / 'qwen'}\ntasks_file: {path}\ntasks_per_step: 2\n"

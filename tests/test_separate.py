@@ -178,9 +178,10 @@ def test_actor_rows_keep_their_cache_across_rounds():
     assert [e["cause"] for e in eps] == ["turn_limit"] * 4 and [len(e["rehearsals"]) for e in eps] == [2] * 4
     assert all(e["responses"] == ["3", "3"] for e in eps) and not any("saved_kv" in e for e in eps)
     prefills = [shape for seen, shape in calls if seen == 0]
-    # three prompts (one shared by two rows) once, then per call the 4 rehearse rows (the two
-    # "buy apple" rows ask the same), never the actor rows again (7 prefills when every round re-prefilled them)
-    assert [p[0] for p in prefills] == [3, 3, 3]
+    # the 4 actor rows once (prompts shorter than kvcache.PLAIN_BELOW: the plain decoder, a row
+    # each), then per call the 4 rehearse rows (the two "buy apple" rows ask the same: Decoder
+    # prefills it once), never the actor rows again (7 prefills when every round re-prefilled them)
+    assert [p[0] for p in prefills] == [4, 3, 3]
     # each resumption feeds the actors, in one forward, only the ids not in their cache: the
     # copied <env> 3 </env> and the forced <act> (the call's </act> went in before they waited)
     assert sum(1 for seen, shape in calls if seen and tuple(shape) == (4, 4)) == 2
@@ -208,7 +209,8 @@ def test_rows_that_call_at_different_steps_match_a_full_forward():
     assert [e["calls"] for e in eps] == [["mul 2 , 4", "price apple"], ["price apple"] * 2, ["price apple"] * 2,
                                          ["pay 3", "price apple"]]
     assert all(e["responses"] == ["3", "3"] and e["cause"] == "turn_limit" for e in eps)
-    assert feeds[:2] == [["<bos> buy apple", "<bos> not pear buy 2 milk and egg", "<bos> cost 3 fish"],
+    assert feeds[:2] == [["<bos> buy apple", "<bos> buy apple", "<bos> not pear buy 2 milk and egg",
+                          "<bos> cost 3 fish"],      # the plain decoder: a row each (kvcache.PLAIN_BELOW)
                          ["<act>", "<act>"]]         # rows 0 and 3 paused at their planned calls at once
     # the first round's rehearse rows, then the actor rows resumed from their caches in one forward
     assert feeds[4][0].startswith("<bos> rehearse mul number , number dialogue buy apple <act> mul 2 , 4 </act>")
@@ -260,7 +262,8 @@ def test_batch_of_separate_rows_advantage_per_row_and_global_token_count():
     other, = sample({**SCRIPTS, "buy apple": "<act> answer 9 </act>"}, ["buy apple"])   # no calls
     rows, rewards, groups = training_rows([e, other], [1.0, 0.0], [0, 0], "task_role")
     assert len(rows) == 4 and groups == [0, 1, 1, 0]
-    batch = train.make_batch(rows, rewards, groups, config.DEFAULTS, TOK.pad_token_id)
+    # make_batch splits the two episodes (one group of 2) into these rows itself (reward.training_rows)
+    batch = train.make_batch([e, other], [1.0, 0.0], {**config.DEFAULTS, "group_size": 2}, TOK.pad_token_id)
     # 9 ACT targets + 2 + 2 REHEARSE targets in e's rows, 3 ACT targets in the other episode
     assert batch["n_tokens"] == 9 + 2 + 2 + 3
     adv, mask = batch["advantages"], batch["mask"]

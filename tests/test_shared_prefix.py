@@ -5,6 +5,7 @@ compared with the plain forward (envace.token_logprobs) on a tiny random Llama (
 POSITION_INIT so that a position out of place moves the logprobs far past the tolerance):
 logprobs, entropy and gradients; then the warm start and rl_step with share_prefix on and off;
 and the model wrappings under which a prefix may be shared (machinery.distributed.can_share_prefix)."""
+import contextlib
 import copy
 
 import pytest
@@ -252,7 +253,7 @@ def warm_start_grads(model, cfg, sequences, monkeypatch):
         return clip(params, max_norm)
     with pytest.MonkeyPatch.context() as patch:       # undoes this patch alone, not the test's
         patch.setattr(torch.nn.utils, "clip_grad_norm_", record)
-        train.warm_start(model, model, sequences, cfg, TOK.pad_token_id)
+        train.warm_start(model, model, sequences, cfg, TOK.pad_token_id, logprobs=train.chosen_logprobs(cfg))
     return seen[0]
 
 
@@ -273,13 +274,13 @@ def test_warm_start_and_rl_step_give_the_same_gradients_with_and_without_sharing
     for share in (False, True):
         cfg = {**base, "share_prefix": share}
         start = copy.deepcopy(model.state_dict())
-        monkeypatch.setattr(train, "token_logprobs", train.chosen_logprobs(cfg))    # lean_logprobs, as setup binds it
-        warm = warm_start_grads(model, cfg, logged, monkeypatch)
+        warm = warm_start_grads(model, cfg, logged, monkeypatch)     # lean_logprobs, as setup chooses it
         model.load_state_dict(start)
         opt = recording(torch.optim.SGD)(model.parameters(), lr=0.0)
-        _, status = train.rl_step(model, model, opt, episodes, [1.0, 0.0, 0.0, 1.0], [0, 0, 0, 0], cfg,
-                                  TOK.pad_token_id, reference=reference)
-        assert status == "updated"
+        batch = train.make_batch(episodes, [1.0, 0.0, 0.0, 1.0], {**cfg, "group_size": 4}, TOK.pad_token_id)
+        stats = train.rl_step(model, model, opt, batch, cfg, contextlib.nullcontext(), train.chosen_logprobs(cfg),
+                              reference=reference)
+        assert stats["status"] == "updated"
         grads[share] = warm, step_grads(model, opt)
         assert any(b == 1 for b, _ in shapes) == share
     assert_same_gradients(grads[False][0], grads[True][0])
@@ -336,13 +337,13 @@ def test_identical_rows_share_all_but_their_last_id_and_equal_the_plain_forward(
     for share in (False, True):
         cfg = {**base, "share_prefix": share}
         start = copy.deepcopy(model.state_dict())
-        monkeypatch.setattr(train, "token_logprobs", train.chosen_logprobs(cfg))    # lean_logprobs, as setup binds it
-        warm = warm_start_grads(model, cfg, [episode] * 3, monkeypatch)
+        warm = warm_start_grads(model, cfg, [episode] * 3, monkeypatch)     # lean_logprobs, as setup chooses it
         model.load_state_dict(start)
         opt = recording(torch.optim.SGD)(model.parameters(), lr=0.0)
-        _, status = train.rl_step(model, model, opt, [episode] * 4, [1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1], cfg,
-                                  TOK.pad_token_id, reference=reference)
-        assert status == "updated"
+        batch = train.make_batch([episode] * 4, [1.0, 0.0, 1.0, 0.0], {**cfg, "group_size": 2}, TOK.pad_token_id)
+        stats = train.rl_step(model, model, opt, batch, cfg, contextlib.nullcontext(), train.chosen_logprobs(cfg),
+                              reference=reference)
+        assert stats["status"] == "updated"
         steps[share] = warm, step_grads(model, opt)
         assert ((1, L - 1) in shapes) == share
     assert_same_gradients(steps[False][0], steps[True][0])

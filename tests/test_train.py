@@ -2,7 +2,9 @@
 and a few-step end-to-end run of train.py that changes the weights and writes finite metrics."""
 from formats import format_plain
 import envace
-from machinery import distributed, faults
+import contextlib
+
+from machinery import distributed
 from machinery import config
 from machinery import checkpoint
 import json
@@ -17,10 +19,12 @@ import train
 from envace import ACT, REHEARSE, encode_episode
 from machinery import sharedprefix
 from machinery.sharedprefix import token_logprobs
-from helpers import (LOGPROB_TOLERANCE, POSITION_INIT, assert_ratio_one, assert_same_gradients, tiny_cfg, tiny_llama, toy_tokenizer, import_graph)
+from helpers import (LOGPROB_TOLERANCE, POSITION_INIT, assert_ratio_one, assert_same_gradients, recording, step_grads,
+                     tiny_cfg, tiny_llama, toy_tokenizer, import_graph)
 from rollout import sample_episodes
 
 TOK = toy_tokenizer()
+FP32 = contextlib.nullcontext()          # rl_step's autocast context on the CPU in fp32
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS = ["price apple", "not pear buy 2 milk and egg", "cost 3 fish", "buy tea"]
 
@@ -35,14 +39,16 @@ def rehearsed_batch(cfg, group_size=3, rewards=None):
                           t["answer"], env_role=REHEARSE)
            for t in tasks for k in range(1, group_size + 1)]
     rewards = rewards or [float(i % 3 == 0) for i in range(len(eps))]
-    groups = [i // group_size for i in range(len(eps))]
-    return train.make_batch(eps, rewards, groups, cfg, TOK.pad_token_id)
+    return train.make_batch(eps, rewards, {**cfg, "group_size": group_size}, TOK.pad_token_id)
 
 
-def grads_with_micro_batch(model, batch, old, ref, cfg, mb):
-    model.zero_grad(set_to_none=True)
-    stats = train.accumulate_gradients(model, batch, old, ref, {**cfg, "micro_batch_tokens": mb})
-    return {n: p.grad.clone() for n, p in model.named_parameters()}, stats
+def grads_with_micro_batch(model, batch, old, reference, cfg, mb):
+    """The gradient train.rl_step applies (a recording SGD of lr 0: the weights stay) with `old` as
+    the sampler's logprobs and `reference` the KL reference model, in micro-batches of `mb` tokens."""
+    opt = recording(torch.optim.SGD)(model.parameters(), lr=0.0)
+    stats = train.rl_step(model, model, opt, {**batch, "sampled_logprobs": old}, {**cfg, "micro_batch_tokens": mb},
+                          FP32, reference=reference)
+    return step_grads(model, opt), stats
 
 
 def one_batch_grads(model, batch, old, ref, cfg):
@@ -56,18 +62,18 @@ def one_batch_grads(model, batch, old, ref, cfg):
 
 
 def test_length_grouped_micro_batches_give_the_one_batch_gradient():
-    model = tiny_llama(TOK)
+    model, reference = tiny_llama(TOK), tiny_llama(TOK, seed=1)
     cfg = {**config.DEFAULTS, "kl_coef": 0.1, "kl_rehearse_coef": 0.05}
     batch = rehearsed_batch(cfg)
     with torch.no_grad():
         cur = token_logprobs(model, batch["ids"])
+        ref = token_logprobs(reference, batch["ids"])          # another init: KL > 0
     gen = torch.Generator().manual_seed(0)
     old = cur + 0.3 * torch.randn(cur.shape, generator=gen)    # ratios away from 1: clips are hit
-    ref = cur + 0.3 * torch.randn(cur.shape, generator=gen)
     g_all, s_all = one_batch_grads(model, batch, old, ref, cfg)
     budget = 60                                                # 1-3 rows per micro-batch
     assert len(envace.micro_batches(batch["lengths"], budget)) >= 5
-    g_mb, s_mb = grads_with_micro_batch(model, batch, old, ref, cfg, mb=budget)
+    g_mb, s_mb = grads_with_micro_batch(model, batch, old, reference, cfg, mb=budget)
     assert s_all["clip_frac"] > 0 and s_all["kl_ref"] > 0
     assert_same_gradients(g_all, g_mb)                         # (helpers.GRAD_TOLERANCE: why 1e-4)
     # each stat sums n ~ 300 float32 per-token terms whose |values| add up to at most ~3 (|A| <= 1,
@@ -75,22 +81,22 @@ def test_length_grouped_micro_batches_give_the_one_batch_gradient():
     # n x 6e-8 x 3 = 5e-5; a micro-batch left out or counted twice moves them by whole terms (1/n)
     for k in ("loss", "clip_frac", "approx_kl", "kl_ref"):
         assert s_all[k] == pytest.approx(s_mb[k], rel=1e-5, abs=5e-5)
-    assert s_mb["pad_frac"] < envace.padded_fraction(batch["lengths"], [list(range(len(batch["lengths"])))])
 
 
-def test_rows_of_all_equal_groups_are_left_out_only_without_kl():
+def test_rows_with_no_signal_change_nothing():
     """Groups 1 and 3 have equal rewards: their rows carry advantage 0 everywhere. Without KL the
-    update skips them and still matches the one-batch gradient; with KL they are kept."""
-    model = tiny_llama(TOK)
+    update leaves them out of the forward (rl_step's speed line) and still matches the one-batch
+    gradient with every row in; with KL they are kept."""
+    model, reference = tiny_llama(TOK), tiny_llama(TOK, seed=1)
     rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     for kl_coef, kept in ((0.0, 6), (0.1, 12)):
         cfg = {**config.DEFAULTS, "kl_coef": kl_coef}
         batch = rehearsed_batch(cfg, rewards=rewards)
         with torch.no_grad():
             old = token_logprobs(model, batch["ids"]) + 0.1
-        ref = old - 0.2 if kl_coef else None
+            ref = token_logprobs(reference, batch["ids"]) if kl_coef else None
         g_all, s_all = one_batch_grads(model, batch, old, ref, cfg)
-        g_mb, s_mb = grads_with_micro_batch(model, batch, old, ref, cfg, mb=60)
+        g_mb, s_mb = grads_with_micro_batch(model, batch, old, reference if kl_coef else None, cfg, mb=60)
         assert s_mb["rows_updated"] == kept
         assert_same_gradients(g_all, g_mb)
         assert s_all["loss"] == pytest.approx(s_mb["loss"], rel=1e-5, abs=5e-5)     # as above
@@ -119,8 +125,8 @@ def test_sampler_logprobs_equal_the_recomputed_old_logprobs():
     prompts = ["price apple", "not pear buy 2 milk and egg", "cost 3 fish", "buy tea"] * 3
     eps = sample_episodes(model, TOK, prompts, "rehearse", settings={"max_tokens": 40},
                           generator=torch.Generator().manual_seed(3))
-    batch = train.make_batch(eps, [float(i % 2) for i in range(12)], [i // 3 for i in range(12)],
-                             config.DEFAULTS, TOK.pad_token_id)
+    batch = train.make_batch(eps, [float(i % 2) for i in range(12)], {**config.DEFAULTS, "group_size": 3},
+                             TOK.pad_token_id)
     d = config.DEFAULTS
     recomputed = sharedprefix.batch_logprobs(model, batch["ids"], batch["lengths"], None, d["temperature"],
                                              d["micro_batch_tokens"], share_prefix=d["share_prefix"])
@@ -128,56 +134,38 @@ def test_sampler_logprobs_equal_the_recomputed_old_logprobs():
     trained = batch["mask"]
     assert trained.sum() > 30
     assert (sampled[trained] - recomputed[trained]).abs().max() < LOGPROB_TOLERANCE
-    assert distributed.reuse_sampler_logprobs(config.DEFAULTS, "cpu")
 
 
 
-def test_sampler_logprobs_are_reused_only_outside_bf16_autocast():
-    """The decision, asked on a CPU for every device: under bf16 autocast (CUDA with bf16: true, on
-    any CUDA device index) a cached one-token decode and a full forward round differently, so the
-    old logprobs are recomputed; in fp32 (the CPU, or CUDA with bf16: false) the sampler's are
-    reused; reuse_sampler_logprobs: false always recomputes. (torch.autocast("cuda") is built
-    without a GPU too; it only warns that it is disabled.)"""
-    import warnings
-    on, off = {**config.DEFAULTS, "bf16": True}, {**config.DEFAULTS, "bf16": False}
-    never = {**config.DEFAULTS, "bf16": False, "reuse_sampler_logprobs": False}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        decisions = {(name, device): distributed.reuse_sampler_logprobs(cfg, device)
-                     for name, cfg in (("bf16", on), ("fp32", off), ("never", never))
-                     for device in ("cpu", "cuda", "cuda:1")}
-    assert decisions == {("bf16", "cpu"): True, ("bf16", "cuda"): False, ("bf16", "cuda:1"): False,
-                         ("fp32", "cpu"): True, ("fp32", "cuda"): True, ("fp32", "cuda:1"): True,
-                         ("never", "cpu"): False, ("never", "cuda"): False, ("never", "cuda:1"): False}
+def test_sampler_logprobs_are_reused_only_outside_bf16_autocast(tmp_path):
+    """Setup's decision: under bf16 autocast (CUDA with bf16: true, or the CPU with cpu_bf16) a
+    cached one-token decode and a full forward round differently, so the old logprobs are
+    recomputed (reuse_sampler_logprobs set false in the run's config); in fp32 the sampler's are
+    reused. Read back from the config.yaml setup writes."""
+    import yaml
+    for cpu_bf16, reused in ((False, True), (True, False)):
+        cfg = tiny_cfg(tmp_path / str(cpu_bf16), cpu_bf16=cpu_bf16, device="cpu")
+        train.setup(cfg, False, False, "cpu", 1, lambda *a: None)
+        saved = yaml.safe_load(open(os.path.join(cfg["out_dir"], "config.yaml")))
+        assert saved["reuse_sampler_logprobs"] is reused
 
 
-
-@pytest.mark.parametrize("device, reused", [("cpu", True), ("cuda", False)])
-def test_rl_step_takes_the_old_logprobs_the_decision_names(monkeypatch, device, reused):
-    """rl_step (run on the CPU) with the decision asked as for `device` under bf16: true. The
-    sampler's logprobs are made stale by +0.5 nat (as a bf16 decode would round them). Reused, the
-    first epoch's approx_kl = mean(old - new) over trained tokens is exactly that 0.5; recomputed
-    (the bf16 CUDA decision), old = new and approx_kl is 0 (the same forward twice: within 1e-5)."""
-    import warnings
+@pytest.mark.parametrize("reused", [True, False])
+def test_rl_step_takes_the_old_logprobs_the_config_names(reused):
+    """rl_step with the sampler's logprobs made stale by +0.5 nat (as a bf16 decode would round
+    them). Reused, the first epoch's approx_kl = mean(old - new) over trained tokens is exactly that
+    0.5; recomputed (reuse_sampler_logprobs false), old = new and approx_kl is 0 (the same forward
+    twice: within 1e-5)."""
     model = tiny_llama(TOK)
     eps = sample_episodes(model, TOK, PROMPTS * 2, "rehearse", settings={"max_tokens": 40},
                           generator=torch.Generator().manual_seed(3))
     for e in eps:
         e["logprobs"] = [lp + 0.5 if lp != 0.0 else 0.0 for lp in e["logprobs"]]
-    cfg = {**config.DEFAULTS, "bf16": True}
-    asked = []
-
-    def decision(cfg, _):
-        asked.append(device)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return distributed.reuse_sampler_logprobs(cfg, device)
-    monkeypatch.setattr(train, "reuse_sampler_logprobs", decision)
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    sums, status = train.rl_step(model, model, opt, eps, [float(i % 2) for i in range(8)],
-                                 [i // 2 for i in range(8)], cfg, TOK.pad_token_id)
-    assert status == "updated" and asked == [device]
-    assert sums["approx_kl"] == pytest.approx(0.5 if reused else 0.0, abs=1e-5)
+    cfg = {**config.DEFAULTS, "reuse_sampler_logprobs": reused, "group_size": 2}
+    batch = train.make_batch(eps, [float(i % 2) for i in range(8)], cfg, TOK.pad_token_id)
+    stats = train.rl_step(model, model, torch.optim.SGD(model.parameters(), lr=0.0), batch, cfg, FP32)
+    assert stats["status"] == "updated"
+    assert stats["approx_kl"] == pytest.approx(0.5 if reused else 0.0, abs=1e-5)
 
 
 def test_role_coefficients_shape_mask_and_advantages():
@@ -195,9 +183,10 @@ def test_all_equal_groups_skip_the_step():
     before = [p.clone() for p in model.parameters()]
     eps = sample_episodes(model, TOK, PROMPTS * 2, "rehearse", settings={"max_tokens": 40})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sums, status = train.rl_step(model, model, opt, eps, [1.0] * 8, [i // 2 for i in range(8)],
-                                 config.DEFAULTS, TOK.pad_token_id)
-    assert status == "skipped" and sums["all_equal_groups"] == 4
+    cfg = {**config.DEFAULTS, "group_size": 2}
+    batch = train.make_batch(eps, [1.0] * 8, cfg, TOK.pad_token_id)
+    stats = train.rl_step(model, model, opt, batch, cfg, FP32)
+    assert stats["status"] == "skipped" and batch["all_equal_groups"] == 4
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
@@ -211,6 +200,7 @@ def test_end_to_end_few_steps(tmp_path, monkeypatch, env_mode):
     out = cfg["out_dir"]
     lines = [json.loads(text) for text in open(os.path.join(out, "metrics.jsonl"))]
     assert [line["step"] for line in lines] == [1, 2, 3]
+    assert open(os.path.join(out, "curve.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"    # the run's curve
     # one epoch at ratio 1 (the sampler's logprobs are the old ones): approx_kl 0, and the loss is
     # minus the mean advantage over the trained tokens plus kl_coef x the ACT tokens' KL
     assert len(assert_ratio_one(lines, kl_coef=cfg["kl_coef"])) == 3
@@ -397,12 +387,12 @@ def test_evaluations_hold_no_gradients_and_the_final_one_no_optimizer_moments(tm
     assert seen == [(0, 0), (0, n), (0, 0)]
 
 
-def test_freed_memory_is_released_after_each_backward_and_after_the_update(monkeypatch):
+def test_freed_memory_is_released_after_each_backward(monkeypatch):
     """distributed.release_freed_memory calls glibc's malloc_trim(0) (nothing where there is no
-    glibc); rl_step calls it after every micro-batch's backward and once more after the update
-    (its gradients freed, faults.WholeStepOrNone), and the warm start after every backward: a recorded order of the
-    events. 4 episodes of 6-18 tokens in micro-batches of at most 60 (rows x padded length): 2
-    micro-batches, so 2 backward passes in the update."""
+    glibc); distributed.in_step, which hands rl_step and the warm start their micro-batches, calls
+    it after every micro-batch's forward and backward: a recorded order of the events. 4 episodes
+    of 6-18 tokens in micro-batches of at most 60 (rows x padded length): 2 micro-batches, so 2
+    backward passes in the update."""
     trims = []
     monkeypatch.setattr(distributed, "LIBC", type("Libc", (), {"malloc_trim": lambda self, pad: trims.append(pad)})())
     distributed.release_freed_memory()
@@ -412,17 +402,16 @@ def test_freed_memory_is_released_after_each_backward_and_after_the_update(monke
     events = []
     backward = torch.Tensor.backward
     monkeypatch.setattr(torch.Tensor, "backward", lambda self, *a, **k: events.append("backward") or backward(self, *a, **k))
-    monkeypatch.setattr(train, "release_freed_memory", lambda: events.append("release"))
-    monkeypatch.setattr(faults, "release_freed_memory", lambda: events.append("release"))   # after the update
+    monkeypatch.setattr(distributed, "release_freed_memory", lambda: events.append("release"))
     model = tiny_llama(TOK)
     eps = sample_episodes(model, TOK, PROMPTS, "rehearse", settings={"max_tokens": 40},
                           generator=torch.Generator().manual_seed(3))
-    cfg = {**config.DEFAULTS, "micro_batch_tokens": 60}
+    cfg = {**config.DEFAULTS, "micro_batch_tokens": 60, "group_size": 2}
     n = len(envace.micro_batches([len(e["ids"]) for e in eps], 60))
-    sums, status = train.rl_step(model, model, torch.optim.SGD(model.parameters(), lr=0.1), eps, [1.0, 0.0, 1.0, 0.0],
-                                 [0, 0, 1, 1], cfg, TOK.pad_token_id)
-    assert status == "updated" and n >= 2
-    assert events == ["backward", "release"] * n + ["release"]
+    batch = train.make_batch(eps, [1.0, 0.0, 1.0, 0.0], cfg, TOK.pad_token_id)
+    stats = train.rl_step(model, model, torch.optim.SGD(model.parameters(), lr=0.1), batch, cfg, FP32)
+    assert stats["status"] == "updated" and n >= 2
+    assert events == ["backward", "release"] * n
     events.clear()
     train.warm_start(model, model, eps, {**cfg, "sft_steps": 2, "sft_batch_size": 4}, TOK.pad_token_id)
     assert events and events == ["backward", "release"] * (len(events) // 2)
@@ -453,12 +442,12 @@ def test_replay_fidelity_is_a_switch_and_nothing_trained_reads_it(tmp_path, monk
 
 
 def test_the_evaluation_line_during_rl_says_what_the_clip_did():
-    from reporting.metrics import eval_during_rl
-    record, progress = {"reward": 0.8125, "clip_frac": 0.0}, {}
-    line = eval_during_rl({"success": 0.93, "n_tasks": 500}, record, progress, {"env_mode": "rehearse"}, 50)
+    from reporting.metrics import evaluation_line
+    record = {"reward": 0.8125, "clip_frac": 0.0}
+    line = evaluation_line({"success": 0.93, "n_tasks": 500}, record, {"env_mode": "rehearse"}, 50)
     assert line == "step 50: real-world success 0.930 (reward in the rehearse world this step 0.812, clip_frac 0.000)"
-    assert progress["real_success"] == record["eval_success"] == 0.93
-    skipped = eval_during_rl({"success": 0.5, "n_tasks": 500}, {"reward": 0.5}, {}, {"env_mode": "real"}, 100)    # no update: no clip
+    assert record["eval_success"] == 0.93
+    skipped = evaluation_line({"success": 0.5, "n_tasks": 500}, {"reward": 0.5}, {"env_mode": "real"}, 100)  # no clip
     assert skipped == "step 100: real-world success 0.500 (reward in the real world this step 0.500)"
 
 
@@ -476,10 +465,12 @@ def test_the_validation_split_is_held_out_of_rl_and_evaluated_during_it(tmp_path
         features.held_out_validation({"rl": list("ab"), "test": []}, 2)
     monkeypatch.setattr(format_plain, "task_reward", lambda e, t: float(len(e["ids"]) % 2))
     sampled, evaluated = [], []
-    real_round, real_eval = train.sample_round, train.real_world_eval
-    monkeypatch.setattr(train, "sample_round", lambda fmt, setting, model, tok, tasks, *a: sampled.extend(tasks) or
-                        real_round(fmt, setting, model, tok, tasks, *a))
-    monkeypatch.setattr(train, "real_world_eval", lambda model, tok, tasks, *a, **k: evaluated.append(len(tasks)) or
+    import rollout
+    real_sample, real_eval = rollout.sample_episodes, train.metrics.real_world_eval
+    # RL's sampler (rollout.sample_episodes, bound at setup) gets each task group_size (4) times
+    monkeypatch.setattr(rollout, "sample_episodes", lambda *a, **k: sampled.extend(k["prompts"][::4]) or
+                        real_sample(*a, **k))
+    monkeypatch.setattr(train.metrics, "real_world_eval", lambda model, tok, tasks, *a, **k: evaluated.append(len(tasks)) or
                         real_eval(model, tok, tasks, *a, **k))
     cfg = tiny_cfg(tmp_path, rl_steps=2, eval_every=1, n_val=4)
     assert train.run(cfg) == 0

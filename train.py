@@ -239,10 +239,11 @@ def run(cfg, resume=False, overwrite=False):
     log = print if rank == 0 else (lambda *a, **k: None)
     s = setup(cfg, resume, overwrite, device, world_size, log)
     model, tokenizer, splits, out, t_start = s["model"], s["tokenizer"], s["splits"], cfg["out_dir"], time.time()
-    test_eval = partial(metrics.real_world_eval, model, tokenizer, splits["test"], cfg, s["fmt"], s["setting"], s["amp"])
+    test_eval = partial(metrics.real_world_eval, model, tokenizer, splits["test"], cfg, s["fmt"], s["setting"],
+                        s["amp"])
     # the evaluations during RL (eval_every) run on the validation split where there is one (n_val > 0)
-    rl_eval = partial(metrics.real_world_eval, model, tokenizer, splits["val"] or splits["test"], cfg, s["fmt"], s["setting"],
-                      s["amp"])
+    rl_eval = partial(metrics.real_world_eval, model, tokenizer, splits["val"] or splits["test"], cfg, s["fmt"],
+                      s["setting"], s["amp"])
 
     # 2-3. warm start, its evaluation in the real world, the fidelity gate
     before = None           # resumed from an RL checkpoint: its progress holds the warm start's evaluation
@@ -256,8 +257,9 @@ def run(cfg, resume=False, overwrite=False):
     opt, generator, task_rng, progress, first_step = checkpoint.rl_state(model, tokenizer, cfg, s["state"], before,
                                                                          rank, log)
     kl = cfg["kl_coef"] > 0 or cfg["kl_rehearse_coef"] > 0
+    # the frozen warm start: the KL reference, and in frozen mode the world's simulator
     reference = checkpoint.reference_model(model, cfg, device, world_size, os.path.join(out, "warmstart"),
-                                           s["state"] is None, kl or cfg["env_mode"] == "frozen")  # the frozen warm start
+                                           s["state"] is None, kl or cfg["env_mode"] == "frozen")
     sample, reward = s["sampler_and_reward"](task_rng, reference if cfg["env_mode"] == "frozen" else None)
     kl_reference = reference if kl else None
     per_rank = cfg["tasks_per_step"] // world_size
@@ -286,7 +288,7 @@ def run(cfg, resume=False, overwrite=False):
             evaluation = rl_eval()
             progress["real_success"] = evaluation["success"]
         metrics.log_step(bar, out, step, episodes, rewards, batch, stats, progress, evaluation, time.time() - t0, cfg,
-                 s["diagnose"](model, episodes, group) if s["diagnose"] else {})
+                         s["diagnose"](model, episodes, group) if s["diagnose"] else {})
         if progress["nonfinite_in_a_row"] == 3:
             raise NonFiniteError(f"3 non-finite RL steps in a row (up to step {step}), their optimizer steps skipped: "
                                  f"lower lr or check the data")

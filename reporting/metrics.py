@@ -43,7 +43,8 @@ def add_micro_batch(totals, stats, entropy, new, ref, target_roles, mask, weight
 def step_sums(episodes, rewards, batch):
     """This rank's episode-level metric sums (they add up over ranks), and per role of the batch
     ([B, L] roles, [B, L-1] A) its trained-target counts and advantage sums."""
-    sums = {"n_episodes": len(episodes), "reward_sum": sum(rewards), "calls_sum": sum(len(e["calls"]) for e in episodes),
+    sums = {"n_episodes": len(episodes), "reward_sum": sum(rewards),
+            "calls_sum": sum(len(e["calls"]) for e in episodes),
             "n_tok": sum(len(r["ids"]) for e in episodes for r in [e] + e.get("rehearsals", [])),
             "rehearse_rows": sum(len(e.get("rehearsals", [])) for e in episodes), "causes": cause_counts(episodes),
             "all_equal_groups": batch["all_equal_groups"]}

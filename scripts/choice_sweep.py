@@ -7,8 +7,9 @@
 For each N: N imagined episodes per task (rehearse mode: the policy, or the warm start, plays the
 world; never the real one), condensed into a rehearsal memory, then ONE committed real episode
 that reads it; parallel and sequential; each N against N = 0 by a paired bootstrap over the test
-tasks (compare.paired_bootstrap). A file of its own, above evaluate.py and scripts/compare.py,
-so that the world itself stays below formats/features.py.
+tasks (compare.paired_bootstrap; --report pools the seeds, which share their test tasks, with the
+crossed bootstrap and the t-interval over the seed means). A file of its own, above evaluate.py
+and scripts/compare.py, so that the world itself stays below formats/features.py.
 """
 import glob
 import json
@@ -22,7 +23,7 @@ from machinery.checkpoint import load_policy, write_file
 from machinery.config import ArgumentParser, ConfigError
 from machinery.distributed import pick_device
 from scripts.evaluate_cli import load_run
-from scripts.compare import cell, paired_bootstrap
+from scripts.compare import cell, paired_bootstrap, seeds_bootstrap, t_cell
 from worldmodel import memory as rehearsal_memory
 import world
 import rollout
@@ -170,9 +171,11 @@ def sweep_line(r):
 def report(folder):
     """The tables and the figure of `folder` (configs/run_choice.sh's results): per model (the warm
     start, the RL model), rehearser and mode, success at each N, mean and 95% interval from the
-    paired bootstrap over seeds and test tasks, and the difference to N = 0; each other model
-    against the warm start at the same N; tasks fixed and broken against N = 0. Writes
-    FOLDER/results.md and FOLDER/choice.png; returns the markdown."""
+    bootstrap over seeds and test tasks (compare.seeds_bootstrap: crossed, one task draw for all the
+    seeds, which share their test tasks), and the difference to N = 0, then (several seeds) its
+    t-interval over the seed means; each other model against the warm start at the same N; tasks
+    fixed and broken against N = 0. Writes FOLDER/results.md and FOLDER/choice.png; returns the
+    markdown."""
     runs = {}
     for path in sorted(glob.glob(os.path.join(folder, "sweep_*-seed*.json"))):
         model, seed = re.match(r"sweep_(.+)-seed(\d+)\.json", os.path.basename(path)).groups()
@@ -188,10 +191,20 @@ def report(folder):
         lines.append(f"| {model} | {rehearser} | {mode} | {len(seeds)} | "
                      + " | ".join(cell(rewards[n]) if n in rewards else "-" for n in BUDGETS) + " | "
                      + " | ".join(cell(rewards[n], rewards[0]) if n in rewards else "-" for n in BUDGETS[1:]) + " |")
-        curves[f"{model}, {rehearser} rehearses, {mode}"] = [paired_bootstrap(rewards[n])[:3] for n in BUDGETS
+        curves[f"{model}, {rehearser} rehearses, {mode}"] = [seeds_bootstrap(rewards[n])[:3] for n in BUDGETS
                                                              if n in rewards]
-    lines += ["", "Against the warm start at the same N (paired over seeds and test tasks, 95%; the warm start "
-              "imagining with itself, in the same mode):", "",
+    if any(len(by_n[0]) > 1 for by_n in runs.values()):          # one seed has no t-interval
+        lines += ["", "N = k - N = 0, the t-interval over the seed means (95%; the seed level alone, the test "
+                  "tasks taken as fixed):", "",
+                  "| model | rehearser | mode | seeds | "
+                  + " | ".join(f"N = {n} - N = 0" for n in BUDGETS[1:]) + " |",
+                  "|" + "---|" * (3 + len(BUDGETS))]
+        for (model, rehearser, mode), by_n in sorted(runs.items()):
+            rewards = {n: {s: r["task_rewards"] for s, r in by_n[n].items()} for n in BUDGETS if n in by_n}
+            lines.append(f"| {model} | {rehearser} | {mode} | {len(rewards[0])} | " + " | ".join(
+                t_cell(rewards[n], rewards[0]) if n in rewards else "-" for n in BUDGETS[1:]) + " |")
+    lines += ["", "Against the warm start at the same N (paired over seeds and test tasks, crossed, 95%; the warm "
+              "start imagining with itself, in the same mode):", "",
               "| model - warm start | rehearser | mode | " + " | ".join(f"N = {n}" for n in BUDGETS) + " |",
               "|" + "---|" * (3 + len(BUDGETS))]
     for (model, rehearser, mode), by_n in sorted(runs.items()):

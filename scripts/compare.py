@@ -13,8 +13,9 @@
 configs/run_all.sh) and writes a markdown table of real-world success per arm (mean and
 min-max over seeds), fidelity by warm-start coverage, the honesty table (collusion and
 fidelity), and the figures. `uncertain` does the same for the `world: uncertain` runs
-(configs/run_uncertain.sh) with every difference between arms as a paired bootstrap over test
-tasks and seeds (`paired_bootstrap`), and the world's probability of the truth per subset.
+(configs/run_uncertain.sh) with every difference between arms as a bootstrap over seeds and test
+tasks (`seeds_bootstrap`: crossed, one task draw shared by the seeds, which share their test tasks)
+beside the t-interval over the seed means, and the world's probability of the truth per subset.
 """
 import json
 import os
@@ -519,31 +520,64 @@ def pooled_cell(a, b, what):
             f"(crossed bootstrap: {what} resampled, one task draw shared by all{over})")
 
 
+def seeds_bootstrap(a, b=None):
+    """The bootstrap of a cell pooled over the seeds of `a` (and `b`): crossed_bootstrap where there
+    are several seeds with as many test tasks each, paired_bootstrap for one seed or for seeds on
+    other numbers of tasks. Equal counts are the same tasks in the same order wherever this is
+    called: --compare and --uncertain pool seeds of one config on one test set (check_results: the
+    test split is drawn from data_seed, never from the seed; a subset picks the same tasks in every
+    seed), and configs/run_choice.sh sweeps every seed on the test split of configs/choice3.yaml."""
+    shared = len(a) > 1 and len({len(v) for v in a.values()}) == 1
+    return (crossed_bootstrap if shared else paired_bootstrap)(a, b)
+
+
+def interval_end(x, called):
+    """An interval's end, signed, to 3 decimals; the end of a called interval that rounds to 0.000
+    to as many more decimals as show it is not 0 (called means the interval excludes 0: its ends say so)."""
+    digits = 3
+    while called and float(f"{x:.{digits}f}") == 0 and digits < 8:
+        digits += 1
+    return f"{x:+.{digits}f}"
+
+
 def cell(a, b=None):
     """A table cell: 'mean [low, high]' of one arm, or '+diff [low, high]' (with **called** when the
-    interval excludes 0) of a - b; '-' where a seed has no task (an empty subset)."""
+    interval excludes 0) of a - b, by seeds_bootstrap (crossed over seeds that share their test
+    tasks); '-' where a seed has no task (an empty subset)."""
     if any(not v for v in a.values()):
         return "-"
-    mean, low, high, called = paired_bootstrap(a, b)
+    mean, low, high, called = seeds_bootstrap(a, b)
     if b is None:
         return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
-    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]{' **called**' if called else ''}"
+    ends = f"[{interval_end(low, called)}, {interval_end(high, called)}]"
+    return f"{mean:+.3f} {ends}{' **called**' if called else ''}"
+
+
+def t_cell(a, b=None):
+    """A table cell: '[low, high]' of seed_t_interval (a - b over the seeds' means; the seed level
+    alone, the test tasks taken as fixed); '-' for one seed or where a seed has no task."""
+    t = None if any(not v for v in a.values()) else seed_t_interval(a, b)
+    return "-" if t is None else f"[{t[1]:+.3f}, {t[2]:+.3f}]"
 
 
 def paired_table(runs, pairs=(("rehearse", "frozen"), ("rehearse", "act_only"), ("real", "rehearse"),
                               ("rehearse", "warmstart"))):
-    """{arm: [eval.json with its "seed"]} -> success per arm with its 95% interval (a bootstrap over
-    seeds and test tasks) and the paired differences of `pairs` (called when the interval excludes
-    0), for the arms whose every run has `task_rewards`; '' when none has."""
+    """{arm: [eval.json with its "seed"]} -> success per arm with its 95% interval (the crossed
+    bootstrap over seeds and test tasks, `seeds_bootstrap`) and the paired differences of `pairs`
+    (called when that interval excludes 0), each with the t-interval over the seed means beside
+    it, for the arms whose every run has `task_rewards`; '' when none has."""
     rewards = {arm: {e["seed"]: e["task_rewards"] for e in evals} for arm, evals in runs.items()
                if all("task_rewards" in e for e in evals)}
     if not rewards:
         return ""
-    lines = ["| arm | seeds | success, 95% interval over seeds and test tasks |", "|---|---|---|"]
+    lines = ["| arm | seeds | success, 95% interval (crossed bootstrap over seeds and test tasks) |",
+             "|---|---|---|"]
     lines += [f"| {arm} | {len(by_seed)} | {cell(by_seed)} |" for arm, by_seed in rewards.items()]
-    lines += ["", "| difference (paired bootstrap, 95%) | all test tasks |", "|---|---|"]
-    lines += [f"| {a} - {b} | {cell(rewards[a], rewards[b])} |" for a, b in pairs
-              if a in rewards and b in rewards and sorted(rewards[a]) == sorted(rewards[b])]
+    lines += ["", "| difference, all test tasks | seeds | crossed bootstrap, 95% | "
+                  "t-interval over the seed means, 95% |", "|---|---|---|---|"]
+    lines += [f"| {a} - {b} | {len(rewards[a])} | {cell(rewards[a], rewards[b])} | "
+              f"{t_cell(rewards[a], rewards[b])} |"
+              for a, b in pairs if a in rewards and b in rewards and sorted(rewards[a]) == sorted(rewards[b])]
     return "\n".join(lines)
 
 
@@ -579,7 +613,8 @@ def uncertain_tables(evals, subsets, pairs=(("rehearse", "warmstart"), ("rehears
                                             ("real", "rehearse"), ("act_only", "frozen"))):
     """The markdown tables of the world: uncertain experiment: per arm, success with its 95%
     interval on all test tasks and on each subset, and the world's probability of the truth after
-    RL; then the paired differences between arms (called only when the interval excludes 0)."""
+    RL; then the paired differences between arms (`difference_tables`: the crossed bootstrap,
+    called only when it excludes 0, and the t-interval over the seed means)."""
     def outcomes(arm, subset=None, key="task_rewards"):
         return {s: [r for r, k in zip(e[key], subsets) if subset in (None, k)] for s, e in evals[arm].items()}
     lines = ["| arm | seeds | success, all test tasks | uncertain-item tasks | faithful-item tasks | "
@@ -594,13 +629,27 @@ def uncertain_tables(evals, subsets, pairs=(("rehearse", "warmstart"), ("rehears
         cells.append(" / ".join(mean_and_range([i[sub][0] / i[sub][1] if i and i[sub][1] else None for i in imagined])
                                 for sub in ("uncertain", "faithful")))
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "| difference (paired bootstrap, 95%) | all test tasks | uncertain-item tasks | faithful-item tasks |",
-              "|---|---|---|---|"]
-    for a, b in pairs:
-        if a in evals and b in evals and sorted(evals[a]) == sorted(evals[b]):
-            lines.append(f"| {a} - {b} | " + " | ".join(
-                cell(outcomes(a, sub), outcomes(b, sub)) for sub in (None, "uncertain", "faithful")) + " |")
-    return "\n".join(lines)
+    shown = [(a, b) for a, b in pairs if a in evals and b in evals and sorted(evals[a]) == sorted(evals[b])]
+    return "\n".join(lines + difference_tables("difference", shown, outcomes))
+
+
+def difference_tables(what, pairs, outcomes, subsets=(None, "uncertain", "faithful")):
+    """The lines of two tables of the differences a - b of `pairs` ({seed: outcomes} from
+    outcomes(arm, subset)) on all test tasks and each subset: the crossed bootstrap over seeds and
+    test tasks (`cell`; called only when it excludes 0), then (several seeds) the t-interval over
+    the seed means."""
+    names = " | ".join({None: "all test tasks", "uncertain": "uncertain-item tasks",
+                        "faithful": "faithful-item tasks"}[sub] for sub in subsets)
+    rule = "|---" * (len(subsets) + 1) + "|"
+    lines = ["", f"| {what} (crossed bootstrap over seeds and test tasks, 95%) | {names} |", rule]
+    lines += [f"| {a} - {b} | " + " | ".join(cell(outcomes(a, sub), outcomes(b, sub)) for sub in subsets) + " |"
+              for a, b in pairs]
+    if any(len(outcomes(a, None)) > 1 for a, _ in pairs):          # one seed has no t-interval
+        lines += ["", f"| {what}, t-interval over the seed means (95%) | seeds | {names} |", "|---" + rule]
+        lines += [f"| {a} - {b} | {len(outcomes(a, None))} | "
+                  + " | ".join(t_cell(outcomes(a, sub), outcomes(b, sub)) for sub in subsets) + " |"
+                  for a, b in pairs]
+    return lines
 
 
 def uncertain_seed_table(evals, subsets):
@@ -625,7 +674,8 @@ def uncertain_lookup_table(evals, subsets, pairs=(("rehearse", "frozen"), ("rehe
                                                   ("real", "rehearse"), ("act_only", "frozen"))):
     """Per arm whose every seed has lookups.json (scripts/uncertain_report.py --lookups): the share of test
     tasks whose named items the actor looked up, per subset, and the success that also needs them
-    looked up ("strict"), with 95% intervals; then the paired differences of strict success."""
+    looked up ("strict"), with 95% intervals; then the paired differences of strict success
+    (`difference_tables`)."""
     arms = [arm for arm, runs in evals.items() if all("lookups" in e for e in runs.values())]
     if not arms:
         return ""
@@ -638,13 +688,9 @@ def uncertain_lookup_table(evals, subsets, pairs=(("rehearse", "frozen"), ("rehe
         rows.append(f"| {arm} | {len(evals[arm])} | " + " | ".join(
             [cell(outcomes(arm, "looked_up", sub)) for sub in ("uncertain", "faithful")]
             + [cell(outcomes(arm, "strict", sub)) for sub in (None, "uncertain", "faithful")]) + " |")
-    rows += ["", "| strict success, difference (paired bootstrap, 95%) | all test tasks | uncertain-item tasks | "
-             "faithful-item tasks |", "|---|---|---|---|"]
-    for a, b in pairs:
-        if a in arms and b in arms and sorted(evals[a]) == sorted(evals[b]):
-            rows.append(f"| {a} - {b} | " + " | ".join(
-                cell(outcomes(a, "strict", sub), outcomes(b, "strict", sub)) for sub in (None, "uncertain", "faithful")) + " |")
-    return "\n".join(rows)
+    shown = [(a, b) for a, b in pairs if a in arms and b in arms and sorted(evals[a]) == sorted(evals[b])]
+    return "\n".join(rows + difference_tables("strict success, difference", shown,
+                                               lambda arm, sub: outcomes(arm, "strict", sub)))
 
 
 def uncertain_family_table(evals, families=("price", "cost", "buy1", "buyq", "buy2", "buyq2")):

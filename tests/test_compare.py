@@ -109,7 +109,8 @@ def test_coverage_fidelity_scores_the_experts_calls_by_warm_start_count():
 
 def test_paired_table_by_hand():
     """Five seeds' arms (configs/run_all.sh): per arm its success with the bootstrap interval, and the
-    paired differences; an arm whose eval.json has no task_rewards (older runs) is left out."""
+    paired differences with the t-interval over the seed means beside them; an arm whose eval.json
+    has no task_rewards (older runs) is left out."""
     def run(seed, rewards):
         return {"seed": seed, "task_rewards": rewards}
     runs = {"rehearse": [run("seed1", [1, 1, 1]), run("seed2", [1, 1, 1])],
@@ -119,15 +120,69 @@ def test_paired_table_by_hand():
     lines = compare.paired_table(runs).splitlines()
     assert lines[2:5] == ["| rehearse | 2 | 1.000 [1.000, 1.000] |", "| frozen | 2 | 0.000 [0.000, 0.000] |",
                           "| real | 2 | 1.000 [1.000, 1.000] |"]
-    assert "| rehearse - frozen | +1.000 [+1.000, +1.000] **called** |" in lines     # better on every task
-    assert "| real - rehearse | +0.000 [+0.000, +0.000] |" in lines                  # the same outcomes: not called
+    # better on every task of both seeds: every resample +1, and the seed means agree (t-interval of no width)
+    assert "| rehearse - frozen | 2 | +1.000 [+1.000, +1.000] **called** | [+1.000, +1.000] |" in lines
+    assert "| real - rehearse | 2 | +0.000 [+0.000, +0.000] | [+0.000, +0.000] |" in lines   # the same outcomes
     assert not any("act_only" in line for line in lines)
-    # one seed better by 1 task of 2, the other the same: the mean difference is (0.5 + 0) / 2
-    mixed = {"rehearse": [run("seed1", [1, 1]), run("seed2", [0, 1])],
-             "frozen": [run("seed1", [1, 0]), run("seed2", [0, 1])]}
-    row = [line for line in compare.paired_table(mixed).splitlines() if line.startswith("| rehearse - frozen")]
-    assert row[0].startswith("| rehearse - frozen | +0.250 [+0.000, ") and "called" not in row[0]
     assert compare.paired_table({"real": [{"seed": "seed1"}]}) == ""
+
+
+def test_a_pooled_difference_draws_one_set_of_tasks_for_every_seed_by_hand():
+    """Two seeds on two tasks, the difference per task seed1 [0, 1], seed2 [0, 0]: mean (0.5 + 0) / 2
+    = +0.250. The crossed bootstrap draws 2 seeds and ONE pair of tasks for both, so a resample's
+    mean is (seed1's share of the seeds drawn) x (task 2's share of the tasks drawn), each share 0,
+    1/2 or 1 with p 1/4, 1/2, 1/4: 1 with p 1/16 = 6.2% (~250 of 4000 resamples against the 100th
+    place), 0 with p 7/16: [+0.000, +1.000]. The nested bootstrap of paired_bootstrap draws each
+    seed's tasks apart: its mean 1 needs both seeds seed1 and task 2 drawn twice by each, p 1/4 x
+    1/4 x 1/4 = 1.6%, so its upper end is +0.750, too narrow for seeds that share their tasks.
+    The t-interval over the 2 seed means (0.5 and 0): sd 0.3536, half-width 12.7062 x 0.3536 /
+    sqrt(2) = 3.1766: [-2.927, +3.427]."""
+    mixed = {"rehearse": [{"seed": "seed1", "task_rewards": [1, 1]}, {"seed": "seed2", "task_rewards": [0, 1]}],
+             "frozen": [{"seed": "seed1", "task_rewards": [1, 0]}, {"seed": "seed2", "task_rewards": [0, 1]}]}
+    assert "| rehearse - frozen | 2 | +0.250 [+0.000, +1.000] | [-2.927, +3.427] |" in compare.paired_table(mixed)
+    a, b = {1: [1, 1], 2: [0, 1]}, {1: [1, 0], 2: [0, 1]}
+    assert compare.paired_bootstrap(a, b)[2] == 0.75
+    # several seeds on as many tasks: the crossed bootstrap; one seed, or seeds on other numbers of
+    # tasks: the paired bootstrap as before
+    assert compare.cell(a, b) == "+0.250 [+0.000, +1.000]"
+    assert compare.seeds_bootstrap(a, b) == compare.crossed_bootstrap(a, b)
+    one, uneven = {1: [1.0, 0.0, 1.0]}, {1: [1.0, 0.0, 1.0], 2: [1.0, 0.0]}
+    assert compare.seeds_bootstrap(one) == compare.paired_bootstrap(one)
+    assert compare.seeds_bootstrap(uneven) == compare.paired_bootstrap(uneven)
+    assert compare.t_cell(one) == "-" and compare.t_cell({1: [1.0], 2: []}) == "-"
+
+
+def test_a_called_end_that_rounds_to_zero_shows_its_digits():
+    """A called interval excludes 0, so neither end may print as 0.000: that end gets as many more
+    decimals as show it is not 0 (the uncertain world's `real` - `rehearse`, [+0.0004, +0.026]: one
+    task in the 2,500 of 5 seeds x 500 tasks). An interval that is not called keeps 3 decimals."""
+    assert compare.interval_end(0.0004, True) == "+0.0004" and compare.interval_end(0.0004, False) == "+0.000"
+    assert compare.interval_end(-0.00003, True) == "-0.00003" and compare.interval_end(0.0264, True) == "+0.026"
+    assert compare.interval_end(-0.0006, True) == "-0.001"         # 3 decimals already show it
+
+
+def test_uncertain_differences_crossed_and_their_t_intervals_by_hand():
+    """The uncertain world's difference tables: two seeds, four tasks (uncertain-item tasks 1 and 3),
+    `rehearse` seed1 [1, 1, 1, 1] and seed2 [1, 0, 1, 0], `frozen` 0 everywhere. Uncertain items:
+    +1 in every seed and task: [+1.000, +1.000], called, t of no width. Faithful items: seed1 +1,
+    seed2 0 on each task: a resample is seed1's share of the seeds drawn, [+0.000, +1.000]; t over
+    the seed means 1 and 0: half-width 12.7062 x 0.7071 / sqrt(2) = 6.3531: [-5.853, +6.853]. All
+    tasks: seed means 1 and 0.5, +0.750; a resample drawing seed2 twice (p 1/4) has X/4, X ~
+    Binomial(4, 1/2) of the ONE task draw on the uncertain tasks: 0 with p 1/64 = 1.6% (~62 of
+    4000 against the 100th place), at most 0.25 with p 5/64 = 7.8%, and any other draw is at least
+    0.5: [+0.250, +1.000], called; t over 1 and 0.5: half-width 3.1766: [-2.427, +3.927]."""
+    evals = {"rehearse": {"seed1": {"task_rewards": [1, 1, 1, 1]}, "seed2": {"task_rewards": [1, 0, 1, 0]}},
+             "frozen": {"seed1": {"task_rewards": [0] * 4}, "seed2": {"task_rewards": [0] * 4}}}
+    subsets = ["uncertain", "faithful", "uncertain", "faithful"]
+    lines = compare.uncertain_tables(evals, subsets, pairs=(("rehearse", "frozen"),)).splitlines()
+    assert lines[-7:] == [
+        "| difference (crossed bootstrap over seeds and test tasks, 95%) | all test tasks | uncertain-item tasks | "
+        "faithful-item tasks |", "|---|---|---|---|",
+        "| rehearse - frozen | +0.750 [+0.250, +1.000] **called** | +1.000 [+1.000, +1.000] **called** | "
+        "+0.500 [+0.000, +1.000] |", "",
+        "| difference, t-interval over the seed means (95%) | seeds | all test tasks | uncertain-item tasks | "
+        "faithful-item tasks |", "|---|---|---|---|---|",
+        "| rehearse - frozen | 2 | [-2.427, +3.927] | [+1.000, +1.000] | [-5.853, +6.853] |"]
 
 
 def write_run(folder, after, before, config="seed: 1\n"):
@@ -348,7 +403,7 @@ def test_compare_and_uncertain_refuse_seeds_of_other_configs_and_arms_on_other_t
         refused(capsys, [mode, str(results)],
                 f"{results / 'frozen' / 'seed1'} and {seed2} differ in kl_coef: 0.0 and 0.1")
     arm_run(results, "frozen", 2, [0.0, 1.0], "env_mode: frozen\n")
-    assert "| rehearse - frozen | +0.250 [" in compare.compare(str(results))
+    assert "| rehearse - frozen | 2 | +0.250 [" in compare.compare(str(results))
     arm_run(results, "real", 1, [1.0, 1.0, 1.0], "env_mode: real\nn_test: 3\n")
     for mode in ("--compare", "--uncertain"):
         refused(capsys, [mode, str(results)], f"{results / 'frozen' / 'seed1'} and {results / 'real' / 'seed1'} "

@@ -276,7 +276,12 @@ def test_train_runs_a_choice_run_end_to_end(tmp_path):
 
 def test_report_pools_seeds_and_tasks(tmp_path):
     """--report: a row per (model, rehearser, mode); N = 0 over seeds 1 ([1, 0]) and 2 ([1, 1]):
-    the mean of the seed means, (0.5 + 1) / 2 = 0.75; N = 1 is 1 everywhere: +0.25 against N = 0."""
+    the mean of the seed means, (0.5 + 1) / 2 = 0.75; N = 1 is 1 everywhere: +0.25 against N = 0.
+    The seeds share their test tasks, so the crossed bootstrap: 2 seeds drawn and ONE pair of tasks
+    for both; a resample misses (seed 1's share of the seeds drawn) x (task 2's share of the tasks
+    drawn), each share 0, 1/2 or 1 with p 1/4, 1/2, 1/4, so N = 0 is 0 with p 1/16 = 6.2% and 1
+    with p 7/16: [0.000, 1.000], and N = 1 - N = 0 [+0.000, +1.000]. The t-interval over the 2
+    seed means of N = k - N = 0 (0.5 and 0): half-width 12.7062 x 0.3536 / sqrt(2) = 3.1766."""
     import json
     for seed, zero in ((1, [1.0, 0.0]), (2, [1.0, 1.0])):
         rows = [{"rehearser": "policy", "mode": "parallel", "budget": n, "task_rewards": zero if n == 0 else [1.0, 1.0]}
@@ -284,8 +289,9 @@ def test_report_pools_seeds_and_tasks(tmp_path):
         (tmp_path / f"sweep_rl-seed{seed}.json").write_text(json.dumps(rows))
     text = choice_sweep.report(str(tmp_path))
     row = text.splitlines()[2].split(" | ")
-    assert row[:4] == ["| rl", "policy", "parallel", "2"] and row[4].startswith("0.750 [")
-    assert row[8].startswith("+0.250 [") and (tmp_path / "choice.png").is_file()
+    assert row[:4] == ["| rl", "policy", "parallel", "2"] and row[4] == "0.750 [0.000, 1.000]"
+    assert row[8] == "+0.250 [+0.000, +1.000]" and (tmp_path / "choice.png").is_file()
+    assert "| rl | policy | parallel | 2 | [-2.927, +3.427] | [-2.927, +3.427] | [-2.927, +3.427] |" in text
     # paired: seed 1's second task is fixed at every N > 0, nothing broken
     paired = [line for line in text.splitlines() if line.startswith("| rl | policy | parallel | 1 |")]
     assert paired == ["| rl | policy | parallel | 1 | 1 | 0 | - | - | - |  |"]

@@ -185,6 +185,8 @@ def rl_step(model, ddp_model, opt, batch, cfg, amp, logprobs=envace.token_logpro
             with amp:                       # no LM head before the first target trained or measured (entropy)
                 new, entropy = logprobs(ddp_model, ids[index, :n], cfg["temperature"], with_entropy=True,
                                         start=first_target(measured))
+            # n_tokens: the step's trained tokens over every micro-batch and rank (1 if none), so the
+            # accumulated gradient is the token mean over the whole batch, however it is cut
             loss, loss_stats = clipped_pg_loss(new, old[index, t], adv[index, t], mask[index, t], max(n_tokens, 1),
                                                None if ref is None else ref[index, t], cfg["eps_low"],
                                                cfg["eps_high"], cfg["dual_clip"], kl_coefs[index, t])

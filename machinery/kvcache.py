@@ -260,18 +260,9 @@ class Decoder:
         self._step([r[:1] for r in runs])
         return self._step_rows(longer, [runs[j][1:] for j in longer])
 
-    def _step(self, runs):
-        """step's one forward: the runs right-aligned in [B, longest run], the shorter ones' left slots holes."""
-        width = max(map(len, runs))
-        ids = [[self.pad_id] * (width - len(r)) + r for r in runs]
-        holes = [[0] * (width - len(r)) + [1] * len(r) for r in runs]
-        device = self.mask.device
-        ids, new = torch.tensor(ids, device=device), torch.tensor(holes, device=device)
-        self.mask = torch.cat([self.mask, new], 1)
-        position_ids = self.pos[:, None] + (new.cumsum(1) - 1).clamp(min=0)   # holes: any position
-        self.logits = self._forward(ids, position_ids)
-        self.pos = self.pos + new.sum(1)
-        return self.logits
+    # step's one forward, the runs right-aligned in [B, longest run]: PlainDecoder's step itself (the
+    # same ids, holes, positions and cache call), on this decoder's mask, positions and cache
+    _step = PlainDecoder.step
 
     def _can_split(self):
         return all(type(layer) is GrowingLayer for layer in self.cache.layers)

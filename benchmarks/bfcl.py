@@ -24,6 +24,11 @@ What is here:
   multi_turn_base is also
   split for training configs: multi_turn_base_heldout.jsonl (tasks 0, 5, 10, ...: 40) and
   multi_turn_base_rl.jsonl (the other 160).
+- `logged_line`: the RL split's gold conversations as logged traffic for the warm start
+  (multi_turn_base_rl_logged.jsonl, a `logged_file`): each ground-truth call an assistant turn, its
+  response what the task's executor returns for it (chat/executor.py's call_tool on a BFCLEnv, as in
+  evaluation), each user turn closed by a fixed answer (BFCL has no gold answers; its check reads
+  calls and states only). Only RL tasks: no held-out task's gold reaches a model.
 - `BFCLEnv(**env_config)`: one instance per involved class, loaded from the initial config;
   each tool is an attribute of it (a method of the class that has it), so executor.call_tool
   runs it by name with keyword arguments.
@@ -52,7 +57,8 @@ import os
 import signal
 import sys
 
-from machinery.config import ArgumentParser, ConfigError
+from machinery.config import DEFAULTS, ArgumentParser, ConfigError
+from chat import executor
 from chat.executor import error_text
 
 INSTALL = "pip install --no-deps bfcl-eval==2026.3.23 mpmath"
@@ -68,6 +74,9 @@ SYSTEM = ("You are an expert in composing functions. You are given a question an
           "to call, the system will consider the current turn complete and proceed to the next turn or task.")
 TYPE_NAMES = {"dict": "object", "float": "number", "tuple": "array"}
 HELDOUT_EVERY = 5                  # multi_turn_base_heldout.jsonl: tasks 0, 5, 10, ... (40 of 200)
+# the logged conversations' answer closing a user turn: after the ground truth's calls, or a turn with none
+DONE_ANSWER = "Done."
+NO_CALL_ANSWER = "None of the functions can do that, or a parameter is missing."
 
 
 def backend():
@@ -301,6 +310,23 @@ def task_line(entry, ground_truth, category):
             "env": "benchmarks.bfcl:BFCLEnv", "env_config": env_config, "check": "benchmarks.bfcl:check"}
 
 
+def logged_line(task, timeout_s=DEFAULTS["tool_timeout"]):
+    """A converted task's gold conversation as a logged trajectory (chat/tasks.py's logged_file
+    lines): its opening, then per user turn that turn's user messages, each ground-truth call as an
+    assistant turn with its tool message (the response the task's executor returns, replayed in order
+    on one BFCLEnv: chat/executor.py's call_tool, as the evaluation's world), and an answer closing
+    the turn (DONE_ANSWER, or NO_CALL_ANSWER for a turn the ground truth makes no call in)."""
+    instance, names = BFCLEnv(**task["env_config"]), {t["function"]["name"] for t in task["tools"]}
+    messages = list(task["messages"])
+    for user, calls in zip([[]] + task["turns"], task["gold_calls"]):
+        messages += user
+        for call in calls:
+            messages += [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call}]},
+                         {"role": "tool", "content": executor.call_tool(instance, call, names, timeout_s)}]
+        messages.append({"role": "assistant", "content": DONE_ANSWER if calls else NO_CALL_ANSWER})
+    return {"id": task["id"], "family": task["family"], "messages": messages, "tools": task["tools"]}
+
+
 def jsonl_text(lines):
     return "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
 
@@ -321,7 +347,8 @@ def write_whole(path, text):
 def convert(out_dir, categories=CATEGORIES, written=None):
     """Write each category as OUT_DIR/<category>.jsonl, and multi_turn_base split in two for a
     training config: multi_turn_base_heldout.jsonl (every HELDOUT_EVERY-th task, from the first)
-    and multi_turn_base_rl.jsonl (the others). {file stem: number of tasks}. Every file is
+    and multi_turn_base_rl.jsonl (the others), with the RL tasks' gold conversations as logged
+    traffic in multi_turn_base_rl_logged.jsonl (`logged_line`). {file stem: number of lines}. Every file is
     converted before any is written; a file already there with other content (edited by hand, or
     from another package version) is a ConfigError and nothing is written; one with the same
     content is left as it is. Each file is written whole (`write_whole`); `written` (a list)
@@ -337,6 +364,7 @@ def convert(out_dir, categories=CATEGORIES, written=None):
         if category == "multi_turn_base":
             files["multi_turn_base_rl"] = [t for k, t in enumerate(files[category]) if k % HELDOUT_EVERY]
             files["multi_turn_base_heldout"] = files[category][::HELDOUT_EVERY]
+            files["multi_turn_base_rl_logged"] = [logged_line(t) for t in files["multi_turn_base_rl"]]
     texts = {os.path.join(out_dir, f"{stem}.jsonl"): jsonl_text(lines) for stem, lines in files.items()}
     missing = refuse_edited_files(texts, "bfcl.py", "bfcl-eval")
     try:
@@ -418,7 +446,8 @@ def main(argv=None):
     if out is None:
         return counts
     for stem, n in counts.items():
-        print(f"{stem}: {n} tasks -> {os.path.join(out, stem + '.jsonl')}")
+        what = "logged conversations" if stem.endswith("_logged") else "tasks"
+        print(f"{stem}: {n} {what} -> {os.path.join(out, stem + '.jsonl')}")
     for category, why in LEFT_OUT.items():
         print(f"{category}: not written ({why})")
     return 0

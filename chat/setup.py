@@ -3,6 +3,8 @@
 The splits read and checked (`chat_tasks`: chat_tasks.read_chat_jsonl); the template's
 hand-offs derived and checked (`chat_tags`: chat.chat_format, and multiturn.turn_tags when a task
 has later user turns); every prompt checked to leave room for an episode (`check_chat_prompts`);
+the limits checked against each task's ground truth (`gold_limits`: one warning line naming the
+tasks no episode can win within max_turns, max_act_tokens, max_env_tokens and max_tokens);
 per task its prompt ids, later turns and world, cached in the task (`episode_inputs`); the warm
 start's rows (`warm_start_sequences`: logged trajectories and the tasks' examples; the separate
 layout's are chat_separate.separate_warm_start_sequences); the expert's episodes that --coverage
@@ -11,6 +13,9 @@ chat/multiturn.py, which it joins, so that imports run one way.
 
 Simplified: a judge model is loaded once per path and kept for the process (`_JUDGES`).
 """
+import json
+import sys
+
 import world as toy_world
 from machinery import taskfiles
 from chat.format import _call, _json, assemble, chat_format, has_executor, prompt_ids, task_world, toy_task_line
@@ -18,7 +23,8 @@ from chat.chat_reward import make_judge
 from chat.tasks import check_task, read_chat_jsonl
 from machinery.checkpoint import load_policy
 from machinery.config import DEFAULTS, ConfigError
-from envace import PROMPT
+from envace import PROMPT, encode, world_is_sampled
+from chat.templates import HERMES, format_call
 from chat.multiturn import assemble_dialogue, multiturn, turn_ids, turn_tags
 from chat.templates import TemplateError
 
@@ -62,17 +68,64 @@ def chat_tags(tokenizer, think="keep", multiturn=False):
         raise ConfigError(str(e)) from None
 
 
-def check_chat_prompts(cfg, tokenizer, tasks):
+def check_chat_prompts(cfg, tokenizer, tasks, positions=None):
     """The template fits (chat_tags) and every task's rendered prompt, with its later user turns,
-    leaves room for an episode."""
+    leaves room for an episode in the model's context (`positions`: its max_position_embeddings, if
+    given) and in max_tokens (config.check_prompt: one line naming the longest task)."""
+    from machinery.config import check_prompt
     prompts, _ = episode_inputs(tokenizer, chat_tags(tokenizer, cfg["think"], multiturn(tasks)), tasks,
                                 cfg["tool_timeout"])
     lengths = [len(p) + sum(map(len, t["turn_ids"])) for p, t in zip(prompts, tasks)]
     longest = max(range(len(tasks)), key=lambda i: lengths[i])
-    if lengths[longest] >= cfg["max_tokens"]:
-        raise ConfigError(f"max_tokens ({cfg['max_tokens']}) leaves no room for an episode: a task's "
-                          f"prompt (messages + tools + later user turns) is {lengths[longest]} tokens "
-                          f"({tasks[longest]['messages'][-1]['content'][:40]!r})")
+    check_prompt(cfg, lengths[longest], f"a task's prompt (messages + tools + later user turns) is {lengths[longest]} "
+                                        f"tokens ({tasks[longest]['messages'][-1]['content'][:40]!r})",
+                 tasks[longest].get("where", "the tasks"), positions)
+
+
+def gold_limits(cfg, tokenizer, tags, tasks, rehearsed):
+    """How many `tasks` no episode can win within the config's limits, from their ground truth:
+    each task's gold calls (all user turns together) against max_turns; each call as the actor
+    writes it (the template's call form and stop text) against max_act_tokens; with `rehearsed` (RL
+    whose world the policy writes) each response the task's executor returns for the gold calls,
+    as the rehearsing policy writes it, against max_env_tokens; the gold episode built the sampler's
+    way (empty answers: a lower bound) against max_tokens. Tasks with no gold calls are not
+    counted. ({limit: [tasks over it, the largest need]}, tasks over any limit); episode_inputs
+    first (each task's ids and world)."""
+    fmt = tags.get("format", HERMES)
+    over, blocked = {key: [0, 0] for key in ("max_turns", "max_act_tokens", "max_env_tokens", "max_tokens")}, 0
+    for t in tasks:
+        gold = t.get("gold_calls") or []
+        turns = gold if gold and isinstance(gold[0], list) else [gold]
+        calls = [c for turn in turns for c in turn]
+        if not calls:
+            continue
+        responses = t["world"].replay([json.dumps(c) for c in calls]) if has_executor(t) else [""] * len(calls)
+        needs = {"max_turns": len(calls),
+                 "max_act_tokens": max(len(encode(tokenizer, format_call(c, fmt) + tags["act_pre"])) for c in calls),
+                 "max_env_tokens": max(len(encode(tokenizer, tags.get("env_lead", "") + r + tags["env_pre"]))
+                                       for r in responses) if rehearsed and has_executor(t) else 0,
+                 "max_tokens": len(assemble_dialogue(tokenizer, tags, t["prompt_ids"], t["turn_ids"], calls, responses,
+                                                     [k for k, turn in enumerate(turns) for _ in turn],
+                                                     [""] * len(turns))["ids"])}
+        for key, need in needs.items():
+            over[key][0] += need > cfg[key]
+            over[key][1] = max(over[key][1], need)
+        blocked += any(need > cfg[key] for key, need in needs.items())
+    return over, blocked
+
+
+def warn_gold_limits(cfg, tokenizer, tags, tasks, name, rehearsed):
+    """One warning line (stderr) when some of `tasks` (the split `name`) cannot be won within the
+    limits (`gold_limits`), with the counts and what each limit would need; nothing when all can."""
+    episode_inputs(tokenizer, tags, tasks, cfg["tool_timeout"])
+    over, blocked = gold_limits(cfg, tokenizer, tags, tasks, rehearsed)
+    what = {"max_turns": "more calls than", "max_act_tokens": "a call longer than",
+            "max_env_tokens": "a response longer than", "max_tokens": "a gold episode longer than"}
+    parts = [f"{n} {what[key]} {key} {cfg[key]} (up to {need})" for key, (n, need) in over.items() if n]
+    if parts:
+        print(f"warning: {name}: {blocked} of {len(tasks)} tasks cannot be won within the limits: "
+              f"{'; '.join(parts)}; raise the limits to at least these", file=sys.stderr)
+    return over, blocked
 
 
 def episode_inputs(tokenizer, tags, tasks, tool_timeout=DEFAULTS["tool_timeout"]):

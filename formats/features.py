@@ -52,8 +52,9 @@ def build_tasks(cfg):
     """The splits: generated from the toy world (data_seed), or read from JSONL files where the
     config names them (chat: always files, chat_tasks.read_chat_jsonl). Every file line is checked
     here, before anything is built or trained."""
-    if cfg["format"] == "chat":
-        return held_out_validation(chat_setup.chat_tasks(cfg), cfg["n_val"])
+    if cfg["format"] == "chat":                  # a test file's first n_test tasks
+        splits = chat_setup.chat_tasks(cfg)
+        return held_out_validation({**splits, "test": splits["test"][:cfg["n_test"]]}, cfg["n_val"])
     if cfg["world"] == "uncertain":
         splits = world_uncertain.make_splits(cfg)
     elif cfg["world"] == "choice":

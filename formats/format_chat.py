@@ -14,6 +14,7 @@ from machinery.config import ConfigError
 from formats.format_plain import (eval_extras, rl_sample, sample, step_extras,  # the rest: the plain format's
                                   warm_start_roles)
 from formats.setting import ChatSetting, loop_fields
+from envace import world_is_sampled
 import rollout
 from rollout import sample_episodes
 
@@ -23,13 +24,17 @@ def setup(cfg, tokenizer, splits, device="cpu"):
     trajectories and RL tasks the warm start reads, grounding_examples k, the tool cache of the
     training traffic (the logged calls and results, then the RL tasks' reference examples; never
     the test split: worldmodel/toolcache.py), the judge, and the inline sampler. Multi-turn tasks
-    (`turns`) refuse private rehearsal."""
+    (`turns`) refuse private rehearsal. A task no episode can win within the limits is named in
+    one warning line per split (chat_setup.warn_gold_limits)."""
     multi_turn = multiturn.multiturn(splits["rl"] + splits["test"] + splits["logged"])
     tags = chat_setup.chat_tags(tokenizer, cfg["think"], multi_turn)
     if multi_turn and cfg["rehearsal_budget"]:
         raise ConfigError("rehearsal_budget > 0 (private rehearsal) does not support multi-turn tasks ('turns'): "
                           "its plans do not follow user turns; set rehearsal_budget: 0")
     chat_setup.check_chat_prompts(cfg, tokenizer, splits["rl"] + splits["test"])
+    rl_name, test_name = f"{cfg['tasks_file']} (RL)", f"{cfg['test_file'] or cfg['tasks_file']} (test)"
+    chat_setup.warn_gold_limits(cfg, tokenizer, tags, splits["rl"], rl_name, world_is_sampled(cfg["env_mode"]))
+    chat_setup.warn_gold_limits(cfg, tokenizer, tags, splits["test"], test_name, rehearsed=False)
     traffic = [pair for t in splits["logged"] for pair in zip(t["call_dicts"], t["responses"])]
     traffic += [pair for t in splits["rl"] for pair in t.get("examples", [])]
     return ChatSetting(**loop_fields(cfg), tokenizer=tokenizer, tags=tags, logged=splits["logged"], tasks=splits["rl"],

@@ -20,7 +20,8 @@ def bfcl_dir(tmp_path_factory):
     needs("bfcl_eval")
     out = tmp_path_factory.mktemp("bfcl")
     assert bfcl.convert(str(out)) == {"multi_turn_base": 200, "multi_turn_base_rl": 160,
-                                      "multi_turn_base_heldout": 40, "multi_turn_miss_param": 200,
+                                      "multi_turn_base_heldout": 40, "multi_turn_base_rl_logged": 160,
+                                      "multi_turn_miss_param": 200,
                                       "multi_turn_long_context": 200}
     return out
 

@@ -725,7 +725,8 @@ def test_bfcl_out_onto_a_file_or_other_files_is_one_line_and_writes_nothing(tmp_
     out = tmp_path / "bfcl"
     assert bfcl.main(["--out", str(out)]) == 0
     written = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert sorted(written) == ["multi_turn_base.jsonl", "multi_turn_base_heldout.jsonl", "multi_turn_base_rl.jsonl"]
+    assert sorted(written) == ["multi_turn_base.jsonl", "multi_turn_base_heldout.jsonl", "multi_turn_base_rl.jsonl",
+                               "multi_turn_base_rl_logged.jsonl"]
     assert bfcl.main(["--out", str(out)]) == 0                          # the same content: left as it is
     assert {p.name: p.read_bytes() for p in out.iterdir()} == written
     capsys.readouterr()
@@ -735,7 +736,8 @@ def test_bfcl_out_onto_a_file_or_other_files_is_one_line_and_writes_nothing(tmp_
     assert one_error_line(capsys) == (f"error: {out / 'multi_turn_base_rl.jsonl'} is already there and is not what "
                                       "bfcl.py writes (edited, or from another bfcl-eval version): move it away or "
                                       "give another --out; nothing written")
-    assert sorted(p.name for p in out.iterdir()) == ["multi_turn_base_heldout.jsonl", "multi_turn_base_rl.jsonl"]
+    assert sorted(p.name for p in out.iterdir()) == ["multi_turn_base_heldout.jsonl", "multi_turn_base_rl.jsonl",
+                                                     "multi_turn_base_rl_logged.jsonl"]
     assert (out / "multi_turn_base_rl.jsonl").read_text() == "my own 3 tasks\n"
 
 

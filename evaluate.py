@@ -10,6 +10,7 @@ training traffic only; `cache_coverage` and `fidelity_by_cache` say which test c
 
     python evaluate.py --ckpt out/small                 # the RL'd policy: <ckpt>/eval.json
     python evaluate.py --ckpt out/small/warmstart       # the warm start it came from
+    python evaluate.py --model PATH --config CONFIG     # a model as it is, untrained: <out_dir>/eval.json
     python evaluate.py --ckpt out/small --sweep         # private rehearsal at N = 0, 1, 2, 4
 (--coverage, --collusion, --oracle and the command line itself: scripts/evaluate_cli.py). What depends on
 the format and the rehearsal layout comes from the format module `fmt` and its `setting`
@@ -111,10 +112,11 @@ def success_name(m):
 
 def summary(m):
     """One line for the terminal."""
-    fid = " ".join(f"{k} {v:.3f}" for k, v in m["fidelity"].items())
+    fid = " ".join(f"{k} {v:.3f}" for k, v in m["fidelity"].items()) or "not measured (no tool called in the real world)"
+    cut = f" | cut at max_act_tokens {m['cut_at_act_limit']:.3f}" if m.get("cut_at_act_limit") else ""
     name = "success" if success_name(m) == "real-world success" else success_name(m)
-    line = (f"{name} {m['success']:.3f} on {m['n_tasks']} tasks | format errors "
-            f"{m['format_errors']:.3f} | mean calls {m['mean_calls']:.2f} | would-rehearse fidelity: {fid}")
+    line = (f"{name} {m['success']:.3f} on {m['n_tasks']} tasks | format errors {m['format_errors']:.3f}{cut} | "
+            f"mean calls {m['mean_calls']:.2f} | would-rehearse fidelity: {fid}")
     return line + (f" | {imagined_summary(m)}" if "collusion" in m else "")
 
 

@@ -102,12 +102,15 @@ def cause_counts(episodes):
 
 def outcome_record(tasks, episodes, rewards):
     """What every evaluation reports about outcomes (eval.json): success, how episodes ended
-    (format_errors: the share that ended without an answer), mean calls, success per family."""
+    (format_errors: the share that ended without an answer for another reason than an act cut at
+    max_act_tokens, which is text that ran long, not a malformed call: cut_at_act_limit), mean
+    calls, success per family."""
     causes = cause_counts(episodes)
     by_family = {}
     for t, r in zip(tasks, rewards):
         by_family.setdefault(t.get("family", "file"), []).append(r)
     return {"success": sum(rewards) / len(tasks), "n_tasks": len(tasks),
-            "format_errors": sum(n for c, n in causes.items() if c != "answer") / len(tasks),
+            "format_errors": sum(n for c, n in causes.items() if c not in ("answer", "act_limit")) / len(tasks),
+            "cut_at_act_limit": causes.get("act_limit", 0) / len(tasks),
             "causes": causes, "mean_calls": sum(len(e["calls"]) for e in episodes) / len(tasks),
             "success_by_family": {f: sum(r) / len(r) for f, r in sorted(by_family.items())}}

@@ -327,12 +327,13 @@ def setup(cfg, resume, overwrite, device, world_size, log):
     np.random.seed(cfg["seed"])
     torch.manual_seed(cfg["seed"])
     model, tokenizer, state, warm = checkpoint.build_policy(cfg, resume, device, world_size, features.tiny_words)
-    config.check_lengths(cfg, tokenizer, model.config, splits["rl"] + splits["test"])
+    features.check_prompt_lengths(cfg, tokenizer, model.config, splits["rl"] + splits["test"])
     fmt, setting = features.setup(cfg, tokenizer, splits, device)
     n_params = sum(p.numel() for p in model.parameters())
     if cfg["model"] != "tiny":                # the demo's 1M-parameter model needs no estimate
-        log(distributed.memory_line(distributed.memory_estimate(n_params, cfg, model.config, world_size), cfg,
-                                    world_size))
+        estimate = distributed.memory_estimate(n_params, cfg, model.config, world_size, device=device)
+        log(distributed.memory_line(estimate, cfg, world_size, device,
+                                    distributed.eval_memory_estimate(estimate, cfg, model.config, device)))
     ddp_model = distributed.parallel_model(model, cfg, device, world_size)
     amp = autocast(cfg, device)
     if isinstance(amp, torch.autocast):       # a cached bf16 decode and a full forward round otherwise
@@ -363,16 +364,21 @@ def chosen_logprobs(cfg):
 def warm_start_and_evaluate(s, cfg, test_eval, log):
     """Step 2 and the evaluation that step 3's gate reads: the warm start, saved as out_dir/warmstart,
     and its real-world evaluation, returned. A finished warm start already loaded (--resume, s["warm"])
-    is not redone, only evaluated."""
-    t0, skipped, fmt, setting = time.time(), 0, s["fmt"], s["setting"]
+    is not redone, only evaluated. With no sequences to train on (a chat run with no logged_file
+    and no task examples) the warm start is skipped, and its line says so."""
+    t0, skipped, fmt, setting, what = time.time(), 0, s["fmt"], s["setting"], "warm start"
     if s["warm"] is None:
-        skipped = warm_start(s["model"], s["ddp_model"], fmt.warm_start_sequences(setting), cfg,
-                             s["tokenizer"].pad_token_id, fmt.warm_start_roles(setting), s["logprobs"])
+        sequences = fmt.warm_start_sequences(setting)
+        if cfg["sft_steps"] and not sequences:
+            what = ("warm start skipped, nothing to train on: no logged_file and no task has examples "
+                    "(give logged_file=FILE, or sft_steps: 0); the model as loaded")
+        skipped = warm_start(s["model"], s["ddp_model"], sequences, cfg, s["tokenizer"].pad_token_id,
+                             fmt.warm_start_roles(setting), s["logprobs"])
         checkpoint.save_warm_start(s["model"], s["tokenizer"], cfg)
     else:
         log(f"resumed from {s['warm']}: the finished warm start (not redone), its evaluation, the gate, RL from step 1")
     before = test_eval(os.path.join(cfg["out_dir"], "warmstart", "eval.json"))
-    log(f"warm start ({time.time() - t0:.0f}s{f', {skipped} non-finite steps skipped' if skipped else ''}): "
+    log(f"{what} ({time.time() - t0:.0f}s{f', {skipped} non-finite steps skipped' if skipped else ''}): "
         f"{summary(before)}")
     return before
 

@@ -34,7 +34,7 @@ from formats import format_plain_separate
 from formats import format_uncertain
 from worldmodel import separate
 from formats import dynamic_sampling
-from machinery import taskfiles
+from machinery import config, taskfiles
 from machinery.distributed import gathered
 import rollout
 import world
@@ -46,6 +46,15 @@ FORMATS = (format_plain, format_plain_separate, format_uncertain, format_choice,
 INTERFACE = ("setup", "inputs", "sample", "rl_sample", "reward", "warm_start_sequences", "warm_start_roles",
              "diagnostics", "executes", "would_rehearse", "by_kind", "coverage", "imagined_world",
              "step_extras", "eval_extras")
+
+
+def check_prompt_lengths(cfg, tokenizer, model_config, tasks):
+    """Every prompt of `tasks` leaves room for an episode in the model's context and in max_tokens
+    (chat: chat_setup.check_chat_prompts, with the model's max_position_embeddings; then
+    config.check_lengths): one line naming the longest prompt, both numbers and what to set."""
+    if cfg["format"] == "chat":
+        chat_setup.check_chat_prompts(cfg, tokenizer, tasks, getattr(model_config, "max_position_embeddings", None))
+    config.check_lengths(cfg, tokenizer, model_config, tasks)
 
 
 def build_tasks(cfg):

@@ -24,10 +24,14 @@ from machinery.config import ConfigError
 def setup(cfg, tokenizer, splits, device="cpu"):
     """format_chat's setting, the sampler separate.sample_separate with the chat rehearse prompt
     (chat_separate.separate_prompt, built per rehearsal): in evaluation grounded by the cache only,
-    in RL by the task's own examples first (`own_examples`). Multi-turn tasks refuse this layout."""
-    if multiturn.multiturn(splits["rl"] + splits["test"] + splits["logged"]):
-        raise ConfigError("rehearsal_context: separate does not support multi-turn tasks ('turns', or logged "
-                          "trajectories with several user turns): use rehearsal_context: inline")
+    in RL by the task's own examples first (`own_examples`). Multi-turn tasks refuse this layout,
+    naming the file that holds them."""
+    for key, split in (("tasks_file", "rl"), ("test_file", "test"), ("logged_file", "logged")):
+        if multiturn.multiturn(splits[split]):
+            raise ConfigError(f"rehearsal_context: separate does not support multi-turn tasks, and {key} "
+                              f"{cfg[key]} has them ('turns', or logged trajectories with several user turns): "
+                              f"set rehearsal_context: inline (for SmolLM2: configs/smollm2.yaml, not "
+                              f"configs/smollm2-separate.yaml)")
     setting = format_chat.setup(cfg, tokenizer, splits, device)
     prompt = functools.partial(chat_separate.separate_prompt, tokenizer, setting.k, cache=setting.cache)
     sampler, args = separate.sample_separate, {"rehearse_prompt": prompt}

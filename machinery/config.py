@@ -322,21 +322,41 @@ def check_splits(cfg, splits):
 
 def check_lengths(cfg, tokenizer, model_config, tasks):
     """max_tokens against the model and the prompts (train.run, right after the model is built):
-    no more than the model's max_position_embeddings, and (format: plain; chat prompts are
-    checked by chat_setup.check_chat_prompts) room for an episode after the longest prompt of `tasks`,
-    encoded as the sampler encodes it (<bos> + the prompt's tokens)."""
+    (format: plain; chat prompts are checked by chat_setup.check_chat_prompts) the longest prompt of
+    `tasks`, encoded as the sampler encodes it (<bos> + the prompt's tokens), against the model's
+    context and max_tokens (`check_prompt`), then max_tokens no more than the model's
+    max_position_embeddings."""
     positions = getattr(model_config, "max_position_embeddings", None)
+    if cfg["format"] == "plain" and tasks:
+        from envace import encode, tag_ids
+        bos = len(tag_ids(tokenizer)["bos"])
+        length, longest = max((bos + len(encode(tokenizer, t["prompt"])), i) for i, t in enumerate(tasks))
+        check_prompt(cfg, length, f"a task's prompt is {length} tokens with its <bos> "
+                                  f"({tasks[longest]['prompt'][:40]!r})", "the tasks", positions)
     if positions is not None and cfg["max_tokens"] > positions:
         raise ConfigError(f"max_tokens ({cfg['max_tokens']}) is more than the model's max_position_embeddings "
                           f"({positions}): lower max_tokens to at most {positions}")
-    if cfg["format"] != "plain" or not tasks:
-        return
-    from envace import encode, tag_ids
-    bos = len(tag_ids(tokenizer)["bos"])
-    length, longest = max((bos + len(encode(tokenizer, t["prompt"])), i) for i, t in enumerate(tasks))
+
+
+def check_prompt(cfg, length, what, where, positions=None):
+    """The longest prompt of a run's tasks, `length` tokens (`what`: a sentence naming it; `where`:
+    its task file and line, or "the tasks"), against the model's context (`positions`: its
+    max_position_embeddings; None: not known) and max_tokens. An episode needs room after its
+    prompt for one call and its response (max_act_tokens + max_env_tokens). A prompt of the
+    model's context or more is a ConfigError saying so with the context the tasks need, whatever
+    max_tokens is; one of max_tokens or more, a ConfigError saying what max_tokens to set (with
+    `positions`: at least the prompt + that room, at most the model's context)."""
+    room = cfg["max_act_tokens"] + cfg["max_env_tokens"]
+    if positions is not None and length >= positions:
+        raise ConfigError(f"{where}: the longest prompt is {length:,} tokens but the model ({cfg['model']}) has a "
+                          f"context of {positions:,} (max_position_embeddings): these tasks need a model with a "
+                          f"context of at least {length + room:,} tokens (the prompt + max_act_tokens + "
+                          f"max_env_tokens, room for one call and its response); use a model with a longer "
+                          f"context, or tasks with shorter prompts")
     if length >= cfg["max_tokens"]:
-        raise ConfigError(f"max_tokens ({cfg['max_tokens']}) leaves no room for an episode: a task's prompt "
-                          f"is {length} tokens with its <bos> ({tasks[longest]['prompt'][:40]!r})")
+        advice = "" if positions is None else (f"; set max_tokens to at least {min(length + room, positions)} "
+                                               f"and at most {positions} (the model's max_position_embeddings)")
+        raise ConfigError(f"max_tokens ({cfg['max_tokens']}) leaves no room for an episode: {what}{advice}")
 
 
 def check_format(cfg):

@@ -192,25 +192,38 @@ LOGIT_CHUNK = 2 ** 24  # vocabulary entries of logits per chunk (64 MiB fp32) in
                        # which holds one chunk's logits at a time
 
 
-def memory_estimate(n_params, cfg, model_config, world_size=1, first_target=0):
-    """A rough per-GPU memory budget in GiB (an estimate: allocator slack, CUDA context and
-    temporaries are not counted). Training holds fp32 weights, fp32 gradients and AdamW's two fp32
-    moments (16 bytes per parameter; / world size under FSDP), activations of the largest
-    micro-batch (micro_batch_tokens x layers x hidden x ACTIVATION_BYTES; with gradient
+def dtype_bytes(cfg, device):
+    """Bytes of one activation, KV-cache entry or gathered weight: 2 under bf16 autocast (cfg bf16
+    on CUDA, cpu_bf16 on the CPU: `autocast`), else 4 (fp32)."""
+    return 2 if cfg["bf16" if str(device).startswith("cuda") else "cpu_bf16"] else 4
+
+
+def kv_cache_bytes(rows, cfg, model_config, device):
+    """The KV cache of `rows` rows at max_tokens: rows x max_tokens x layers x (k, v) x KV heads x
+    head dim x dtype_bytes."""
+    heads, layers = model_config.num_attention_heads, model_config.num_hidden_layers
+    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // heads
+    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
+    return rows * cfg["max_tokens"] * layers * 2 * kv_heads * head_dim * dtype_bytes(cfg, device)
+
+
+def memory_estimate(n_params, cfg, model_config, world_size=1, first_target=0, device="cuda"):
+    """A rough per-process memory budget in GiB on `device` (an estimate: allocator slack, CUDA
+    context and temporaries are not counted). Training holds fp32 weights, fp32 gradients and
+    AdamW's two fp32 moments (16 bytes per parameter; / world size under FSDP), activations of the
+    largest micro-batch (micro_batch_tokens x layers x hidden x ACTIVATION_BYTES; with gradient
     checkpointing each layer keeps its input only, and one layer at a time is recomputed), and the
     logits of that micro-batch: the LM head runs only from the first trained target on
     (envace.token_logprobs(start=)), so of rows of max_tokens a share (max_tokens - first_target)
     / max_tokens of its positions; first_target 0 (not known: train.py at start) counts them all;
     and in chunks of LOGIT_CHUNK logits (sharedprefix.head_logprobs), so at most one chunk's.
     Sampling holds the KV cache of this rank's rows at max_tokens and, under FSDP, the gathered
-    (bf16) weights. `train` and `sample` are the two phases' totals."""
+    weights. Activations, KV cache and gathered weights take dtype_bytes (the run's autocast on
+    `device`). `train` and `sample` are the two phases' totals."""
     gib = 2 ** 30
     shard = world_size if cfg["fsdp"] and world_size > 1 else 1
-    half = 2 if cfg["bf16"] else 4                   # bytes of one activation / gathered weight
+    half = dtype_bytes(cfg, device)                  # bytes of one activation / gathered weight
     tokens, layers, hidden = cfg["micro_batch_tokens"], model_config.num_hidden_layers, model_config.hidden_size
-    heads = model_config.num_attention_heads
-    head_dim = getattr(model_config, "head_dim", None) or hidden // heads
-    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
     embed = model_config.vocab_size * hidden * (1 if getattr(model_config, "tie_word_embeddings", False) else 2)
     per_layer = (n_params - embed) / layers
     e = {"params": 4 * n_params / shard, "grads": 4 * n_params / shard, "adam": 8 * n_params / shard,
@@ -222,8 +235,7 @@ def memory_estimate(n_params, cfg, model_config, world_size=1, first_target=0):
          # FSDP2 keeps the root (embeddings, lm_head) gathered from forward to backward, plus
          # the layer computing and the one prefetched
          "fsdp_unsharded": (embed + 2 * per_layer) * half if shard > 1 else 0,
-         "kv_cache": (cfg["tasks_per_step"] // world_size * cfg["group_size"] * cfg["max_tokens"]
-                      * layers * 2 * kv_heads * head_dim * half),
+         "kv_cache": kv_cache_bytes(cfg["tasks_per_step"] // world_size * cfg["group_size"], cfg, model_config, device),
          "gathered_weights": n_params * half if shard > 1 else 0}
     e = {k: v / gib for k, v in e.items()}
     resident = e["params"] + e["grads"] + e["adam"] + e["reference"]
@@ -233,17 +245,31 @@ def memory_estimate(n_params, cfg, model_config, world_size=1, first_target=0):
     return e
 
 
-def memory_line(e, cfg, world_size):
-    """memory_estimate as the one line printed at start."""
+def eval_memory_estimate(e, cfg, model_config, device="cuda"):
+    """Evaluation's budget in GiB beside memory_estimate's `e`: rank 0 evaluates alone, sampling
+    eval_batch_size tasks at once, one row of up to max_tokens each ("kv_cache"), while what
+    sampling in RL keeps resident stays (weights, gradients, AdamW, the reference; under FSDP the
+    gathered weights): "evaluate", the total."""
+    kv = kv_cache_bytes(cfg["eval_batch_size"], cfg, model_config, device) / 2 ** 30
+    return {"kv_cache": kv, "evaluate": e["sample"] - e["kv_cache"] + kv}
+
+
+def memory_line(e, cfg, world_size, device="cuda", evaluation=None):
+    """memory_estimate (and eval_memory_estimate, `evaluation`) as the one line printed at start."""
     ckpt = cfg["gradient_checkpointing"]
     how = f"FSDP over {world_size}" if cfg["fsdp"] and world_size > 1 else "unsharded"
-    return (f"memory estimate per GPU ({how}, GiB, rough): weights {e['params']:.1f} + grads "
+    where = "per GPU" if str(device).startswith("cuda") else "per process, on the CPU"
+    line = (f"memory estimate {where} ({how}, GiB, rough): weights {e['params']:.1f} + grads "
             f"{e['grads']:.1f} + AdamW {e['adam']:.1f} + reference {e['reference']:.1f} + activations "
             f"{e['activations_checkpointed' if ckpt else 'activations_full']:.1f} (gradient checkpointing "
             f"{'on' if ckpt else 'off'}; {e['activations_full' if ckpt else 'activations_checkpointed']:.1f} "
             f"{'off' if ckpt else 'on'}) + logits {e['logits']:.1f} + FSDP gathered "
             f"{e['fsdp_unsharded']:.1f} = train {e['train']:.1f}; sampling: KV cache {e['kv_cache']:.1f} "
             f"+ gathered weights {e['gathered_weights']:.1f} = {e['sample']:.1f}")
+    if evaluation is None:
+        return line
+    return (line + f"; evaluation ({cfg['eval_batch_size']} tasks at once): KV cache {evaluation['kv_cache']:.1f} "
+            f"= {evaluation['evaluate']:.1f}")
 
 
 def parallel_model(model, cfg, device, world_size):

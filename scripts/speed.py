@@ -243,7 +243,7 @@ def bench_update(model, tokenizer, episodes, cfg, group_size, args):
     res["train_step"] = figure(times, n_tok, pad_frac=padded_fraction(batch["lengths"], parts))
     estimate = memory_estimate(n_params, {**cfg, "tasks_per_step": len(episodes) // group_size,
                                           "group_size": group_size}, model.config,
-                               first_target=first_target(batch["mask"]))   # the batch's shortest prompt
+                               first_target=first_target(batch["mask"]), device=device)   # the batch's shortest prompt
     res["train_step"].update(peak_gib=peak_mb(device) / 1024, estimate_train_gib=estimate["train"],
                              estimate_sample_gib=estimate["sample"])
     if args.peak_tflops:                  # 6 x parameters x tokens: forward and backward, no attention term

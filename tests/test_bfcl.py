@@ -12,6 +12,8 @@ import pytest
 
 from benchmarks import bfcl
 from machinery.config import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from helpers import needs
 
 
@@ -451,3 +453,79 @@ def test_a_tiny_random_qwen2_runs_the_bfcl_path_end_to_end_and_scores_0(bfcl_dir
     assert "real-world success 0.000 -> 0.000" in capsys.readouterr().out
     assert evaluate_cli.main(["--ckpt", str(tmp_path / "run")]) == 0
     assert json.load(open(tmp_path / "run" / "evaluate.json"))["success"] == 0.0
+
+
+def test_the_qwen3_bfcl_recipe_warm_starts_on_the_logged_gold_then_trains_at_tiny_size(bfcl_dir, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """configs/bfcl-qwen3-1.7b.yaml, the GPU recipe, with the model swapped for a random 2-layer Qwen2
+    on the chat tokenizer and the budgets shrunk (one warm-start step of one logged conversation, one
+    RL step of one task x 2, two held-out tasks, acts of 8 tokens; the first 8 RL tasks and their
+    logged conversations, as files of the same form): the warm start trains on the logged gold
+    conversations bfcl.py writes, the RL step updates (rewards 1, 0: the check's 0s would skip it)
+    and both held-out tasks are executed. With max_act_tokens 8 every task's gold call is longer than
+    an act may be: the warning line counts all 8 RL and both test tasks."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    import train
+    from helpers import POSITION_INIT, chat_tokenizer
+    real_rows = train.training_rows
+    monkeypatch.setattr(train, "training_rows", lambda episodes, rewards, groups, how: real_rows(
+        episodes, [float(i % 2 == 0) for i in range(len(episodes))], groups, how))
+    tok = chat_tokenizer()
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=32768, tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        initializer_range=POSITION_INIT)).save_pretrained(tmp_path / "qwen")
+    tok.save_pretrained(tmp_path / "qwen")
+    for stem in ("multi_turn_base_rl", "multi_turn_base_rl_logged"):
+        with open(bfcl_dir / f"{stem}.jsonl") as f:
+            (tmp_path / f"{stem}.jsonl").write_text("".join(itertools.islice(f, 8)))
+    out = tmp_path / "run"
+    assert train.main(["--config", os.path.join(ROOT, "configs", "bfcl-qwen3-1.7b.yaml"), f"--model={tmp_path / 'qwen'}",
+                       f"--out_dir={out}", f"--tasks_file={tmp_path / 'multi_turn_base_rl.jsonl'}",
+                       f"--test_file={bfcl_dir / 'multi_turn_base_heldout.jsonl'}",
+                       f"--logged_file={tmp_path / 'multi_turn_base_rl_logged.jsonl'}", "--sft_steps=1",
+                       "--sft_batch_size=1", "--rl_steps=1", "--tasks_per_step=1", "--group_size=2", "--n_test=2",
+                       "--eval_batch_size=2", "--n_collusion=0", "--max_act_tokens=8", "--max_env_tokens=8"]) == 0
+    printed = capsys.readouterr()
+    warnings = [line for line in printed.err.splitlines() if line.startswith("warning:")]
+    assert [w.split(" tasks cannot")[0] for w in warnings] == [
+        f"warning: {tmp_path / 'multi_turn_base_rl.jsonl'} (RL): 8 of 8",
+        f"warning: {bfcl_dir / 'multi_turn_base_heldout.jsonl'} (test): 2 of 2"]
+    assert all(" a call longer than max_act_tokens 8 (up to " in w for w in warnings)
+    assert "8 logged, 8 RL, 2 test" in printed.out
+    assert any(line.startswith("warm start (") for line in printed.out.splitlines())    # trained, not skipped
+    assert os.path.isfile(out / "warmstart" / "config.json")
+    [line] = [json.loads(text) for text in open(out / "metrics.jsonl")]
+    assert line["status"] == "updated" and line["rows_updated"] == 2
+    result = json.load(open(out / "eval.json"))
+    assert result["executed_tasks"] == result["n_tasks"] == 2
+
+
+def test_the_logged_gold_conversations_pass_the_check_and_hold_no_held_out_task(bfcl_dir):
+    """multi_turn_base_rl_logged.jsonl: one logged conversation per RL task, in order, none of a
+    held-out task; read as the warm start reads it (chat_tasks, `trajectories`), each replayed as an
+    episode passes the task's official check. Task multi_turn_base_1 by hand: `ls(a=True)` answered
+    by the file system with the workspace folder, the turn closed by "Done.", then the second user turn."""
+    from chat import tasks as chat_tasks
+    rl = chat_tasks.read_chat_jsonl(str(bfcl_dir / "multi_turn_base_rl.jsonl"), "tasks")
+    held_out = {t["id"] for t in lines(bfcl_dir / "multi_turn_base_heldout.jsonl")}
+    logged = chat_tasks.read_chat_jsonl(str(bfcl_dir / "multi_turn_base_rl_logged.jsonl"), "trajectories")
+    ids = [t["id"] for t in lines(bfcl_dir / "multi_turn_base_rl_logged.jsonl")]
+    assert ids == [t["id"] for t in lines(bfcl_dir / "multi_turn_base_rl.jsonl")] and not held_out & set(ids)
+    for task, conversation in zip(rl, logged):
+        episode = {k: conversation[k] for k in ("calls", "call_turns", "answers", "responses")}
+        assert bfcl.check(task, {**episode, "cause": "answer", "answer": conversation["answer"]}) == 1.0
+        assert bfcl.check(task, {**episode, "answers": episode["answers"][:-1]}) == 0.0   # a turn left unfinished
+    first = lines(bfcl_dir / "multi_turn_base_rl_logged.jsonl")[0]
+    assert first["id"] == "multi_turn_base_1" and first["messages"][:2] == rl[0]["messages"]
+    assert first["messages"][2:6] == [
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+                                                             "function": {"name": "ls", "arguments": {"a": True}}}]},
+        {"role": "tool", "content": '{"current_directory_content": ["workspace"]}'},
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": rl[0]["turns"][0][0]["content"]}]
+    assert sum(a == bfcl.NO_CALL_ANSWER for t in logged for a in t["answers"]) == 1    # the one turn with no gold call

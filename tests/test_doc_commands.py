@@ -53,6 +53,8 @@ NOT_RUN = [
     # real models: weights not here, a GPU
     (r"^python (\S*/)?train\.py --config (\S*/)?(bfcl-|tau2-)?qwen3-", "a real Qwen3 model on a GPU"),
     (r"^python (\S*/)?evaluate\.py --ckpt (\S*/)?(bfcl-|tau2-)?qwen3-", "the checkpoint of the GPU run above"),
+    # SmolLM2 on BFCL: rows of 2-6k tokens (tests/test_bfcl.py runs the same recipe's GPU config at tiny size)
+    (r"^python (\S*/)?train\.py --config (\S*/)?bfcl-smollm2\.yaml", "SmolLM2 on BFCL: about an hour on 2 cores"),
     # speed: timed repeats, minutes each on 2 CPU cores (tests/test_speed.py runs scripts/speed.py on tiny settings)
     (r"^(OMP_NUM_THREADS=\d+ )?python -m scripts\.speed ", "a timed benchmark (minutes of repeats)"),
     # the checkpoints of run_choice.sh's runs (the repo keeps their reports, not checkpoints)

@@ -203,7 +203,8 @@ def test_run_with_random_init_and_checkpointing_prints_the_memory_line(tmp_path,
                    rl_steps=1, sft_steps=2, n_test=4)
     assert train.run(cfg) == 0
     out = capsys.readouterr().out
-    assert "memory estimate per GPU (unsharded" in out and "gradient checkpointing on" in out
+    assert "memory estimate per process, on the CPU (unsharded" in out and "gradient checkpointing on" in out
+    assert "; evaluation (512 tasks at once): KV cache " in out      # eval_batch_size 512 (DEFAULTS): one line
     saved = AutoModelForCausalLM.from_pretrained(os.path.join(cfg["out_dir"], "ckpt"))
     assert type(saved) is Qwen2ForCausalLM and saved.config.hidden_size == 48
 

@@ -386,9 +386,10 @@ def test_calls_match_any_order_uses_each_call_once():
 
 def test_evaluate_format_errors_over_real_causes():
     """Five tasks: a right answer, a wrong answer, a malformed call, a call past max_act_tokens,
-    a tag written by the actor. format_errors = the 3 non-answer endings / 5 = 0.6 (a wrong
-    answer is no format error); success = 1/5. Mutations: format_errors as 1 - success, or
-    counting wrong answers, or a single cause."""
+    a tag written by the actor. format_errors = the 2 malformed endings / 5 = 0.4 (a wrong
+    answer is no format error, and an act past max_act_tokens is cut_at_act_limit, 1/5);
+    success = 1/5. Mutations: format_errors as 1 - success, or counting wrong answers or the
+    cut act, or a single cause."""
     cases = [("price apple", "3", "<act> price apple </act> <env> x x <act> answer 3 </act>"),   # answer, right
              ("price milk", "2", "<act> answer 5 </act>"),                                      # answer, wrong
              ("price egg", "1", "<act> mul egg </act>"),                                        # bad_call
@@ -399,7 +400,8 @@ def test_evaluate_format_errors_over_real_causes():
     cfg = {**config.DEFAULTS, "n_collusion": 0}
     result = evaluate(model, TOK, tasks, cfg, format_plain, format_plain.setup(cfg, TOK, {"logged": []}))
     assert result["causes"] == {"answer": 2, "bad_call": 1, "act_limit": 1, "bad_act": 1}
-    assert result["format_errors"] == pytest.approx(3 / 5)
+    assert result["format_errors"] == pytest.approx(2 / 5)
+    assert result["cut_at_act_limit"] == pytest.approx(1 / 5)
     assert result["success"] == pytest.approx(1 / 5)
     assert result["mean_calls"] == pytest.approx(1 / 5)
 

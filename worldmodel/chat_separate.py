@@ -9,7 +9,7 @@ an assistant turn and ends at the template's end-of-turn stop (`rehearse_tags`);
 copies it into the actor's row as the template's tool response (OBS). The warm start trains the
 same rows (`separate_warm_start_sequences`); evaluation asks in them (`would_rehearse_separate`).
 
-Simplified: tasks with one user turn only (format_chat.setup refuses multi-turn tasks here); the
+Simplified: tasks with one user turn only (format_chat_separate.setup refuses multi-turn tasks); the
 rehearser sees the dialogue as JSON lines, not as the actor's rendered conversation.
 """
 import json

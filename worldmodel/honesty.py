@@ -369,7 +369,8 @@ def imagined_world(model, tokenizer, tasks, cfg, generator=None, world=toy_world
 def fidelity_gate(before, cfg, log):
     """Rehearsed rewards are only as good as the rehearsals: rehearse/frozen RL goes on only if
     every tool kind's would-rehearse fidelity reaches min_fidelity (tasks with no real world to
-    compare with skip the gate)."""
+    compare with skip the gate). No tool called fails a gate that requires fidelity; elsewhere the
+    line says that nothing was measured."""
     low = {k: v for k, v in before["fidelity"].items() if v < cfg["min_fidelity"]}
     if not before["executed_tasks"]:
         log("fidelity gate skipped: these tasks have no real environment to compare rehearsals with")
@@ -378,6 +379,9 @@ def fidelity_gate(before, cfg, log):
             f"{cfg['min_fidelity']}: rehearsed rewards would be noise for these tools. Raise "
             f"snippet_repeats/sft_steps/coverage, or set --min_fidelity=0 to run anyway.")
         return False
+    elif not before["fidelity"]:
+        log(f"fidelity not measured: no tool was called in the evaluation, so the fidelity gate checked nothing "
+            f"(min_fidelity {cfg['min_fidelity']}, {cfg['env_mode']} mode)")
     else:
         log(f"fidelity gate passed: every tool kind >= {cfg['min_fidelity']} ({cfg['env_mode']} mode)")
     return True
